@@ -1,0 +1,1 @@
+"""A pure-Python BPF toolkit: BTF, assembler, syscalls, maps, buffers, links, cBPF translation."""
