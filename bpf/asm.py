@@ -1,0 +1,329 @@
+"""eBPF instructions: builders, labels resolved in one pass, encoding, and a disassembler."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+from typing import Iterable, Union
+
+from .uapi import PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, Helper
+
+# instruction classes
+LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
+# sizes
+W, H, B, DW = 0x00, 0x08, 0x10, 0x18
+SIZE_BYTES = {W: 4, H: 2, B: 1, DW: 8}
+# modes
+IMM, ABS, IND, MEM, MEMSX, ATOMIC = 0x00, 0x20, 0x40, 0x60, 0x80, 0xC0
+# source
+K, X = 0x00, 0x08
+# alu ops
+ADD, SUB, MUL, DIV, OR, AND, LSH, RSH, NEG, MOD, XOR, MOV, ARSH, END = (
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xA0, 0xB0, 0xC0, 0xD0)
+TO_LE, TO_BE = 0x00, 0x08
+# jump ops
+JA, JEQ, JGT, JGE, JSET, JNE, JSGT, JSGE, CALL, EXIT, JLT, JLE, JSLT, JSLE = (
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xA0, 0xB0, 0xC0, 0xD0)
+
+R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10 = range(11)
+FP = R10
+
+_INSN = struct.Struct("<BBhi")
+Target = Union[str, int]  # a label name, or a relative offset
+
+
+@dataclass(frozen=True)
+class Insn:
+    """One instruction (ld_imm64 counts as one Insn and encodes to two slots)."""
+
+    op: int
+    dst: int = 0
+    src: int = 0
+    off: int = 0
+    imm: int = 0
+    target: str | None = None   # label a jump goes to, resolved by assemble()
+    imm64: int | None = None    # the 64-bit constant of ld_imm64
+
+    @property
+    def slots(self) -> int:
+        return 2 if self.imm64 is not None else 1
+
+    def encode(self) -> bytes:
+        regs = (self.src << 4) | self.dst
+        if self.imm64 is not None:
+            lo, hi = self.imm64 & 0xFFFFFFFF, (self.imm64 >> 32) & 0xFFFFFFFF
+            return _INSN.pack(self.op, regs, 0, _s32(lo)) + _INSN.pack(0, 0, 0, _s32(hi))
+        return _INSN.pack(self.op, regs, self.off, _s32(self.imm))
+
+
+@dataclass(frozen=True)
+class Label:
+    name: str
+
+
+def _s32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+class AsmError(ValueError):
+    """Bad instruction stream: unknown or duplicate label, jump out of range."""
+
+
+# ---- builders ---------------------------------------------------------------------------------
+
+def _alu(cls: int, op: int, dst: int, src: int | None, imm: int) -> Insn:
+    if src is None:
+        return Insn(cls | op | K, dst, 0, 0, imm)
+    return Insn(cls | op | X, dst, src)
+
+
+def alu64(op: int, dst: int, val: int, *, reg: bool = False) -> Insn:
+    """dst op= val (64-bit); val is a register when reg=True, else an immediate."""
+    return _alu(ALU64, op, dst, val if reg else None, 0 if reg else val)
+
+
+def alu32(op: int, dst: int, val: int, *, reg: bool = False) -> Insn:
+    return _alu(ALU, op, dst, val if reg else None, 0 if reg else val)
+
+
+def mov(dst: int, src: int) -> Insn:
+    """dst = src (registers, 64-bit)."""
+    return Insn(ALU64 | MOV | X, dst, src)
+
+
+def movi(dst: int, imm: int) -> Insn:
+    """dst = imm (sign-extended 32-bit immediate)."""
+    return Insn(ALU64 | MOV | K, dst, 0, 0, imm)
+
+
+def mov32(dst: int, src: int) -> Insn:
+    return Insn(ALU | MOV | X, dst, src)
+
+
+def addi(dst: int, imm: int) -> Insn:
+    return Insn(ALU64 | ADD | K, dst, 0, 0, imm)
+
+
+def add(dst: int, src: int) -> Insn:
+    return Insn(ALU64 | ADD | X, dst, src)
+
+
+def andi(dst: int, imm: int) -> Insn:
+    return Insn(ALU64 | AND | K, dst, 0, 0, imm)
+
+
+def lshi(dst: int, imm: int) -> Insn:
+    return Insn(ALU64 | LSH | K, dst, 0, 0, imm)
+
+
+def rshi(dst: int, imm: int) -> Insn:
+    return Insn(ALU64 | RSH | K, dst, 0, 0, imm)
+
+
+def be(dst: int, bits: int) -> Insn:
+    """Convert dst between host (little-endian) and big-endian order, zero-extending (bits 16/32/64)."""
+    return Insn(ALU | END | TO_BE, dst, 0, 0, bits)
+
+
+def ldx(size: int, dst: int, src: int, off: int) -> Insn:
+    """dst = *(size *)(src + off)"""
+    return Insn(LDX | MEM | size, dst, src, off)
+
+
+def stx(size: int, dst: int, off: int, src: int) -> Insn:
+    """*(size *)(dst + off) = src"""
+    return Insn(STX | MEM | size, dst, src, off)
+
+
+def st(size: int, dst: int, off: int, imm: int) -> Insn:
+    """*(size *)(dst + off) = imm"""
+    return Insn(ST | MEM | size, dst, 0, off, imm)
+
+
+def xadd(size: int, dst: int, off: int, src: int) -> Insn:
+    """lock *(size *)(dst + off) += src"""
+    return Insn(STX | ATOMIC | size, dst, src, off, ADD)
+
+
+def ld_imm64(dst: int, value: int) -> Insn:
+    return Insn(LD | DW | IMM, dst, 0, 0, 0, imm64=value & 0xFFFFFFFFFFFFFFFF)
+
+
+def ld_map_fd(dst: int, fd: int) -> Insn:
+    """dst = the map whose fd is `fd` (the kernel swaps in its address)."""
+    return Insn(LD | DW | IMM, dst, PSEUDO_MAP_FD, 0, 0, imm64=fd)
+
+
+def ld_map_value(dst: int, fd: int, offset: int = 0) -> Insn:
+    """dst = &map_value[offset] of an array map's element 0."""
+    return Insn(LD | DW | IMM, dst, PSEUDO_MAP_VALUE, 0, 0, imm64=(offset << 32) | fd)
+
+
+def _jump(cls: int, op: int, dst: int, val: int, target: Target, reg: bool) -> Insn:
+    lbl = target if isinstance(target, str) else None
+    off = 0 if lbl is not None else int(target)
+    if reg:
+        return Insn(cls | op | X, dst, val, off, 0, target=lbl)
+    return Insn(cls | op | K, dst, 0, off, val, target=lbl)
+
+
+def jmp(op: int, dst: int, val: int, target: Target, *, reg: bool = False) -> Insn:
+    """if dst op val goto target (64-bit compare)."""
+    return _jump(JMP, op, dst, val, target, reg)
+
+
+def jmp32(op: int, dst: int, val: int, target: Target, *, reg: bool = False) -> Insn:
+    return _jump(JMP32, op, dst, val, target, reg)
+
+
+def ja(target: Target) -> Insn:
+    return _jump(JMP, JA, 0, 0, target, False)
+
+
+def call(helper: int) -> Insn:
+    return Insn(JMP | CALL, 0, 0, 0, int(helper))
+
+
+def exit_() -> Insn:
+    return Insn(JMP | EXIT)
+
+
+def label(name: str) -> Label:
+    return Label(name)
+
+
+# ---- assembly ---------------------------------------------------------------------------------
+
+Item = Union[Insn, Label]
+
+
+def resolve(items: Iterable[Item]) -> list[Insn]:
+    """Resolve label targets into relative offsets (in slots); drop labels."""
+    items = list(items)
+    where: dict[str, int] = {}
+    pos = 0
+    for it in items:
+        if isinstance(it, Label):
+            if it.name in where:
+                raise AsmError(f"duplicate label {it.name!r}")
+            where[it.name] = pos
+        else:
+            pos += it.slots
+    out: list[Insn] = []
+    pos = 0
+    for it in items:
+        if isinstance(it, Label):
+            continue
+        pos += it.slots
+        if it.target is not None:
+            if it.target not in where:
+                raise AsmError(f"jump to unknown label {it.target!r}")
+            off = where[it.target] - pos
+            if not -0x8000 <= off <= 0x7FFF:
+                raise AsmError(f"jump to {it.target!r} out of range ({off})")
+            it = replace(it, off=off, target=None)
+        out.append(it)
+    return out
+
+
+def assemble(items: Iterable[Item]) -> bytes:
+    """Items (instructions and labels) → the bytes the kernel loads."""
+    return b"".join(i.encode() for i in resolve(items))
+
+
+def decode(code: bytes) -> list[Insn]:
+    """Bytes → instructions (ld_imm64 merged into one Insn)."""
+    if len(code) % 8:
+        raise AsmError(f"program length {len(code)} is not a multiple of 8")
+    out: list[Insn] = []
+    i = 0
+    while i < len(code):
+        op, regs, off, imm = _INSN.unpack_from(code, i)
+        i += 8
+        if op == LD | DW | IMM:
+            if i >= len(code):
+                raise AsmError("ld_imm64 without its second half")
+            hi = _INSN.unpack_from(code, i)[3]
+            i += 8
+            out.append(Insn(op, regs & 0xF, regs >> 4, off, 0, imm64=(imm & 0xFFFFFFFF) | ((hi & 0xFFFFFFFF) << 32)))
+        else:
+            out.append(Insn(op, regs & 0xF, regs >> 4, off, imm))
+    return out
+
+
+# ---- disassembly (bpftool-like syntax) ---------------------------------------------------------
+
+_ALU_SYM = {ADD: "+=", SUB: "-=", MUL: "*=", DIV: "/=", OR: "|=", AND: "&=", LSH: "<<=", RSH: ">>=",
+            MOD: "%=", XOR: "^=", MOV: "=", ARSH: "s>>="}
+_JMP_SYM = {JEQ: "==", JGT: ">", JGE: ">=", JSET: "&", JNE: "!=", JSGT: "s>", JSGE: "s>=", JLT: "<",
+            JLE: "<=", JSLT: "s<", JSLE: "s<="}
+_SZ = {W: "u32", H: "u16", B: "u8", DW: "u64"}
+
+
+def _helper_name(imm: int) -> str:
+    try:
+        return f"bpf_{Helper(imm).name}#{imm}"
+    except ValueError:
+        return f"helper#{imm}"
+
+
+def format_insn(ins: Insn) -> str:
+    cls, op = ins.op & 7, ins.op & 0xF0
+    d, s = f"r{ins.dst}", f"r{ins.src}"
+    if cls in (ALU, ALU64):
+        w = "" if cls == ALU64 else "w"
+        d, s = (f"w{ins.dst}", f"w{ins.src}") if w else (d, s)
+        if op == END:
+            return f"r{ins.dst} = {'be' if ins.op & X else 'le'}{ins.imm} r{ins.dst}"
+        if op == NEG:
+            return f"{d} = -{d}"
+        rhs = s if ins.op & X else (hex(ins.imm) if ins.imm >= 0 else str(ins.imm))
+        return f"{d} {_ALU_SYM.get(op, '?=')} {rhs}"
+    if cls in (JMP, JMP32):
+        if op == CALL:
+            return f"call {_helper_name(ins.imm)}" if ins.src == 0 else f"call pc{ins.imm:+d}"
+        if op == EXIT:
+            return "exit"
+        tgt = ins.target or f"{ins.off:+d}"
+        if op == JA:
+            return f"goto {tgt}"
+        if cls == JMP32:
+            d, s = f"w{ins.dst}", f"w{ins.src}"
+        rhs = s if ins.op & X else hex(ins.imm & 0xFFFFFFFF)
+        return f"if {d} {_JMP_SYM.get(op, '?')} {rhs} goto {tgt}"
+    size = ins.op & 0x18
+    mode = ins.op & 0xE0
+    if cls == LD and ins.imm64 is not None:
+        if ins.src == PSEUDO_MAP_FD:
+            return f"{d} = map[fd:{ins.imm64}]"
+        if ins.src == PSEUDO_MAP_VALUE:
+            return f"{d} = map[fd:{ins.imm64 & 0xFFFFFFFF}][0]+{ins.imm64 >> 32}"
+        return f"{d} = {hex(ins.imm64)} ll"
+    if cls == LD and mode in (ABS, IND):
+        where = f"{ins.imm}" if mode == ABS else f"r{ins.src} + {ins.imm}"
+        return f"r0 = ntoh(*({_SZ[size]} *)skb[{where}])"
+    if cls == LDX:
+        return f"{d} = *({_SZ[size]} *)({s} {ins.off:+d})"
+    if cls == STX and mode == ATOMIC:
+        return f"lock *({_SZ[size]} *)({d} {ins.off:+d}) += {s}"
+    if cls == STX:
+        return f"*({_SZ[size]} *)({d} {ins.off:+d}) = {s}"
+    if cls == ST:
+        return f"*({_SZ[size]} *)({d} {ins.off:+d}) = {hex(ins.imm)}"
+    return f"unknown op {ins.op:#04x}"
+
+
+def disassemble(items: Iterable[Item] | bytes) -> str:
+    """A listing: one numbered instruction per line (slot numbers), labels on lines of their own."""
+    if isinstance(items, (bytes, bytearray, memoryview)):
+        items = decode(bytes(items))
+    lines: list[str] = []
+    pos = 0
+    for it in items:
+        if isinstance(it, Label):
+            lines.append(f"{it.name}:")
+            continue
+        lines.append(f"{pos:5d}: {format_insn(it)}")
+        pos += it.slots
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""BPF maps: array, per-CPU array, hash, ring buffer and perf event array (their fds and element access)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+from .errors import BPFError
+from .sys import FD, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
+from .uapi import Cmd, MapFlags, MapType, UpdateFlags
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs (the size of per-CPU values), from /sys/devices/system/cpu/possible."""
+    try:
+        text = open("/sys/devices/system/cpu/possible").read().strip()
+    except OSError:
+        return os.cpu_count() or 1
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n = max(n, int(hi or lo) + 1)
+    return n
+
+
+def online_cpus() -> list[int]:
+    try:
+        text = open("/sys/devices/system/cpu/online").read().strip()
+    except OSError:
+        return list(range(os.cpu_count() or 1))
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+class Map:
+    """A map the kernel holds: fd, type, key and value sizes. Keys and values are bytes."""
+
+    def __init__(self, map_type: MapType, key_size: int, value_size: int, max_entries: int,
+                 flags: int = 0, name: str = ""):
+        self.type = MapType(map_type)
+        self.key_size, self.value_size, self.max_entries = key_size, value_size, max_entries
+        self.name = name
+        attr = MapCreateAttr(map_type=self.type, key_size=key_size, value_size=value_size,
+                             max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
+        self.fd = FD(bpf(Cmd.MAP_CREATE, attr, f"create {self.type.name.lower()} map {name or ''}".strip()))
+
+    def fileno(self) -> int:
+        return self.fd.fileno()
+
+    def close(self) -> None:
+        self.fd.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def _value_bytes(self) -> int:
+        return self.value_size
+
+    def _key(self, key) -> ctypes.Array:
+        if isinstance(key, int):
+            key = key.to_bytes(self.key_size, "little")
+        if len(key) != self.key_size:
+            raise ValueError(f"map {self.name}: key of {len(key)} bytes, want {self.key_size}")
+        return ctypes.create_string_buffer(bytes(key), self.key_size)
+
+    def lookup(self, key) -> bytes | None:
+        k = self._key(key)
+        v = ctypes.create_string_buffer(self._value_bytes)
+        attr = MapElemAttr(map_fd=self.fd.fileno(), key=addr(k), value=addr(v))
+        ret, err = bpf_errno(Cmd.MAP_LOOKUP_ELEM, attr)
+        if ret < 0:
+            if err == errno.ENOENT:
+                return None
+            raise BPFError(f"look up in map {self.name}", err)
+        return v.raw
+
+    def update(self, key, value: bytes, flags: UpdateFlags = UpdateFlags.ANY) -> None:
+        k = self._key(key)
+        if len(value) != self._value_bytes:
+            raise ValueError(f"map {self.name}: value of {len(value)} bytes, want {self._value_bytes}")
+        v = ctypes.create_string_buffer(bytes(value), len(value))
+        attr = MapElemAttr(map_fd=self.fd.fileno(), key=addr(k), value=addr(v), flags=flags)
+        bpf(Cmd.MAP_UPDATE_ELEM, attr, f"update map {self.name}")
+
+    def delete(self, key) -> None:
+        k = self._key(key)
+        bpf(Cmd.MAP_DELETE_ELEM, MapElemAttr(map_fd=self.fd.fileno(), key=addr(k)), f"delete from map {self.name}")
+
+
+class ArrayMap(Map):
+    def __init__(self, value_size: int, max_entries: int, name: str = "", flags: int = 0):
+        super().__init__(MapType.ARRAY, 4, value_size, max_entries, flags, name)
+
+
+class HashMap(Map):
+    def __init__(self, key_size: int, value_size: int, max_entries: int, name: str = ""):
+        super().__init__(MapType.HASH, key_size, value_size, max_entries, 0, name)
+
+
+class PerCPUArrayMap(Map):
+    """Values are one slot per possible CPU, each rounded up to 8 bytes."""
+
+    def __init__(self, value_size: int, max_entries: int, name: str = ""):
+        super().__init__(MapType.PERCPU_ARRAY, 4, value_size, max_entries, 0, name)
+        self.ncpus = possible_cpus()
+        self.stride = (value_size + 7) & ~7
+
+    @property
+    def _value_bytes(self) -> int:
+        return self.stride * self.ncpus
+
+    def lookup_percpu(self, key) -> list[bytes]:
+        raw = self.lookup(key) or b""
+        return [raw[i * self.stride: i * self.stride + self.value_size] for i in range(self.ncpus)]
+
+    def sum_u64(self, key, offset: int = 0) -> int:
+        """Sum over CPUs of the u64 at `offset` in this key's value."""
+        return sum(int.from_bytes(v[offset: offset + 8], "little") for v in self.lookup_percpu(key))
+
+
+class PerfEventArrayMap(Map):
+    """Key: CPU number; value: a perf event fd (set by bpf.perfbuf)."""
+
+    def __init__(self, max_entries: int | None = None, name: str = ""):
+        super().__init__(MapType.PERF_EVENT_ARRAY, 4, 4, max_entries or possible_cpus(), 0, name)
+
+
+class RingBufMap(Map):
+    """A BPF ring buffer of `size` bytes (a power of two, a multiple of the page size)."""
+
+    def __init__(self, size: int, name: str = ""):
+        page = os.sysconf("SC_PAGE_SIZE")
+        if size < page or size & (size - 1):
+            raise ValueError(f"ring buffer size {size} must be a power of two ≥ {page}")
+        super().__init__(MapType.RINGBUF, 0, 0, size, 0, name)

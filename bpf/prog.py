@@ -1,0 +1,107 @@
+"""Program load (verifier log captured, grown on ENOSPC), test_run, and run-time stats."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from dataclasses import dataclass
+from typing import Iterable
+
+from . import asm
+from .errors import BPFError, VerifierError
+from .sys import FD, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
+from .uapi import AttachType, Cmd, ProgType
+
+LOG_START = 64 * 1024
+LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
+
+
+@dataclass
+class ProgStats:
+    run_time_ns: int
+    run_cnt: int
+    recursion_misses: int
+    verified_insns: int
+
+
+class Program:
+    """A loaded program: its fd, the instructions it was made of, and the verifier's log when asked."""
+
+    def __init__(self, fd: FD, name: str, insns: list[asm.Insn], log: str = ""):
+        self.fd = fd
+        self.name = name
+        self.insns = insns
+        self.log = log
+
+    def fileno(self) -> int:
+        return self.fd.fileno()
+
+    def close(self) -> None:
+        self.fd.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def info(self) -> ProgInfo:
+        return obj_info(self.fd.fileno(), ProgInfo(), f"read info of program {self.name}")
+
+    def stats(self) -> ProgStats:
+        i = self.info()
+        return ProgStats(i.run_time_ns, i.run_cnt, i.recursion_misses, i.verified_insns)
+
+    def test_run(self, data: bytes = b"", ctx: bytes | None = None, repeat: int = 1,
+                 data_out_size: int = 0) -> tuple[int, int, bytes]:
+        """BPF_PROG_TEST_RUN: returns (retval, duration ns per run, data out)."""
+        din = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
+        dout = ctypes.create_string_buffer(data_out_size) if data_out_size else None
+        cin = ctypes.create_string_buffer(bytes(ctx), len(ctx)) if ctx else None
+        attr = TestRunAttr(prog_fd=self.fd.fileno(), data_size_in=len(data), data_in=addr(din),
+                           data_size_out=data_out_size, data_out=addr(dout), repeat=repeat,
+                           ctx_size_in=len(ctx) if ctx else 0, ctx_in=addr(cin))
+        bpf(Cmd.PROG_TEST_RUN, attr, f"test-run program {self.name}")
+        out = dout.raw[: attr.data_size_out] if dout is not None else b""
+        return attr.retval, attr.duration, out
+
+
+def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", license: str = "GPL",
+         expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
+         attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "") -> Program:
+    """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC)
+    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as BPFError."""
+    resolved = asm.resolve(insns)
+    code = b"".join(i.encode() for i in resolved)
+    buf = ctypes.create_string_buffer(code, len(code))
+    lic = ctypes.create_string_buffer(license.encode())
+    op = f"load program {what or name or prog_type.name}"
+
+    def attempt(level: int, size: int):
+        log = ctypes.create_string_buffer(size) if level else None
+        attr = ProgLoadAttr(prog_type=prog_type, insn_cnt=len(code) // 8, insns=addr(buf), license=addr(lic),
+                            log_level=level, log_size=size if level else 0, log_buf=addr(log),
+                            prog_name=name.encode()[:15], expected_attach_type=expected_attach_type,
+                            attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd)
+        fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
+        text = log.value.decode(errors="replace") if log is not None else ""
+        return fd, err, text
+
+    fd, err, text = attempt(log_level, LOG_START if log_level else 0)
+    if fd >= 0:
+        return Program(FD(fd), name, resolved, text)
+    if err in (errno.EPERM, errno.E2BIG, errno.ENOMEM, errno.EBADF, errno.ESRCH, errno.ENOTSUPP
+               if hasattr(errno, "ENOTSUPP") else 524):
+        raise BPFError(op, err)
+    size = LOG_START
+    level = log_level or 1
+    while True:
+        fd, err2, text = attempt(level, size)
+        if fd >= 0:  # accepted the second time (should not happen); keep it
+            return Program(FD(fd), name, resolved, text)
+        if err2 == errno.ENOSPC and size < LOG_MAX:
+            size = min(size * 4, LOG_MAX)
+            continue
+        if text.strip():
+            raise VerifierError(op, err2 if err2 != errno.ENOSPC else err, text)
+        raise BPFError(op, err)
