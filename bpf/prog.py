@@ -90,8 +90,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
     fd, err, text = attempt(log_level, LOG_START if log_level else 0)
     if fd >= 0:
         return Program(FD(fd), name, resolved, text)
-    if err in (errno.EPERM, errno.E2BIG, errno.ENOMEM, errno.EBADF, errno.ESRCH, errno.ENOTSUPP
-               if hasattr(errno, "ENOTSUPP") else 524):
+    if err == errno.EPERM:  # a policy refusal: a log would say nothing more
         raise BPFError(op, err)
     size = LOG_START
     level = log_level or 1
