@@ -101,6 +101,9 @@ class Helper(IntEnum):
     get_func_arg = 183
     get_func_ret = 184
     get_func_arg_cnt = 185
+    dynptr_read = 201
+    dynptr_write = 202
+    dynptr_data = 203
     ktime_get_tai_ns = 208
 
 

@@ -1,0 +1,273 @@
+"""Capture points: the -i grammar, discovery from BTF (list-devices, info), and the skb argument of each point."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
+
+SKB = "sk_buff"
+TP_PREFIX = "btf_trace_"
+KINDS = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
+FUNC_KINDS = ("fentry", "fexit", "kprobe")
+TP_KINDS = ("tp_btf", "raw_tp")
+
+
+class PointError(ValueError):
+    """A capture point that cannot be used: the message says which and why."""
+
+
+@dataclass
+class Param:
+    name: str
+    type: Type
+
+    def c(self) -> str:
+        return self.type.c_decl(self.name)
+
+
+@dataclass
+class Point:
+    """A resolved capture point."""
+
+    kind: str                  # fentry, fexit, tp_btf, raw_tp, kprobe
+    name: str                  # function or tracepoint name
+    btf: BTF                   # the BTF that holds it (vmlinux or a module's)
+    btf_id: int                # FUNC id (functions) or btf_trace_NAME typedef id (tracepoints)
+    params: list[Param]        # the context arguments, in order (tracepoints: after the leading void *)
+    skb_index: int             # which of them is the skb
+    ret: Type | None = None    # return type (functions)
+    id: int = 0                # this point's number in a capture (records carry it)
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        skbs = [i for i, p in enumerate(self.params) if is_skb_ptr(p.type)]
+        suffix = f":{self.params[self.skb_index].name or self.skb_index}" if len(skbs) > 1 else ""
+        return f"{self.kind}/{self.name}{suffix}"
+
+    @property
+    def module(self) -> str:
+        return self.btf.name or "vmlinux"
+
+    @property
+    def is_function(self) -> bool:
+        return self.kind in FUNC_KINDS
+
+    @property
+    def typed(self) -> bool:
+        """Does the verifier know the context's types (so the skb is a trusted BTF pointer)?"""
+        return self.kind in ("fentry", "fexit", "tp_btf")
+
+    @property
+    def direction(self) -> str | None:
+        return direction_of(self.name)
+
+    def prototype(self) -> str:
+        return c_prototype(self.ret, self.name, self.params, tracepoint=not self.is_function)
+
+
+def is_skb_ptr(t: Type) -> bool:
+    t = t.strip()
+    if not isinstance(t, Ptr):
+        return False
+    target = t.target.strip()
+    return target.kind == "struct" and target.name == SKB
+
+
+def c_prototype(ret: Type | None, name: str, params: list[Param], tracepoint: bool = False) -> str:
+    ret_c = ret.c_decl("") if ret is not None else "void"
+    args = ", ".join(p.c() if p.name else p.type.c_decl("") for p in params) or "void"
+    sep = "" if ret_c.endswith("*") else " "
+    return f"{ret_c}{sep}{name}({args})"
+
+
+_OUT_WORDS = ("xmit", "output", "_send", "queue", "transmit", "_tx", "finish_output", "_out")
+_IN_WORDS = ("rcv", "receive", "_rx", "recv", "_input", "netif_rx", "gro_", "_in_")
+
+
+def direction_of(name: str) -> str | None:
+    """Transmit or receive, guessed from the name: 'out', 'in' or None."""
+    n = name.lower()
+    if any(w in n for w in _IN_WORDS):
+        return "in"
+    if any(w in n for w in _OUT_WORDS):
+        return "out"
+    return None
+
+
+DEVICE_WORDS = ("net_dev_", "netif_", "napi_", "dev_queue_xmit", "dev_hard_start_xmit", "__dev_queue_xmit",
+                "dev_xmit", "xdp", "_start_xmit", "__netif", "packet_rcv", "dev_forward_skb", "dev_loopback_xmit")
+
+
+def is_device_point(name: str) -> bool:
+    """Points at the device layer, where a link-layer header is in place."""
+    n = name.lower()
+    return any(w in n for w in DEVICE_WORDS) or n.endswith("_xmit")
+
+
+def suggestion(name: str) -> str:
+    """Tracepoints that see what a function sees, for kernels that refuse fentry/kprobe."""
+    d = direction_of(name)
+    if "kfree_skb" in name or "drop" in name:
+        return "tp_btf/kfree_skb"
+    if d == "in":
+        return "tp_btf/netif_receive_skb"
+    return "tp_btf/net_dev_queue (transmit) or tp_btf/netif_receive_skb (receive)"
+
+
+# ---- resolution -------------------------------------------------------------------------------
+
+def parse(spec: str) -> tuple[str | None, str, str | None]:
+    """'fentry/ip_output:skb' → ('fentry', 'ip_output', 'skb'); 'tp/net/net_dev_queue' → ('tp_btf', ...);
+    a bare name → (None, name, None)."""
+    spec = spec.strip()
+    if not spec:
+        raise PointError("empty capture point")
+    kind, sep, rest = spec.partition("/")
+    if not sep:
+        kind, rest = None, spec
+    elif kind == "tp":
+        sub, sep2, rest = rest.partition("/")
+        if not sep2 or not sub:
+            raise PointError(f"{spec}: tracepoints are spelled tp/SUBSYSTEM/NAME or tp_btf/NAME")
+        kind = "tp_btf"
+    elif kind in ("kretprobe",):
+        raise PointError(f"{spec}: a kretprobe sees only the return value, not the skb; use fexit/{rest}")
+    elif kind not in KINDS:
+        raise PointError(f"{spec}: unknown attach kind {kind!r} (known: {', '.join(KINDS)}, tp)")
+    name, _, arg = rest.partition(":")
+    if not name:
+        raise PointError(f"{spec}: no function or tracepoint name")
+    return kind, name, arg or None
+
+
+def _find_func(name: str) -> tuple[BTF, Func] | None:
+    vm = BTF.vmlinux()
+    f = vm.find(name, "func")
+    if f is not None:
+        return vm, f
+    for mod in BTF.module_names():
+        try:
+            m = BTF.module(mod)
+        except BTFError:
+            continue
+        f = m.find(name, "func")
+        if f is not None and f.btf is m:
+            return m, f
+    return None
+
+
+def _find_tracepoint(name: str) -> tuple[BTF, Type, FuncProto] | None:
+    vm = BTF.vmlinux()
+    for btf in [vm] + [None] * 0:
+        td = btf.find(TP_PREFIX + name, "typedef")
+        if td is not None:
+            proto = td.strip()
+            proto = proto.target.strip() if isinstance(proto, Ptr) else proto
+            if isinstance(proto, FuncProto):
+                return btf, td, proto
+    for mod in BTF.module_names():
+        try:
+            m = BTF.module(mod)
+        except BTFError:
+            continue
+        td = m.find(TP_PREFIX + name, "typedef")
+        if td is not None and td.btf is m:
+            p = td.strip()
+            p = p.target.strip() if isinstance(p, Ptr) else p
+            if isinstance(p, FuncProto):
+                return m, td, p
+    return None
+
+
+def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
+    skbs = [i for i, p in enumerate(params) if is_skb_ptr(p.type)]
+    if not skbs:
+        raise PointError(f"{spec}: no struct sk_buff * parameter")
+    if arg is None:
+        return skbs[0]
+    for i in skbs:
+        if params[i].name == arg or str(i) == arg:
+            return i
+    names = ", ".join(params[i].name or str(i) for i in skbs)
+    raise PointError(f"{spec}: no struct sk_buff * parameter called {arg!r} (there are: {names})")
+
+
+def resolve(spec: str, default_func_kind: str = "fentry") -> Point:
+    """Resolve a -i argument into a Point; raises PointError with one clear line."""
+    kind, name, arg = parse(spec)
+    try:
+        if kind is None:
+            # a bare name: a tracepoint by that name, else a function with the best hook available
+            if _find_func(name) is None and _find_tracepoint(name) is not None:
+                kind = "tp_btf"
+            else:
+                kind = default_func_kind
+        if kind in FUNC_KINDS:
+            found = _find_func(name)
+            if found is None:
+                hint = f"; a tracepoint has that name: tp_btf/{name}" if _find_tracepoint(name) else ""
+                raise PointError(f"{spec}: no kernel function {name!r} in BTF{hint}")
+            btf, func = found
+            proto = func.proto
+            params = [Param(p.name, p.type) for p in proto.params]
+            idx = _pick_skb(spec, params, arg)
+            return Point(kind, name, btf, func.id, params, idx, ret=proto.ret)
+        found_tp = _find_tracepoint(name)
+        if found_tp is None:
+            hint = f"; a function has that name: fentry/{name}" if _find_func(name) else ""
+            raise PointError(f"{spec}: no tracepoint {name!r} in BTF{hint}")
+        btf, td, proto = found_tp
+        params = [Param(p.name or "", p.type) for p in proto.params[1:]]  # drop the leading void *__data
+        for i, p in enumerate(params):
+            if not p.name:
+                p.name = "skb" if is_skb_ptr(p.type) and sum(is_skb_ptr(q.type) for q in params) == 1 else f"arg{i}"
+        idx = _pick_skb(spec, params, arg)
+        return Point(kind, name, btf, td.id, params, idx)
+    except BTFError as e:
+        raise PointError(f"{spec}: cannot read the kernel's BTF: {e}") from None
+
+
+# ---- discovery ---------------------------------------------------------------------------------
+
+@dataclass
+class Listing:
+    spec: str
+    kind: str
+    name: str
+    module: str
+    prototype: str
+
+
+def list_points(pattern: str | None = None) -> list[Listing]:
+    """Every function and tracepoint taking a struct sk_buff * (vmlinux, then modules)."""
+    out: list[Listing] = []
+    vm = BTF.vmlinux()
+    btfs = [vm]
+    for mod in BTF.module_names():
+        try:
+            btfs.append(BTF.module(mod))
+        except BTFError:
+            continue
+    seen: set[str] = set()
+    for btf in btfs:
+        for td_name, proto in btf.typedefs_to_func_proto(TP_PREFIX):
+            name = td_name[len(TP_PREFIX):]
+            params = proto.params[1:]
+            if not any(is_skb_ptr(p.type) for p in params) or name in seen:
+                continue
+            if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("tp_btf/" + name, pattern)):
+                continue
+            seen.add(name)
+            ps = [Param(p.name or ("skb" if is_skb_ptr(p.type) else ""), p.type) for p in params]
+            out.append(Listing(f"tp_btf/{name}", "tp_btf", name, btf.name or "vmlinux",
+                               c_prototype(None, name, ps, tracepoint=True)))
+    for btf in btfs:
+        for func, _idx in btf.funcs_taking_pointer_to(SKB):
+            name = func.name
+            if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("fentry/" + name, pattern)):
+                continue
+            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", func.c_prototype()))
+    return out

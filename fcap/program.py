@@ -1,0 +1,467 @@
+"""The capture program for a point: prologue (skb from the context), metadata, header bytes, filter, copy, record."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from bpf import asm
+from bpf.asm import (
+    ADD,
+    DW,
+    FP,
+    JEQ,
+    JGE,
+    JGT,
+    JNE,
+    JSGT,
+    JSLT,
+    OR,
+    R0,
+    R1,
+    R2,
+    R3,
+    R4,
+    R5,
+    R6,
+    R7,
+    R8,
+    R9,
+    SUB,
+    B,
+    H,
+    Insn,
+    W,
+    addi,
+    alu64,
+    andi,
+    call,
+    exit_,
+    jmp,
+    label,
+    ld_imm64,
+    ld_map_fd,
+    ldx,
+    lshi,
+    mov,
+    movi,
+    rshi,
+    st,
+    stx,
+)
+from bpf.btf import BTF
+from bpf.uapi import F_CURRENT_CPU, Helper
+
+from .points import Point
+
+# ---- the record the program writes: META bytes, then header bytes, then the skb's bytes -------------------
+META = struct.Struct("<QQQ16sIIIIIHHHBBHBx")
+META_SIZE = META.size  # 72
+assert META_SIZE == 72
+OFF_TS, OFF_SKB, OFF_PIDTGID, OFF_COMM, OFF_LEN, OFF_COPY, OFF_IFINDEX, OFF_MARK, OFF_NETNS = (
+    0, 8, 16, 24, 40, 44, 48, 52, 56)
+OFF_PROTO, OFF_HDR, OFF_SKIP, OFF_PKTTYPE, OFF_POINT, OFF_HATYPE, OFF_FLAGS = 60, 62, 64, 66, 67, 68, 70
+FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
+FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
+
+PREFIX_MAX = 256        # header bytes before skb->data the program can reach (MAC + network + transport ...)
+SYNTH_MAX = 20          # a made-up link header: LINUX_SLL2 (20) or Ethernet (14)
+HDR_MAX = SYNTH_MAX + PREFIX_MAX
+PKT = META_SIZE          # offset of the packet bytes in the scratch value
+FILTER_CAP = 512         # packet bytes copied for the filter to read (loads past it take the slow path)
+LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: linear data only
+PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
+COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
+
+# starts: where a linktype's bytes begin
+START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
+PACKET_OUTGOING = 4
+KFUNC_CALL = 2           # BPF_PSEUDO_KFUNC_CALL
+
+# stack slots
+STACK_KEY = -4           # u32 key 0 for map lookups
+STACK_TMP = -16          # 8-byte temporary for untyped reads
+STACK_DYNPTR = -32       # struct bpf_dynptr (16 bytes)
+STACK_HEAD = -40         # skb->head
+STACK_DATAOFF = -48      # skb->data - skb->head
+STACK_WIRELEN = -56      # the filter's packet length
+STACK_N = -64            # a byte count kept across a call
+STACK_SKB = -72          # the skb while the filter runs
+STACK_CTX = -80          # the program's context (perf_event_output wants it)
+STACK_SLOW = -88         # slow-load destination
+STACK_CBPF = -160        # cBPF M[] (64 bytes)
+
+
+class ProgramError(ValueError):
+    """The program cannot be built for this point (missing BTF member, bad predicate...)."""
+
+
+@dataclass
+class Maps:
+    events: int          # PERF_EVENT_ARRAY fd
+    scratch: int         # PERCPU_ARRAY fd, one value of scratch_size bytes
+    counters: int        # PERCPU_ARRAY fd, one value of COUNTERS u64s
+    scratch_size: int = 0
+
+
+COUNTER_SEEN, COUNTER_LOST = 0, 1
+COUNTERS = 2
+
+
+@dataclass
+class Options:
+    start: str                       # START_*
+    snaplen: int
+    filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
+    dynptr_kfunc: int = 0            # BTF id of bpf_dynptr_from_skb when tracing programs may call it
+    predicates: list = field(default_factory=list)   # callables (builder) -> items that jump to "out" to drop
+
+
+def scratch_size(point: Point, opts: Options) -> int:
+    if not point.typed:
+        return PKT + HDR_MAX + LINEAR_CAP + 8
+    if opts.filter is not None:
+        return PKT + HDR_MAX + FILTER_CAP + 8
+    return PKT + HDR_MAX + 8
+
+
+class _Fields:
+    """Offsets of the kernel structures the program reads, from BTF."""
+
+    def __init__(self, btf: BTF):
+        vm = btf if btf.base is None else btf.base
+        skb = vm.find("sk_buff", "struct")
+        dev = vm.find("net_device", "struct")
+        net = vm.find("net", "struct")
+        if skb is None or dev is None:
+            raise ProgramError("this kernel's BTF has no struct sk_buff or struct net_device")
+
+        def off(struct_type, path: str) -> int:
+            _m, bits = struct_type.member_path(path) if "." in path else struct_type.member(path)
+            return bits // 8
+
+        self.len = off(skb, "len")
+        self.head = off(skb, "head")
+        self.data = off(skb, "data")
+        self.mac = off(skb, "mac_header")
+        self.network = off(skb, "network_header")
+        self.protocol = off(skb, "protocol")
+        self.dev = off(skb, "dev")
+        self.mark = off(skb, "mark")
+        self.data_len = off(skb, "data_len")
+        m, bits = skb.member("pkt_type")
+        self.pkt_type_byte, self.pkt_type_shift = bits // 8, bits % 8
+        self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1
+        self.ifindex = off(dev, "ifindex")
+        self.hatype = off(dev, "type")
+        self.dev_net = off(dev, "nd_net")
+        self.net_inum = None
+        if net is not None:
+            try:
+                self.net_inum = off(net, "ns.inum")
+            except Exception:  # noqa: BLE001 - older layouts: no netns id, not fatal
+                self.net_inum = None
+        regs = vm.find("pt_regs", "struct")
+        self.arg_regs = []
+        if regs is not None:
+            for name in ("di", "si", "dx", "cx", "r8", "r9"):
+                try:
+                    self.arg_regs.append(off(regs, name))
+                except Exception:  # noqa: BLE001
+                    break
+
+
+class Builder:
+    """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
+
+    def __init__(self, point: Point, opts: Options, maps: Maps):
+        self.p = point
+        self.o = opts
+        self.m = maps
+        self.f = _Fields(point.btf)
+        self.items: list = []
+
+    def emit(self, *items) -> None:
+        for it in items:
+            if isinstance(it, list):
+                self.items.extend(it)
+            else:
+                self.items.append(it)
+
+    # -- reading kernel memory: direct loads where the verifier knows the types, probe_read elsewhere
+    def read(self, size: int, dst: int, base: int, off: int) -> None:
+        """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped."""
+        if self.p.typed:
+            self.emit(ldx(size, dst, base, off))
+            return
+        nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
+        self.emit(mov(R1, FP), addi(R1, STACK_TMP), movi(R2, nbytes), mov(R3, base), addi(R3, off),
+                  st(DW, FP, STACK_TMP, 0) if nbytes < 8 else [],
+                  call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK_TMP))
+
+    def build(self) -> list:
+        p, f, o = self.p, self.f, self.o
+        # prologue: the skb pointer from the context
+        if p.kind == "kprobe":
+            if p.skb_index >= len(f.arg_regs):
+                raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
+            self.emit(ldx(DW, R6, R1, f.arg_regs[p.skb_index]))
+        else:
+            self.emit(ldx(DW, R6, R1, 8 * p.skb_index))
+        self.emit(stx(DW, FP, STACK_CTX, R1), jmp(JEQ, R6, 0, "out"))
+        # scratch value
+        self.emit(st(W, FP, STACK_KEY, 0), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK_KEY),
+                  call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
+        for pred in o.predicates:
+            self.emit(pred(self))
+        self.metadata()
+        self.headers()
+        if o.filter is not None:
+            self.run_filter()
+        self.output()
+        self.emit(label("out"), movi(R0, 0), exit_())
+        return self.items
+
+    def metadata(self) -> None:
+        f = self.f
+        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0), stx(DW, R7, OFF_SKB, R6),
+                  call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
+                  mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
+        self.read(W, R8, R6, f.len)
+        self.emit(stx(W, R7, OFF_LEN, R8))
+        self.read(W, R8, R6, f.mark)
+        self.emit(stx(W, R7, OFF_MARK, R8))
+        self.read(H, R8, R6, f.protocol)
+        self.emit(stx(H, R7, OFF_PROTO, R8))
+        self.read(B, R8, R6, f.pkt_type_byte)
+        if f.pkt_type_shift:
+            self.emit(rshi(R8, f.pkt_type_shift))
+        self.emit(andi(R8, f.pkt_type_mask))
+        if self.p.direction == "out" and self.o.start == START_SLL2:
+            self.emit(movi(R8, PACKET_OUTGOING))
+        self.emit(stx(B, R7, OFF_PKTTYPE, R8), st(B, R7, OFF_POINT, self.p.id & 0xFF), st(B, R7, OFF_FLAGS, 0),
+                  st(W, R7, OFF_IFINDEX, 0), st(H, R7, OFF_HATYPE, 0), st(W, R7, OFF_NETNS, 0))
+        # the device: ifindex, ARPHRD type, network namespace
+        self.read(DW, R8, R6, f.dev)
+        self.emit(jmp(JEQ, R8, 0, "no_dev"))
+        self._read_store(W, R8, f.ifindex, OFF_IFINDEX)
+        self._read_store(H, R8, f.hatype, OFF_HATYPE)
+        if f.net_inum is not None:
+            self.read(DW, R8, R8, f.dev_net)
+            self.emit(jmp(JEQ, R8, 0, "no_dev"))
+            self._read_store(W, R8, f.net_inum, OFF_NETNS)
+        self.emit(label("no_dev"))
+
+    def _read_store(self, size: int, base: int, off: int, meta_off: int) -> None:
+        if self.p.typed:
+            self.emit(ldx(size, R0, base, off), stx(size, R7, meta_off, R0))
+        else:
+            nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
+            self.emit(mov(R1, R7), addi(R1, meta_off), movi(R2, nbytes), mov(R3, base), addi(R3, off),
+                      call(Helper.probe_read_kernel))
+
+    def headers(self) -> None:
+        """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the
+        header bytes that lie before skb->data. Leaves hdr_total in meta and in R8, skip in meta."""
+        f, o = self.f, self.o
+        # R8 = data offset (data - head), R9 = start offset; head kept in the stack tmp slot
+        self.read(DW, R8, R6, f.data)
+        self.read(DW, R9, R6, f.head)
+        self.emit(stx(DW, FP, STACK_HEAD, R9), alu64(SUB, R8, R9, reg=True), stx(DW, FP, STACK_DATAOFF, R8))
+        synth = 0
+        self.emit(st(H, R7, OFF_SKIP, 0))
+        if o.start == START_SLL2:
+            self.sll2()
+            synth = 20
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
+        elif o.start == START_MAC:
+            self.read(H, R9, R6, f.mac)
+            self.emit(jmp(JNE, R9, 0xFFFF, "start_set"))
+            # no MAC header yet: make up an Ethernet header (zero addresses, the skb's protocol)
+            self.emit(st(DW, R7, PKT, 0), st(W, R7, PKT + 8, 0), ldx(H, R0, R7, OFF_PROTO),
+                      stx(H, R7, PKT + 12, R0), st(B, R7, OFF_FLAGS, FLAG_MAC_SYNTH))
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data_synth"))
+            self.copy_prefix(14, "synth")
+            self.emit(asm.ja("hdr_done"), label("start_data_synth"), movi(R8, 14), stx(H, R7, OFF_HDR, R8),
+                      asm.ja("hdr_done"))
+        elif o.start == START_NETWORK:
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
+        else:
+            self.emit(asm.ja("start_data"))
+        self.emit(label("start_set"))
+        self.copy_prefix(synth, "main")
+        if o.start != START_MAC:  # (the MAC start has its own fallback above)
+            self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), stx(H, R7, OFF_HDR, R8))
+        self.emit(label("hdr_done"))
+
+    def copy_prefix(self, synth: int, tag: str) -> None:
+        """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
+        skip_l, done_l = f"skip_{tag}", f"prefix_done_{tag}"
+        self.emit(jmp(JGT, R9, R8, skip_l, reg=True),
+                  # prefix = data - start, bounded
+                  mov(R2, R8), alu64(SUB, R2, R9, reg=True), jmp(JGT, R2, PREFIX_MAX, f"toolong_{tag}"),
+                  mov(R8, R2),   # R8 = prefix length from here on
+                  mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK_HEAD), alu64(ADD, R3, R9, reg=True),
+                  call(Helper.probe_read_kernel),
+                  addi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
+                  label(f"toolong_{tag}"), movi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
+                  # start lies past data: the first (start - data) bytes of the skb's data are not ours
+                  label(skip_l), mov(R2, R9), alu64(SUB, R2, R8, reg=True), andi(R2, 0xFFFF),
+                  stx(H, R7, OFF_SKIP, R2), movi(R8, synth), stx(H, R7, OFF_HDR, R8),
+                  label(done_l))
+
+    def sll2(self) -> None:
+        """The 20-byte LINUX_SLL2 header, from the skb's metadata (address: the MAC source when present)."""
+        f = self.f
+        self.emit(ldx(H, R0, R7, OFF_PROTO), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
+                  ldx(W, R0, R7, OFF_IFINDEX), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
+                  ldx(H, R0, R7, OFF_HATYPE), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
+                  ldx(B, R0, R7, OFF_PKTTYPE), stx(B, R7, PKT + 10, R0), st(B, R7, PKT + 11, 0),
+                  st(DW, R7, PKT + 12, 0))
+        self.read(H, R9, R6, f.mac)
+        self.emit(jmp(JEQ, R9, 0xFFFF, "sll2_noaddr"), st(B, R7, PKT + 11, 6),
+                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK_HEAD), alu64(ADD, R3, R9, reg=True),
+                  addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
+
+    def run_filter(self) -> None:
+        """Copy the packet's first bytes after the headers and run the translated cBPF filter over them."""
+        from bpf import cbpf  # the translator is optional until a filter is asked for
+        o = self.o
+        # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
+        cap = FILTER_CAP if self.p.typed else LINEAR_CAP
+        self.emit(ldx(H, R8, R7, OFF_HDR), ldx(W, R2, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP),
+                  jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
+                  label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
+                  # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
+                  mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK_WIRELEN, R0),
+                  jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
+                  label("flt_copy"))
+        if o.dynptr_kfunc and self.p.typed:
+            # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
+            self.emit(stx(DW, FP, STACK_N, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK_DYNPTR),
+                      Insn(asm.JMP | asm.CALL, 0, KFUNC_CALL, 0, o.dynptr_kfunc),
+                      ldx(DW, R2, FP, STACK_N), jmp(JNE, R0, 0, "out"),
+                      jmp(JGT, R8, HDR_MAX, "out"), mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      mov(R3, FP), addi(R3, STACK_DYNPTR), ldx(H, R4, R7, OFF_SKIP), movi(R5, 0),
+                      call(Helper.dynptr_read), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK_N))
+        else:
+            # linear data only: n = min(n, headlen - skip), read from data + skip
+            self.emit(stx(DW, FP, STACK_N, R2))
+            self.read(W, R0, R6, self.f.data_len)
+            self.emit(ldx(W, R3, R7, OFF_LEN), alu64(SUB, R3, R0, reg=True), ldx(H, R4, R7, OFF_SKIP),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK_N),
+                      jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
+                      jmp(JGT, R2, R3, "lin_min", reg=True), asm.ja("lin_go"), label("lin_min"), mov(R2, R3),
+                      label("lin_go"), ldx(B, R0, R7, OFF_FLAGS), alu64(OR, R0, FLAG_LINEAR_ONLY),
+                      stx(B, R7, OFF_FLAGS, R0), stx(DW, FP, STACK_N, R2),
+                      jmp(JGT, R8, HDR_MAX, "out"), jmp(JGT, R2, cap, "out"),
+                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
+                      ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True),
+                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK_N))
+        # buflen = min(hdr + n, snaplen); wirelen from the stack
+        self.emit(alu64(ADD, R2, R8, reg=True), jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
+                  label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
+                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK_WIRELEN),
+                  stx(DW, FP, STACK_SKB, R6), mov(R6, R7), addi(R6, PKT))
+        model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=HDR_MAX + cap,
+                                 slow_load=self._slow_load if (o.dynptr_kfunc and self.p.typed) else None)
+        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK_CBPF))
+        self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK_SKB), jmp(JEQ, R0, 0, "out"))
+
+    def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
+        """A load past the copied bytes: bpf_dynptr_read from the skb (offset relative to the capture start)."""
+        nbytes = {B: 1, H: 2, W: 4}.get(size, size)
+        # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
+        # R6 is the buffer (scratch + PKT) while the filter runs; R7 may belong to the translator
+        return [mov(R4, off_reg), ldx(H, R0, R6, OFF_HDR - PKT), alu64(SUB, R4, R0, reg=True),
+                jmp(JSLT, R4, 0, reject), ldx(H, R0, R6, OFF_SKIP - PKT), alu64(ADD, R4, R0, reg=True),
+                mov(R1, FP), addi(R1, STACK_SLOW), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK_DYNPTR),
+                movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
+                ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK_SLOW)]
+
+    def output(self) -> None:
+        """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
+        o = self.o
+        # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX)
+        self.emit(ldx(H, R8, R7, OFF_HDR), jmp(JGT, R8, HDR_MAX, "out"),
+                  ld_imm64(R2, o.snaplen), jmp(JGT, R2, R8, "snap_left", reg=True), movi(R2, 0), asm.ja("snap_ok"),
+                  label("snap_left"), alu64(SUB, R2, R8, reg=True), label("snap_ok"),
+                  ldx(H, R3, R7, OFF_SKIP), alu64(ADD, R2, R3, reg=True),
+                  ldx(W, R3, R7, OFF_LEN), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
+                  label("copy_len"), mov(R2, R3), label("copy_cap"),
+                  jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
+                  label("copy_set"))
+        if self.p.typed:
+            self.emit(stx(W, R7, OFF_COPY, R2),
+                      mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
+                      mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), mov(R5, R8), addi(R5, META_SIZE),
+                      call(Helper.skb_output))
+        else:
+            # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
+            self.emit(ldx(H, R3, R7, OFF_SKIP), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
+                      asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
+                      stx(DW, FP, STACK_N, R2))
+            self.read(W, R0, R6, self.f.data_len)
+            self.emit(ldx(W, R3, R7, OFF_LEN), alu64(SUB, R3, R0, reg=True), ldx(H, R4, R7, OFF_SKIP),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK_N),
+                      jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
+                      jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
+                      label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
+                      label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
+                      stx(W, R7, OFF_COPY, R2), stx(DW, FP, STACK_N, R2),
+                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
+                      ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True), st(H, R7, OFF_SKIP, 0),
+                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
+                      ldx(DW, R1, FP, STACK_CTX), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
+                      mov(R4, R7), ldx(DW, R5, FP, STACK_N), alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE),
+                      jmp(JGT, R5, META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
+                      call(Helper.perf_event_output))
+        # count: seen, and lost when the buffer was full
+        self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK_KEY),
+                  call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
+                  ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
+                  jmp(JEQ, R8, 0, "out"),
+                  ldx(DW, R1, R0, 8 * COUNTER_LOST), addi(R1, 1), stx(DW, R0, 8 * COUNTER_LOST, R1))
+
+
+def build(point: Point, opts: Options, maps: Maps) -> list:
+    """The instructions (with labels) of the capture program for `point`."""
+    return Builder(point, opts, maps).build()
+
+
+# ---- user space side of the record -------------------------------------------------------------
+
+@dataclass
+class Record:
+    ts_ns: int          # monotonic
+    skb: int
+    pid: int
+    tid: int
+    comm: str
+    len: int            # skb->len
+    ifindex: int
+    mark: int
+    netns: int
+    protocol: int       # host order
+    pkt_type: int
+    point: int
+    hatype: int
+    flags: int
+    data: bytes         # the captured bytes, from the linktype's start
+    orig_len: int       # the packet's length from the linktype's start
+
+
+def parse_record(raw) -> Record:
+    (ts, skb, pidtgid, comm, length, copy, ifindex, mark, netns, proto, hdr, skip, pkt_type, point, hatype,
+     flags) = META.unpack_from(raw, 0)
+    body_start = META_SIZE + hdr
+    data = bytes(raw[META_SIZE:body_start]) + bytes(raw[body_start + skip: body_start + copy])
+    orig = hdr + max(length - skip, 0)
+    return Record(ts, skb, pidtgid >> 32, pidtgid & 0xFFFFFFFF, comm.split(b"\0", 1)[0].decode(errors="replace"),
+                  length, ifindex, mark, netns, int.from_bytes(proto.to_bytes(2, "little"), "big"), pkt_type,
+                  point, hatype, flags, data, orig)
