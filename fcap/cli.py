@@ -1,0 +1,399 @@
+"""The fcap command: tcpdump's flags over BTF-found capture points; errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from . import __version__
+
+PROG = "fcap"
+EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,
+or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
+  fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
+  fcap info ip_send_skb             a point's prototype
+  fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
+  fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="tcpdump for any point inside the Linux network stack",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", dest="points", action="append", metavar="POINT", help="capture point (repeatable)")
+    p.add_argument("-w", dest="write", metavar="FILE", help="write packets to FILE (- for stdout)")
+    p.add_argument("-r", dest="read", metavar="FILE", help="read packets from a pcap/pcapng FILE and print them")
+    p.add_argument("-y", dest="linktype", metavar="TYPE", help="link-type: EN10MB, RAW, IPV4, IPV6, LINUX_SLL2")
+    p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help="bytes per packet (default 262144; 0 = default)")
+    p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
+    p.add_argument("-B", dest="buffer", metavar="KIB", help="buffer size in KiB (default 4096)")
+    p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")
+    p.add_argument("-F", dest="filter_file", metavar="FILE", help="read the filter expression from FILE")
+    p.add_argument("-d", dest="dump_filter", action="store_true",
+                   help="print the compiled filter (cBPF) and the generated eBPF, then exit")
+    p.add_argument("-D", dest="list", action="store_true", help="list capture points (as list-devices)")
+    p.add_argument("-n", dest="numeric", action="count", default=0, help="no name resolution (always the case)")
+    p.add_argument("-x", dest="hex", action="count", default=0, help="print each packet in hex")
+    p.add_argument("-X", dest="hexascii", action="count", default=0, help="print each packet in hex and ASCII")
+    p.add_argument("-q", dest="quiet", action="store_true", help="no 'listening on' / summary lines")
+    p.add_argument("-v", dest="verbose", action="count", default=0, help="decode each packet with scapy")
+    p.add_argument("--nano", action="store_true", help="nanosecond timestamps in printed lines")
+    p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
+    p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
+    return p
+
+
+def _int(value: str | None, flag: str, default: int, lo: int = 0) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value, 0)
+    except ValueError:
+        raise UsageError(f"invalid {flag} '{value}': not a number") from None
+    if n < lo:
+        raise UsageError(f"invalid {flag} '{value}': must be at least {lo}")
+    return n
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("list-devices", "list"):
+            return cmd_list(argv[1:])
+        if argv and argv[0] == "info":
+            return cmd_info(argv[1:])
+        opts, command = _split_command(argv)
+        args = _parser().parse_args(opts)
+        if args.list:
+            return cmd_list(args.expression)
+        if args.read:
+            return cmd_read(args)
+        return cmd_capture(args, command)
+    except UsageError as e:
+        return _fail(str(e), 2)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    try:
+        sys.stderr.write(f"{PROG}: {msg}\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    return code
+
+
+# ---- list-devices / info ---------------------------------------------------------------------
+
+def cmd_list(argv: list[str]) -> int:
+    from bpf.btf import BTFError
+
+    from .points import list_points
+    ap = argparse.ArgumentParser(prog=f"{PROG} list-devices", description="every capture point taking an skb")
+    ap.add_argument("pattern", nargs="?", help="glob over names, e.g. 'ip_*'")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        items = list_points(a.pattern)
+    except (BTFError, OSError) as e:
+        return _fail(f"cannot read the kernel's BTF: {e}")
+    out = sys.stdout
+    try:
+        if a.json:
+            json.dump([{"point": i.spec, "kind": i.kind, "name": i.name, "module": i.module,
+                        "prototype": i.prototype} for i in items], out, indent=1)
+            out.write("\n")
+        else:
+            out.write("".join(f"{i.spec}  {i.prototype}{'' if i.module == 'vmlinux' else f'  [{i.module}]'}\n"
+                              for i in items))
+        out.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+    note = _refused_kinds()
+    if note:
+        sys.stderr.write(f"{PROG}: {note}\n")
+    if a.pattern and not items:
+        return _fail(f"no capture point matches {a.pattern!r}")
+    return 0
+
+
+def _refused_kinds() -> str:
+    """One line naming the kinds this kernel refuses (only when we may probe: root)."""
+    if os.geteuid() != 0:
+        return ""
+    from bpf import features
+    from bpf.btf import BTF
+    from bpf.uapi import AttachType
+    try:
+        func = BTF.vmlinux().find("ip_output", "func") or next(BTF.vmlinux().funcs())
+    except Exception:  # noqa: BLE001 - only a note
+        return ""
+    refused = []
+    r = features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs")
+    if r is not None:
+        refused.append(f"fentry/fexit ({r.reason})")
+    r = features.kprobe_program()
+    if r is not None:
+        refused.append(f"kprobe ({r.reason})")
+    if not refused:
+        return ""
+    return ("this kernel refuses " + "; ".join(refused) +
+            ": functions are listed as fentry/FUNC, capture at tp_btf/ points instead")
+
+
+def cmd_info(argv: list[str]) -> int:
+    from .points import PointError, resolve
+    if not argv:
+        return _fail("usage: fcap info POINT", 2)
+    code = 0
+    for spec in argv:
+        try:
+            p = resolve(spec)
+        except PointError as e:
+            code = _fail(str(e))
+            continue
+        where = "" if p.module == "vmlinux" else f"  [{p.module}]"
+        sys.stdout.write(f"{p.prototype()};{where}\n")
+        sys.stdout.write(f"  point: {p.spec}  skb: argument {p.skb_index} ({p.params[p.skb_index].name})\n")
+    return code
+
+
+# ---- reading files ---------------------------------------------------------------------------
+
+def cmd_read(args) -> int:
+    from .pcapfile import PcapFormatError, read
+    from .printer import Printer
+    printer = Printer(args, sys.stdout)
+    try:
+        for rec in read(args.read):
+            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, rec.iface_name)
+    except FileNotFoundError:
+        return _fail(f"{args.read}: No such file or directory")
+    except PcapFormatError as e:
+        return _fail(f"{args.read}: {e}")
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+# ---- capturing -------------------------------------------------------------------------------
+
+def cmd_capture(args, command: list[str]) -> int:
+    from .session import Config, Session
+
+    if not args.points:
+        raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
+    snaplen = _int(args.snaplen, "snaplen", 262144, 0) or 262144
+    if snaplen > 0x7FFFFFFF:
+        raise UsageError(f"invalid snaplen '{args.snaplen}': too large")
+    count = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
+    buffer_kib = _int(args.buffer, "buffer size", 4096, 1)
+    expr = " ".join(args.expression) or None
+    if args.filter_file:
+        try:
+            with open(args.filter_file) as f:
+                expr = " ".join(line.split("#", 1)[0].strip() for line in f).strip() or None
+        except OSError as e:
+            return _fail(f"{args.filter_file}: {e.strerror}")
+    if args.linktype:
+        from .linktypes import UnknownLinkType, lookup
+        try:
+            lookup(args.linktype)
+        except UnknownLinkType as e:
+            return _fail(str(e))
+    cfg = Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr,
+                 buffer_kib=buffer_kib, immediate=args.immediate)
+    session = Session(cfg)
+    from .session import CaptureError
+    try:
+        session.resolve()
+        if args.dump_ebpf or args.dump_filter:
+            return _dump(session, args)
+        out = _open_output(args, session)
+        session.open()
+        session.attach()
+    except CaptureError as e:
+        session.close()
+        return _fail(str(e))
+    except OSError as e:
+        session.close()
+        return _fail(f"{e.filename or args.write}: {e.strerror}")
+    return _run(session, args, out, count, command)
+
+
+def _dump(session, args) -> int:
+    if args.dump_filter and session.cbpf is not None:
+        from .filter import format_cbpf
+        sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
+    sys.stdout.write(session.dump() + "\n")
+    return 0
+
+
+class _Output:
+    """Where packets go: a capture file writer, or a printer."""
+
+    def __init__(self, writer=None, printer=None, stream: bool = False):
+        self.writer, self.printer, self.stream = writer, printer, stream
+
+
+def _open_output(args, session):
+    from .pcapfile import format_for_path, open_writer
+    from .printer import Printer
+    to_stdout = args.write == "-" or (args.write is None and not sys.stdout.isatty())
+    if args.write is None and not to_stdout:
+        return _Output(printer=Printer(args, sys.stdout))
+    fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
+    if len(session.points) > 1 and fmt == "pcap":
+        fmt = "pcapng" if args.format is None else fmt
+    if to_stdout:
+        f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
+    else:
+        f = open(args.write, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
+    writer = open_writer(f, fmt)
+    lt = session.linktype
+    for p in session.points:
+        if fmt == "pcap" and p.id > 0:
+            break
+        writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
+    return _Output(writer=writer, stream=to_stdout)
+
+
+def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    lt = session.linktype
+    if not args.quiet:
+        names = ", ".join(p.spec for p in session.points)
+        sys.stderr.write(f"listening on {names}, link-type {lt.name} ({lt.description}), "
+                         f"snapshot length {session.cfg.snaplen} bytes\n")
+        sys.stderr.flush()
+    proc = None
+    if command:
+        try:
+            proc = subprocess.Popen(command)
+        except OSError as e:
+            session.close()
+            return _fail(f"{command[0]}: {e.strerror}")
+    offset = session.clock_offset_ns
+    written = 0
+    broken = False
+    writer, printer = out.writer, out.printer
+    direction = {p.id: (2 if p.direction == "out" else 1 if p.direction == "in" else None) for p in session.points}
+    names = {p.id: p.spec for p in session.points}
+    pcapng = writer is not None and writer.fmt == "pcapng"
+    immediate = args.immediate
+
+    def sink(rec) -> bool:
+        nonlocal written, broken
+        try:
+            if writer is not None:
+                if pcapng:
+                    writer.write(rec.ts_ns + offset, rec.data, rec.orig_len, iface=rec.point,
+                                 flags=direction.get(rec.point), comment=_comment(rec), packet_id=rec.skb)
+                else:
+                    writer.write(rec.ts_ns + offset, rec.data, rec.orig_len)
+                if immediate:
+                    writer.flush()
+            else:
+                printer.packet(rec.ts_ns + offset, rec.data, lt.number, rec.orig_len,
+                               names[rec.point] if len(names) > 1 else None, rec)
+        except BrokenPipeError:
+            broken = True
+            return False
+        written += 1
+        return not (count and written >= count)
+
+    def should_stop() -> bool:
+        if stop["now"] or broken:
+            return True
+        if out.stream and writer is not None:
+            try:
+                writer.flush()
+            except BrokenPipeError:
+                return _set_broken()
+        return proc is not None and proc.poll() is not None
+
+    def _set_broken() -> bool:
+        nonlocal broken
+        broken = True
+        return True
+
+    try:
+        session.run(sink, should_stop)
+    finally:
+        session.close()
+        try:
+            if writer is not None:
+                writer.close()
+            elif printer is not None:
+                printer.flush()
+        except BrokenPipeError:
+            broken = True
+    if broken:
+        _quiet_stdout()
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait()
+    st = session.stats
+    if not args.quiet and not broken:
+        try:
+            sys.stderr.write(f"{written} packet{'s' if written != 1 else ''} captured\n"
+                             f"{st.seen} packet{'s' if st.seen != 1 else ''} received by filter\n"
+                             f"{st.lost} packet{'s' if st.lost != 1 else ''} dropped by kernel\n")
+        except BrokenPipeError:
+            pass
+    if proc is not None:
+        rc = proc.returncode
+        return rc if rc >= 0 else 128 - rc
+    return 0
+
+
+def _comment(rec) -> str:
+    return (f"skb=0x{rec.skb:x} pid={rec.pid} tid={rec.tid} comm={rec.comm} ifindex={rec.ifindex} "
+            f"mark=0x{rec.mark:x} netns={rec.netns} proto=0x{rec.protocol:04x} pkt_type={rec.pkt_type} "
+            f"len={rec.len}")
+
+
+def ifname(index: int) -> str:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return str(index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""tcpdump filter expressions compiled by libpcap's own compiler (pcapy-ng) into cBPF for a capture's linktype."""
+
+from __future__ import annotations
+
+from .linktypes import LinkType, dlt_for_libpcap
+
+
+class FilterError(ValueError):
+    """An expression libpcap would not compile; the message is libpcap's."""
+
+
+def compile_filter(expr: str, linktype: LinkType, snaplen: int, optimize: bool = True) -> list[tuple[int, int, int, int]]:
+    """The cBPF instructions libpcap makes of `expr` for packets of `linktype`."""
+    try:
+        import pcapy
+    except ImportError as e:  # pragma: no cover - pcapy-ng is a dependency
+        raise FilterError(f"filters need pcapy-ng (libpcap's compiler): {e}") from None
+    try:
+        prog = pcapy.compile(dlt_for_libpcap(linktype), snaplen, expr, int(optimize), 0xFFFFFFFF)
+    except pcapy.PcapError as e:
+        raise FilterError(str(e)) from None
+    return [tuple(int(x) for x in ins) for ins in prog.get_bpf()]
+
+
+def format_cbpf(insns: list[tuple[int, int, int, int]]) -> str:
+    """cBPF in tcpdump -d style."""
+    from bpf import cbpf
+    return cbpf.disassemble(insns) if hasattr(cbpf, "disassemble") else "\n".join(
+        f"({i:03d}) code={c:#06x} jt={jt} jf={jf} k={k:#x}" for i, (c, jt, jf, k) in enumerate(insns))

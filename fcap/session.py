@@ -1,0 +1,309 @@
+"""A capture session: resolve points, build and load programs, attach, drain the buffers, count, detach."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bpf import features
+from bpf.btf import BTF, BTFError
+from bpf.errors import BPFError, VerifierError
+from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
+from bpf.maps import PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
+from bpf.perfbuf import PAGE, PerfBuffer
+from bpf.prog import Program, load
+from bpf.uapi import AttachType, ProgType
+
+from . import program as cprog
+from .filter import compile_filter
+from .linktypes import LinkType, lookup
+from .points import Point, PointError, is_device_point, resolve, suggestion
+
+DEFAULT_SNAPLEN = 262144
+DEFAULT_BUFFER_KIB = 4096
+
+START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cprog.START_NETWORK,
+             "IPV6": cprog.START_NETWORK, "LINUX_SLL2": cprog.START_SLL2, "IEEE802_11": cprog.START_MAC}
+PROTO_FOR = {"IPV4": 0x0800, "IPV6": 0x86DD}
+
+
+class CaptureError(Exception):
+    """A capture that cannot start or go on; str() is the one line the user sees."""
+
+
+@dataclass
+class Config:
+    points: list[str]
+    linktype: str | None = None
+    snaplen: int = DEFAULT_SNAPLEN
+    filter: str | None = None
+    buffer_kib: int = DEFAULT_BUFFER_KIB
+    immediate: bool = False
+    predicates: list = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    captured: int = 0      # records handed to the sink
+    seen: int = 0          # packets the programs tried to record (after predicates and filter)
+    lost: int = 0          # records the kernel could not put in a full buffer
+
+
+def default_linktype(points: list[Point]) -> LinkType:
+    """EN10MB where every point is at the device layer (a MAC header is in place); LINUX_SLL2 elsewhere,
+    which decodes for any protocol and carries the interface and direction."""
+    if all(is_device_point(p.name) for p in points):
+        return lookup("EN10MB")
+    return lookup("LINUX_SLL2")
+
+
+def _explain_refusal(point: Point, e: BPFError) -> str:
+    kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
+    if e.errno == errno.EPERM:
+        return (f"{point.spec}: this kernel refuses {kinds} programs (EPERM); "
+                f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")
+    if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH) and point.kind == "kprobe":
+        return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
+    return f"{point.spec}: {e}"
+
+
+class Session:
+    """One capture. Use: s = Session(cfg); s.open(); s.attach(); s.run(sink, stop); s.close()."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.points: list[Point] = []
+        self.linktype: LinkType | None = None
+        self.cbpf: list | None = None
+        self.programs: list[Program] = []
+        self.links: list[Link] = []
+        self.maps: list = []
+        self.buffer: PerfBuffer | None = None
+        self.stats = Stats()
+        self.clock_offset_ns = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+    def resolve(self) -> None:
+        if not os.path.exists("/sys/kernel/btf/vmlinux"):
+            raise CaptureError("this kernel has no BTF (/sys/kernel/btf/vmlinux): fcap needs CONFIG_DEBUG_INFO_BTF")
+        if not 0 < self.cfg.snaplen <= 0x7FFFFFFF:
+            raise CaptureError(f"invalid snaplen {self.cfg.snaplen}")
+        try:
+            for i, spec in enumerate(self.cfg.points):
+                p = resolve(spec, default_func_kind=self._best_function_kind(spec))
+                p.id = i
+                self.points.append(p)
+        except PointError as e:
+            raise CaptureError(str(e)) from None
+        except BTFError as e:
+            raise CaptureError(f"reading the kernel's BTF: {e}") from None
+        self.linktype = lookup(self.cfg.linktype) if self.cfg.linktype else default_linktype(self.points)
+        if self.linktype.name not in START_FOR:
+            raise CaptureError(f"link-type {self.linktype.name} cannot be made from an skb; use one of "
+                               f"{', '.join(START_FOR)}")
+        if self.cfg.filter:
+            from .filter import FilterError
+            try:
+                self.cbpf = compile_filter(self.cfg.filter, self.linktype, self.cfg.snaplen)
+            except FilterError as e:
+                raise CaptureError(f"{self.cfg.filter}: {e}") from None
+
+    def _best_function_kind(self, spec: str) -> str:
+        """For a bare FUNC: fentry where the kernel allows it, else kprobe, else fentry (to say why not)."""
+        if "/" in spec:
+            return "fentry"
+        try:
+            vm = BTF.vmlinux()
+            func = vm.find(spec.partition(":")[0], "func")
+            if func is None:
+                return "fentry"
+            if features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs") is None:
+                return "fentry"
+            if features.kprobe_program() is None:
+                return "kprobe"
+        except (BTFError, BPFError):
+            pass
+        return "fentry"
+
+    def options(self, point: Point) -> cprog.Options:
+        preds = list(self.cfg.predicates)
+        want = PROTO_FOR.get(self.linktype.name)
+        if want is not None:
+            preds.insert(0, protocol_predicate(want))
+        return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
+                             dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
+                             predicates=preds)
+
+    def dynptr_kfunc(self, point: Point) -> int:
+        """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
+        if not point.typed:
+            return 0
+        f = BTF.vmlinux().find("bpf_dynptr_from_skb", "func")
+        if f is None:
+            return 0
+
+        def fn():
+            from bpf import asm
+            items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
+                     asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
+                     asm.Insn(asm.JMP | asm.CALL, 0, cprog.KFUNC_CALL, 0, f.id), asm.movi(asm.R0, 0), asm.exit_()]
+            load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
+                 attach_btf_id=point.btf_id, what="probe skb dynptr").close()
+        return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+
+    @staticmethod
+    def _attach_type(point: Point) -> AttachType:
+        return {"tp_btf": AttachType.TRACE_RAW_TP, "fentry": AttachType.TRACE_FENTRY,
+                "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
+
+    def build(self, point: Point, maps: cprog.Maps) -> list:
+        try:
+            return cprog.build(point, self.options(point), maps)
+        except cprog.ProgramError as e:
+            raise CaptureError(str(e)) from None
+
+    def open(self) -> None:
+        """Resolve, compile, create maps, load every program (nothing attached yet)."""
+        if not self.points:
+            self.resolve()
+        err = features.bpf_syscall()
+        if err is not None:
+            raise CaptureError(f"cannot use BPF: {err.reason}")
+        try:
+            events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
+            self.maps.append(events)
+            size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+            scratch = PerCPUArrayMap(size, 1, name="fcap_scratch")
+            counters = PerCPUArrayMap(8 * cprog.COUNTERS, 1, name="fcap_counters")
+            self.maps += [scratch, counters]
+            self.counters = counters
+            maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
+            for p in self.points:
+                self.programs.append(self._load(p, self.build(p, maps)))
+            cpus = online_cpus()
+            per_cpu = max(self.cfg.buffer_kib * 1024 // max(len(cpus), 1) // PAGE, 8)
+            pages = 1 << (per_cpu.bit_length() - 1)
+            wake = 1 if self.cfg.immediate else pages * PAGE // 4
+            self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
+        except BPFError as e:
+            self.close()
+            raise CaptureError(f"{e}") from None
+        except CaptureError:
+            self.close()
+            raise
+
+    def _load(self, p: Point, items: list) -> Program:
+        name = f"fcap_{p.name}"[:15]
+        if p.kind == "fentry" or p.kind == "fexit":
+            refused = features.tracing_program(self._attach_type(p), p.btf_id, label=f"{p.kind} programs")
+            if refused is not None and "EPERM" in refused.reason:
+                raise CaptureError(_explain_refusal(p, BPFError("load", errno.EPERM)))
+        if p.kind == "kprobe":
+            refused = features.kprobe_program()
+            if refused is not None:
+                raise CaptureError(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
+                                   f"packets: {suggestion(p.name)}")
+        obj_fd = None
+        try:
+            if p.typed:
+                if p.btf.base is not None:
+                    from bpf.sys import btf_fd_by_name
+                    obj_fd = btf_fd_by_name(p.module)
+                return load(ProgType.TRACING, items, name=name, expected_attach_type=self._attach_type(p),
+                            attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd.fd if obj_fd else 0, what=p.spec)
+            prog_type = ProgType.KPROBE if p.kind == "kprobe" else ProgType.RAW_TRACEPOINT
+            return load(prog_type, items, name=name, what=p.spec)
+        except VerifierError as e:
+            raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
+                               f"(--dump-ebpf shows the program)") from None
+        except BPFError as e:
+            raise CaptureError(_explain_refusal(p, e)) from None
+        finally:
+            if obj_fd is not None:
+                obj_fd.close()
+
+    def attach(self) -> None:
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        try:
+            for p, prog in zip(self.points, self.programs):
+                if p.typed:
+                    self.links.append(attach_tracing(prog.fileno(), p.spec))
+                elif p.kind == "raw_tp":
+                    self.links.append(attach_raw_tracepoint(prog.fileno(), p.name))
+                else:
+                    self.links.append(attach_kprobe(prog.fileno(), p.name))
+        except BPFError as e:
+            self.close()
+            raise CaptureError(_explain_refusal(p, e)) from None
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self, sink: Callable[[cprog.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Drain records into sink until stop() is true or sink returns False; then detach and drain the rest."""
+        buf = self.buffer
+        keep_going = True
+        parse = cprog.parse_record
+
+        def on_sample(cpu: int, raw) -> None:
+            nonlocal keep_going
+            if not keep_going:
+                return
+            self.stats.captured += 1
+            if sink(parse(raw)) is False:
+                keep_going = False
+
+        timeout = 5 if self.cfg.immediate else poll_ms
+        while keep_going and not stop():
+            buf.poll(timeout)
+            buf.drain(on_sample)
+        self.detach()
+        if keep_going:
+            buf.drain(on_sample)
+
+    def detach(self) -> None:
+        for link in self.links:
+            link.close()
+        self.links = []
+
+    def read_counters(self) -> Stats:
+        if getattr(self, "counters", None) is not None and not self.counters.fd.closed:
+            self.stats.seen = self.counters.sum_u64(0, 8 * cprog.COUNTER_SEEN)
+            self.stats.lost = self.counters.sum_u64(0, 8 * cprog.COUNTER_LOST)
+            if self.buffer is not None:
+                self.stats.lost = max(self.stats.lost, self.buffer.lost)
+        return self.stats
+
+    def close(self) -> None:
+        self.detach()
+        self.read_counters()
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+        for prog in self.programs:
+            prog.close()
+        self.programs = []
+        for m in self.maps:
+            m.close()
+        self.maps = []
+
+    def dump(self) -> str:
+        """The generated programs, disassembled (for --dump-ebpf)."""
+        from bpf import asm
+        maps = cprog.Maps(events=-1, scratch=-2, counters=-3)
+        out = []
+        for p in self.points:
+            out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
+            out.append(asm.disassemble(self.build(p, maps)))
+        return "\n".join(out)
+
+
+def protocol_predicate(ethertype: int) -> Callable:
+    """Keep only packets whose skb->protocol is `ethertype` (for the IPV4/IPV6 linktypes)."""
+    from bpf.asm import JNE, R8, H, jmp
+
+    def emit(b: cprog.Builder) -> list:
+        b.read(H, R8, cprog.R6, b.f.protocol)
+        return [jmp(JNE, R8, int.from_bytes(ethertype.to_bytes(2, "big"), "little"), "out")]
+    return emit
