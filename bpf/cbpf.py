@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import asm
 from .asm import FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
 
-__all__ = ["MEMWORDS", "CBPFError", "PacketModel", "translate", "validate"]
+__all__ = ["MEMWORDS", "CBPFError", "PacketModel", "disassemble", "translate", "validate"]
 
 
 class CBPFError(ValueError):
@@ -526,3 +526,44 @@ def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
         out.append(it)
     return out
 
+
+
+_ALU_NAMES = {0x00: "add", 0x10: "sub", 0x20: "mul", 0x30: "div", 0x40: "or", 0x50: "and", 0x60: "lsh",
+              0x70: "rsh", 0x80: "neg", 0x90: "mod", 0xA0: "xor"}
+_JMP_NAMES = {J_JEQ: "jeq", J_JGT: "jgt", J_JGE: "jge", J_JSET: "jset"}
+
+
+def disassemble(insns: Sequence[tuple[int, int, int, int]]) -> str:
+    """A listing in tcpdump -d style (libpcap's bpf_image), one instruction per line."""
+    lines = []
+    for i, (code, jt, jf, k) in enumerate(insns):
+        code, k = int(code), int(k) & 0xFFFFFFFF
+        cls, mode, size = code & 7, code & 0xE0, code & 0x18
+        sk = k - (1 << 32) if k >= 1 << 31 else k   # libpcap prints %d of a u32
+        sfx = {S_W: "", S_H: "h", S_B: "b"}.get(size, "?")
+        op, arg = f"unimp {code:#x}", f"{k:#x}"
+        if cls == C_LD and mode in (M_ABS, M_IND):
+            op, arg = "ld" + sfx, f"[{sk}]" if mode == M_ABS else f"[x + {sk}]"
+        elif cls in (C_LD, C_LDX) and mode in (M_IMM, M_MEM, M_LEN):
+            op = "ld" if cls == C_LD else "ldx"
+            arg = {M_IMM: f"#{k:#x}", M_MEM: f"M[{k}]", M_LEN: "#pktlen"}[mode]
+        elif code == C_LDX | S_B | M_MSH:
+            op, arg = "ldxb", f"4*([{sk}]&0xf)"
+        elif cls in (C_ST, C_STX):
+            op, arg = ("st" if cls == C_ST else "stx"), f"M[{k}]"
+        elif cls == C_ALU and code & 0xF0 in _ALU_NAMES:
+            op = _ALU_NAMES[code & 0xF0]
+            hexa = op in ("and", "or", "xor")
+            arg = "" if op == "neg" else "x" if code & 8 else f"#{k:#x}" if hexa else f"#{sk}"
+        elif code == C_JMP | J_JA:
+            op, arg = "ja", f"{i + 1 + k}"
+        elif cls == C_JMP and code & 0xF0 in _JMP_NAMES:
+            arg = "x" if code & 8 else f"#{k:#x}"
+            lines.append(f"({i:03d}) {_JMP_NAMES[code & 0xF0]:<8} {arg:<16} jt {i + 1 + jt}\tjf {i + 1 + jf}")
+            continue
+        elif cls == C_RET:
+            op, arg = "ret", "a" if code & 0x18 == RVAL_A else f"#{sk}"
+        elif cls == C_MISC:
+            op, arg = ("tax" if code & 0xF8 == MISC_TAX else "txa"), ""
+        lines.append(f"({i:03d}) {op:<8} {arg}".rstrip())
+    return "\n".join(lines)

@@ -166,6 +166,15 @@ def test_loads_compared_with_constants_skip_the_byte_swap():
     assert sum(i.op & 0xF7 == asm.ALU | asm.END for i in _insns(translate(mixed, MODEL))) == 2
 
 
+def test_disassemble_like_tcpdump_d():
+    prog = [(0x28, 0, 0, 12), (0x15, 0, 6, 0x86DD), (0xB1, 0, 0, 14), (0x48, 0, 0, 16), (0x54, 0, 0, 0xF0),
+            (0x87, 0, 0, 0), (0x16, 0, 0, 0), (0x06, 0, 0, 262144), RET_ACCEPT]
+    assert cbpf.disassemble(prog).splitlines() == [
+        "(000) ldh      [12]", "(001) jeq      #0x86dd          jt 2\tjf 8", "(002) ldxb     4*([14]&0xf)",
+        "(003) ldh      [x + 16]", "(004) and      #0xf0", "(005) txa", "(006) ret      a", "(007) ret      #262144",
+        "(008) ret      #262144"]
+
+
 def test_loads_past_capacity_without_slow_load_reject_statically():
     ins = _insns(translate([(0x28, 0, 0, 300), (0x16, 0, 0, 0)], MODEL))
     assert ins == [asm.alu32(asm.MOV, R0, 0)]
