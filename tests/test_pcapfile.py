@@ -218,7 +218,7 @@ def test_roundtrip_pcapng(capture, late):
     assert records_of(b.getvalue()) == expected
 
 
-# ------------------------------------------------------------------------------------------ files made for the external readers
+# ------------------------------------------------------------------------------------------ files for external readers
 
 COMMENTS = ["héllo wörld", "✓ 🐍 \"quoted\", comma | pipe", "plain"]
 
@@ -300,8 +300,8 @@ def test_tshark_reads_pcap(tmp_path):
 
 
 def tcpdump_times(path: Path) -> list[int]:
-    p = subprocess.run([TCPDUMP, "--nano", "-tt", "-nn", "-q", "-r", str(path)], check=False, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run([TCPDUMP, "--nano", "-tt", "-nn", "-q", "-r", str(path)], check=False, capture_output=True,
+                       text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return [epoch_ns(m) for m in re.findall(r"^(\d+\.\d{9}) ", p.stdout, re.MULTILINE)]
 
