@@ -549,7 +549,7 @@ def _tcp_options(p: _Packet, cp: int, hl: int, sack_base: int) -> bool:
                 check(datalen)
                 value = int.from_bytes(p.b[cp:cp + datalen], "big")
                 p.add(f" val {value >> 32} ecr {value & _M32}" if opt == 8 else f" {value}")
-            else:  # the rest as bytes (tcpdump's own printers for md5, mptcp, tfo, tcp-ao... are not copied)
+            else:  # the rest as bytes (tcpdump's own printers for md5, mptcp, tcp-ao... are not copied)
                 p.add(" 0x" if datalen else "")
                 for i in range(datalen):
                     check(i + 1)
