@@ -48,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nano", action="store_true", help="nanosecond timestamps in printed lines")
     p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
+    g.add_argument("--pid", metavar="PID", help="only packets handled in process PID (thread group id)")
+    g.add_argument("--comm", metavar="NAME", help="only packets handled by a task called NAME")
+    g.add_argument("--netns", metavar="INUM", help="only packets of devices in network namespace INUM")
+    g.add_argument("--ifname", metavar="NAME", help="only packets on the device called NAME")
+    g.add_argument("--ifindex", metavar="N", help="only packets on the device with index N")
+    g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
+    g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
+                   help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
     return p
@@ -231,7 +240,7 @@ def cmd_capture(args, command: list[str]) -> int:
         except UnknownLinkType as e:
             return _fail(str(e))
     cfg = Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr,
-                 buffer_kib=buffer_kib, immediate=args.immediate)
+                 buffer_kib=buffer_kib, immediate=args.immediate, predicates=_predicates(args))
     session = Session(cfg)
     from .session import CaptureError
     try:
@@ -248,6 +257,36 @@ def cmd_capture(args, command: list[str]) -> int:
         session.close()
         return _fail(f"{e.filename or args.write}: {e.strerror}")
     return _run(session, args, out, count, command)
+
+
+def _predicates(args) -> list:
+    """Factories (point -> predicate) for the predicate flags, in a cheap-first order."""
+    from . import predicates as pr
+    out = []
+
+    def const(pred):
+        return lambda point: pred
+    if args.pid is not None:
+        out.append(const(pr.pid(_int(args.pid, "pid", 0, 0))))
+    if args.comm is not None:
+        try:
+            out.append(const(pr.comm(args.comm)))
+        except pr.PredicateError as e:
+            raise UsageError(str(e)) from None
+    if args.mark is not None:
+        out.append(const(pr.mark(_int(args.mark, "mark", 0, 0))))
+    if args.ifindex is not None:
+        out.append(const(pr.ifindex(_int(args.ifindex, "ifindex", 0, 1))))
+    if args.ifname is not None:
+        try:
+            out.append(const(pr.ifname(args.ifname)))
+        except pr.PredicateError as e:
+            raise UsageError(str(e)) from None
+    if args.netns is not None:
+        out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+    for text in args.where:
+        out.append(lambda point, text=text: pr.where(point, text))
+    return out
 
 
 def _dump(session, args) -> int:

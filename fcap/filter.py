@@ -9,7 +9,8 @@ class FilterError(ValueError):
     """An expression libpcap would not compile; the message is libpcap's."""
 
 
-def compile_filter(expr: str, linktype: LinkType, snaplen: int, optimize: bool = True) -> list[tuple[int, int, int, int]]:
+def compile_filter(expr: str, linktype: LinkType, snaplen: int,
+                   optimize: bool = True) -> list[tuple[int, int, int, int]]:
     """The cBPF instructions libpcap makes of `expr` for packets of `linktype`."""
     try:
         import pcapy
@@ -25,5 +26,4 @@ def compile_filter(expr: str, linktype: LinkType, snaplen: int, optimize: bool =
 def format_cbpf(insns: list[tuple[int, int, int, int]]) -> str:
     """cBPF in tcpdump -d style."""
     from bpf import cbpf
-    return cbpf.disassemble(insns) if hasattr(cbpf, "disassemble") else "\n".join(
-        f"({i:03d}) code={c:#06x} jt={jt} jf={jf} k={k:#x}" for i, (c, jt, jf, k) in enumerate(insns))
+    return cbpf.disassemble(insns)

@@ -154,6 +154,7 @@ class _Fields:
         self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1
         self.ifindex = off(dev, "ifindex")
         self.hatype = off(dev, "type")
+        self.dev_name = off(dev, "name")
         self.dev_net = off(dev, "nd_net")
         self.net_inum = None
         if net is not None:
@@ -180,6 +181,12 @@ class Builder:
         self.m = maps
         self.f = _Fields(point.btf)
         self.items: list = []
+        self._labels = 0
+
+    def fresh(self, prefix: str) -> str:
+        """A label name not used before in this program."""
+        self._labels += 1
+        return f"{prefix}_{self._labels}"
 
     def emit(self, *items) -> None:
         for it in items:
@@ -323,8 +330,8 @@ class Builder:
                   st(DW, R7, PKT + 12, 0))
         self.read(H, R9, R6, f.mac)
         self.emit(jmp(JEQ, R9, 0xFFFF, "sll2_noaddr"), st(B, R7, PKT + 11, 6),
-                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK_HEAD), alu64(ADD, R3, R9, reg=True),
-                  addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
+                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK_HEAD),
+                  alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
 
     def run_filter(self) -> None:
         """Copy the packet's first bytes after the headers and run the translated cBPF filter over them."""
@@ -362,13 +369,19 @@ class Builder:
                       ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
                       ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK_N))
-        # buflen = min(hdr + n, snaplen); wirelen from the stack
-        self.emit(alu64(ADD, R2, R8, reg=True), jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
+        # buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where the
+        # slow path reaches every byte (skb dynptr); else only the copied bytes, min(hdr + n, snaplen)
+        slow = bool(o.dynptr_kfunc and self.p.typed)
+        if slow:
+            self.emit(ldx(DW, R2, FP, STACK_WIRELEN))
+        else:
+            self.emit(alu64(ADD, R2, R8, reg=True))
+        self.emit(jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
                   label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
                   label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK_WIRELEN),
                   stx(DW, FP, STACK_SKB, R6), mov(R6, R7), addi(R6, PKT))
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=HDR_MAX + cap,
-                                 slow_load=self._slow_load if (o.dynptr_kfunc and self.p.typed) else None)
+                                 slow_load=self._slow_load if slow else None)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK_CBPF))
         self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK_SKB), jmp(JEQ, R0, 0, "out"))
 

@@ -42,7 +42,7 @@ class Config:
     filter: str | None = None
     buffer_kib: int = DEFAULT_BUFFER_KIB
     immediate: bool = False
-    predicates: list = field(default_factory=list)
+    predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
 
 
 @dataclass
@@ -129,7 +129,11 @@ class Session:
         return "fentry"
 
     def options(self, point: Point) -> cprog.Options:
-        preds = list(self.cfg.predicates)
+        from .predicates import PredicateError
+        try:
+            preds = [make(point) for make in self.cfg.predicates]
+        except PredicateError as e:
+            raise CaptureError(str(e)) from None
         want = PROTO_FOR.get(self.linktype.name)
         if want is not None:
             preds.insert(0, protocol_predicate(want))
@@ -160,9 +164,10 @@ class Session:
                 "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
 
     def build(self, point: Point, maps: cprog.Maps) -> list:
+        from .predicates import PredicateError
         try:
             return cprog.build(point, self.options(point), maps)
-        except cprog.ProgramError as e:
+        except (cprog.ProgramError, PredicateError) as e:
             raise CaptureError(str(e)) from None
 
     def open(self) -> None:
