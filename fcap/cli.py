@@ -194,7 +194,7 @@ def cmd_read(args) -> int:
     printer = Printer(args, sys.stdout)
     try:
         for rec in read(args.read):
-            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, rec.iface_name)
+            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
     except FileNotFoundError:
         return _fail(f"{args.read}: No such file or directory")
     except PcapFormatError as e:
