@@ -37,10 +37,10 @@ def require(feature: str, fn: Callable[[], None]) -> None:
 
 def _explain(e: BPFError) -> str:
     if e.errno == errno.EPERM:
-        return f"the kernel refuses it ({e.op}: EPERM)"
+        return "the kernel refuses them (EPERM)"
     if e.errno == errno.EINVAL:
-        return f"the kernel does not know it ({e.op}: EINVAL)"
-    return str(e)
+        return "the kernel does not know them (EINVAL)"
+    return f"{e.op} failed: {e.errname}"
 
 
 def _ret0() -> list:
@@ -65,7 +65,7 @@ def raw_tracepoint_program() -> NotSupported | None:
 def kprobe_program() -> NotSupported | None:
     def fn():
         if kprobe_pmu_type() is None:
-            raise NotSupported("kprobe", "this kernel has no kprobe PMU (CONFIG_KPROBES is off)")
+            raise NotSupported("kprobe", "this kernel has no kprobes (CONFIG_KPROBES is off)")
         load(ProgType.KPROBE, _ret0(), name="probe", what="probe kprobe").close()
     return probe("kprobe", fn)
 

@@ -159,14 +159,13 @@ def _refused_kinds() -> str:
     refused = []
     r = features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs")
     if r is not None:
-        refused.append(f"fentry/fexit ({r.reason})")
+        refused.append(f"fentry/fexit programs: {r.reason}")
     r = features.kprobe_program()
     if r is not None:
-        refused.append(f"kprobe ({r.reason})")
+        refused.append(f"kprobe: {r.reason}")
     if not refused:
         return ""
-    return ("this kernel refuses " + "; ".join(refused) +
-            ": functions are listed as fentry/FUNC, capture at tp_btf/ points instead")
+    return "note: on this kernel " + "; ".join(refused) + ". Capture at tp_btf/ points instead."
 
 
 def cmd_info(argv: list[str]) -> int:

@@ -114,6 +114,8 @@ def suggestion(name: str) -> str:
         return "tp_btf/kfree_skb"
     if d == "in":
         return "tp_btf/netif_receive_skb"
+    if d == "out":
+        return "tp_btf/net_dev_queue"
     return "tp_btf/net_dev_queue (transmit) or tp_btf/netif_receive_skb (receive)"
 
 
