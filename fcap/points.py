@@ -146,42 +146,34 @@ def parse(spec: str) -> tuple[str | None, str, str | None]:
 
 
 def _find_func(name: str) -> tuple[BTF, Func] | None:
-    vm = BTF.vmlinux()
-    f = vm.find(name, "func")
-    if f is not None:
-        return vm, f
-    for mod in BTF.module_names():
-        try:
-            m = BTF.module(mod)
-        except BTFError:
-            continue
-        f = m.find(name, "func")
-        if f is not None and f.btf is m:
-            return m, f
+    for btf in _btfs():
+        f = btf.find(name, "func")
+        if f is not None and f.btf is btf:
+            return btf, f
     return None
 
 
 def _find_tracepoint(name: str) -> tuple[BTF, Type, FuncProto] | None:
-    vm = BTF.vmlinux()
-    for btf in [vm] + [None] * 0:
+    """The btf_trace_NAME typedef (a pointer to the tracepoint's prototype), in vmlinux or a module."""
+    for btf in _btfs():
         td = btf.find(TP_PREFIX + name, "typedef")
-        if td is not None:
-            proto = td.strip()
-            proto = proto.target.strip() if isinstance(proto, Ptr) else proto
-            if isinstance(proto, FuncProto):
-                return btf, td, proto
+        if td is None or td.btf is not btf:
+            continue
+        proto = td.strip()
+        proto = proto.target.strip() if isinstance(proto, Ptr) else proto
+        if isinstance(proto, FuncProto):
+            return btf, td, proto
+    return None
+
+
+def _btfs():
+    """vmlinux, then each module's BTF (loaded only when the search gets that far)."""
+    yield BTF.vmlinux()
     for mod in BTF.module_names():
         try:
-            m = BTF.module(mod)
+            yield BTF.module(mod)
         except BTFError:
             continue
-        td = m.find(TP_PREFIX + name, "typedef")
-        if td is not None and td.btf is m:
-            p = td.strip()
-            p = p.target.strip() if isinstance(p, Ptr) else p
-            if isinstance(p, FuncProto):
-                return m, td, p
-    return None
 
 
 def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
@@ -246,13 +238,7 @@ class Listing:
 def list_points(pattern: str | None = None) -> list[Listing]:
     """Every function and tracepoint taking a struct sk_buff * (vmlinux, then modules)."""
     out: list[Listing] = []
-    vm = BTF.vmlinux()
-    btfs = [vm]
-    for mod in BTF.module_names():
-        try:
-            btfs.append(BTF.module(mod))
-        except BTFError:
-            continue
+    btfs = list(_btfs())
     seen: set[str] = set()
     for btf in btfs:
         for td_name, proto in btf.typedefs_to_func_proto(TP_PREFIX):
