@@ -25,6 +25,9 @@ Sample = Callable[[int, memoryview], None]
 
 
 class _CPURing:
+    """One CPU's ring: `data` is a memoryview of its `size` data bytes (read and written in place by readers that
+    walk the records themselves: span(), release())."""
+
     __slots__ = ("cpu", "fd", "mm", "view", "size", "mask", "data")
 
     def __init__(self, cpu: int, pages: int, wakeup_bytes: int):
@@ -43,6 +46,15 @@ class _CPURing:
         self.view = memoryview(self.mm)
         self.data = self.view[PAGE:]
         fcntl.ioctl(self.fd.fd, PerfIoctl.ENABLE, 0)
+
+    def span(self) -> tuple[int, int]:
+        """(tail, head): the records in [tail, head) are ours to read (positions; & mask gives the offset in
+        data). Records stay valid until release()."""
+        return _HEAD.unpack_from(self.view, TAIL_OFF)[0], _HEAD.unpack_from(self.view, HEAD_OFF)[0]
+
+    def release(self, tail: int) -> None:
+        """Give the bytes before position `tail` back to the kernel."""
+        _HEAD.pack_into(self.view, TAIL_OFF, tail)
 
     def close(self) -> None:
         if self.view is not None:

@@ -247,6 +247,8 @@ def cmd_capture(args, command: list[str]) -> int:
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         out = _open_output(args, session)
+        if out.writer is not None:
+            session.cfg.record = out.writer.fmt   # the programs lay out this format's record headers
         session.open()
         session.attach()
     except CaptureError as e:
@@ -390,8 +392,20 @@ def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
         broken = True
         return True
 
+    drain = None
+    if writer is not None:
+        from .drain import FileDrain
+        drain = FileDrain(session.buffer, writer, limit=count,
+                          options=lambda rec: (direction.get(rec.point), _comment(rec), rec.skb))
     try:
-        session.run(sink, should_stop)
+        if drain is not None:
+            try:
+                session.run_file(drain, should_stop)
+            except BrokenPipeError:
+                broken = True
+            written = drain.written
+        else:
+            session.run(sink, should_stop)
     finally:
         session.close()
         try:

@@ -38,6 +38,7 @@ FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
 
 _NS = 1_000_000_000
+_IOV_MAX = 1024
 _MAX_BLOCK = 1 << 28  # sanity bound on one pcapng block (libpcap's largest snaplen is 128 MiB)
 _MAX_CAPLEN = {231: 128 * 1024 * 1024, 249: 1024 * 1024, 279: 8 * 1024 * 1024}  # DBUS, USBPCAP, EBHSCR
 
@@ -86,6 +87,7 @@ class Writer:
         self._file = fileobj
         self._w = fileobj.write
         self._closefd = closefd
+        self._fd: int | None = None
         self.closed = False
 
     def add_interface(self, name: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, description: str = "") -> int:
@@ -94,6 +96,31 @@ class Writer:
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None) -> None:
         raise NotImplementedError
+
+    def writev(self, buffers: list) -> None:
+        """Write bytes-like objects in order, as they are (records laid out by someone else): os.writev on the
+        file's descriptor, after what write() left in the file object's buffer."""
+        self.flush()
+        fd = self._fileno()
+        if fd < 0:
+            self._w(b"".join(buffers))
+            return
+        for i in range(0, len(buffers), _IOV_MAX):
+            batch = buffers[i:i + _IOV_MAX]
+            done = os.writev(fd, batch)
+            want = sum(map(len, batch))
+            if done < want:   # a pipe or a signal: write what is left
+                rest = memoryview(b"".join(batch))[done:]
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+
+    def _fileno(self) -> int:
+        if self._fd is None:
+            try:
+                self._fd = self._file.fileno()
+            except (AttributeError, OSError, ValueError):
+                self._fd = -1
+        return self._fd
 
     def flush(self) -> None:
         flush = getattr(self._file, "flush", None)
@@ -247,6 +274,17 @@ class PcapngWriter(Writer):
             w(b"\0" * pad + opts + self._U32.pack(total))
         else:
             w(self._TRAILER[pad].pack(total))
+
+    def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
+                  packet_id: int | None = None) -> tuple[bytes, bytes]:
+        """For an Enhanced Packet Block whose other header fields (interface, timestamp, lengths) and caplen data
+        bytes are laid out elsewhere: the 8 bytes that start it (type, total length) and the padding, options
+        and trailer that end it; together byte for byte what write() makes."""
+        pad = -caplen & 3
+        opts = b"" if flags is None and comment is None and packet_id is None else \
+            self._packet_options(flags, comment, packet_id)
+        total = 32 + caplen + pad + len(opts)
+        return struct.pack("=II", BT_EPB, total), b"\0" * pad + opts + self._U32.pack(total)
 
     def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None) -> bytes:
         opts = b""

@@ -55,12 +55,22 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from .points import Point
 
 # ---- the record the program writes: META bytes, then header bytes, then the skb's bytes -------------------
-META = struct.Struct("<QQQ16sIIIIIHHHBBHBx")
-META_SIZE = META.size  # 72
-assert META_SIZE == 72
+# META ends with the capture file's own record header, laid out by the program so that, when the skb's bytes
+# follow the link header bytes without a gap (skip == 0), user space writes the sample's tail as it is:
+#   pcap:   ts_sec ts_nsec caplen len  (the last 16 bytes: OFF_TS1..OFF_PKT)
+#   pcapng: EPB type, total (without options), interface, ts high, ts low, caplen, len  (the last 28 bytes)
+# FAST is caplen when the bytes are contiguous, else 0 (user space then assembles the record itself).
+META = struct.Struct("<QQQ16sIIIIIHHHBBHBxIIIIIIII")
+META_SIZE = META.size  # 104
+assert META_SIZE == 104
 OFF_TS, OFF_SKB, OFF_PIDTGID, OFF_COMM, OFF_LEN, OFF_COPY, OFF_IFINDEX, OFF_MARK, OFF_NETNS = (
     0, 8, 16, 24, 40, 44, 48, 52, 56)
 OFF_PROTO, OFF_HDR, OFF_SKIP, OFF_PKTTYPE, OFF_POINT, OFF_HATYPE, OFF_FLAGS = 60, 62, 64, 66, 67, 68, 70
+OFF_FAST, OFF_BTYPE, OFF_TOTAL, OFF_IFACE, OFF_TS1, OFF_TS2, OFF_CAPLEN, OFF_ORIG = 72, 76, 80, 84, 88, 92, 96, 100
+OFF_PCAP_REC, OFF_EPB = OFF_TS1, OFF_BTYPE   # where each format's record header starts
+RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"
+BT_EPB = 6
+NS = 1_000_000_000
 FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
 FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
 
@@ -115,6 +125,8 @@ class Options:
     filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
     dynptr_kfunc: int = 0            # BTF id of bpf_dynptr_from_skb when tracing programs may call it
     predicates: list = field(default_factory=list)   # callables (builder) -> items that jump to "out" to drop
+    record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
+    clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -396,6 +408,22 @@ class Builder:
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
                 ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK_SLOW)]
 
+    def file_header(self) -> None:
+        """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
+        R5; keeps R2, R4, R8. The original length counts from the linktype's start: hdr + max(len - skip, 0)."""
+        self.emit(stx(W, R7, OFF_CAPLEN, R4), ldx(W, R5, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP),
+                  alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, "orig_pos"), movi(R5, 0), label("orig_pos"),
+                  alu64(ADD, R5, R8, reg=True), stx(W, R7, OFF_ORIG, R5),
+                  ldx(DW, R0, R7, OFF_TS), ld_imm64(R1, self.o.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
+        if self.o.record == RECORD_PCAPNG:
+            # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
+            self.emit(stx(W, R7, OFF_TS2, R0), rshi(R0, 32), stx(W, R7, OFF_TS1, R0),
+                      st(W, R7, OFF_BTYPE, BT_EPB), st(W, R7, OFF_IFACE, self.p.id),
+                      mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), stx(W, R7, OFF_TOTAL, R1))
+        else:
+            self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), stx(W, R7, OFF_TS1, R1), alu64(asm.MUL, R1, NS),
+                      alu64(SUB, R0, R1, reg=True), stx(W, R7, OFF_TS2, R0))
+
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
@@ -409,8 +437,13 @@ class Builder:
                   jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
                   label("copy_set"))
         if self.p.typed:
-            self.emit(stx(W, R7, OFF_COPY, R2),
-                      mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
+            # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
+            self.emit(stx(W, R7, OFF_COPY, R2), ldx(H, R3, R7, OFF_SKIP), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
+                      jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
+                      stx(W, R7, OFF_FAST, R4), jmp(JEQ, R3, 0, "fast_set"), st(W, R7, OFF_FAST, 0),
+                      label("fast_set"))
+            self.file_header()
+            self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
                       mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), mov(R5, R8), addi(R5, META_SIZE),
                       call(Helper.skb_output))
         else:
@@ -426,6 +459,10 @@ class Builder:
                       label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
                       label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
                       stx(W, R7, OFF_COPY, R2), stx(DW, FP, STACK_N, R2),
+                      # the bytes are read into place after the headers: always contiguous
+                      mov(R4, R2), alu64(ADD, R4, R8, reg=True), stx(W, R7, OFF_FAST, R4))
+            self.file_header()
+            self.emit(ldx(DW, R2, FP, STACK_N),
                       mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
                       ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
                       ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True), st(H, R7, OFF_SKIP, 0),
@@ -471,10 +508,12 @@ class Record:
 
 def parse_record(raw) -> Record:
     (ts, skb, pidtgid, comm, length, copy, ifindex, mark, netns, proto, hdr, skip, pkt_type, point, hatype,
-     flags) = META.unpack_from(raw, 0)
+     flags, fast, _btype, _total, _iface, _ts1, _ts2, _caplen, orig) = META.unpack_from(raw, 0)
     body_start = META_SIZE + hdr
-    data = bytes(raw[META_SIZE:body_start]) + bytes(raw[body_start + skip: body_start + copy])
-    orig = hdr + max(length - skip, 0)
+    if fast:
+        data = bytes(raw[META_SIZE:META_SIZE + fast])
+    else:
+        data = bytes(raw[META_SIZE:body_start]) + bytes(raw[body_start + skip: body_start + copy])
     return Record(ts, skb, pidtgid >> 32, pidtgid & 0xFFFFFFFF, comm.split(b"\0", 1)[0].decode(errors="replace"),
                   length, ifindex, mark, netns, int.from_bytes(proto.to_bytes(2, "little"), "big"), pkt_type,
                   point, hatype, flags, data, orig)

@@ -43,6 +43,7 @@ class Config:
     buffer_kib: int = DEFAULT_BUFFER_KIB
     immediate: bool = False
     predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
+    record: str = cprog.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
 
 
 @dataclass
@@ -139,7 +140,7 @@ class Session:
             preds.insert(0, protocol_predicate(want))
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
-                             predicates=preds)
+                             predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns)
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -177,6 +178,8 @@ class Session:
         err = features.bpf_syscall()
         if err is not None:
             raise CaptureError(f"cannot use BPF: {err.reason}")
+        # sampled once: the programs add it to their record headers' timestamps, user space to the others
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         try:
             events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
             self.maps.append(events)
@@ -231,7 +234,6 @@ class Session:
                 obj_fd.close()
 
     def attach(self) -> None:
-        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
         try:
             for p, prog in zip(self.points, self.programs):
                 if p.typed:
@@ -266,6 +268,18 @@ class Session:
         self.detach()
         if keep_going:
             buf.drain(on_sample)
+
+    def run_file(self, drain: Callable[[], int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Like run(), for a drain that writes records itself (fcap.drain.FileDrain): until stop() is true or the
+        drain is done; then detach and drain the rest."""
+        buf = self.buffer
+        timeout = 5 if self.cfg.immediate else poll_ms
+        while not drain.done and not stop():
+            buf.poll(timeout)
+            self.stats.captured += drain()
+        self.detach()
+        if not drain.done:
+            self.stats.captured += drain()
 
     def detach(self) -> None:
         for link in self.links:

@@ -1,0 +1,1 @@
+"""fcap against tcpdump on the same loopback flood: share captured, sender slowdown, capture CPU, start-up."""

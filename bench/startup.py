@@ -1,0 +1,47 @@
+"""Start-up: exec to `listening on` for fcap and tcpdump; `fcap list-devices` against bpftool's BTF dump."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import time
+
+from .capture import OUT_DIR, Tool, _Child
+
+
+def ready_times(tool: Tool, n: int) -> list[float]:
+    out = []
+    path = os.path.join(OUT_DIR, f"fcap-bench-ready-{os.getpid()}{tool.suffix}")
+    for _ in range(n):
+        child = _Child(tool.command(path))
+        try:
+            out.append(child.ready())
+            child.stop()
+        finally:
+            child.kill()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return out
+
+
+def wall_times(argv: list[str], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out.append(time.monotonic() - t0)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited with {r.returncode}")
+    return out
+
+
+def list_devices(fcap: list[str], n: int) -> dict[str, float | None]:
+    res: dict[str, float | None] = {"fcap": statistics.median(wall_times(fcap + ["list-devices"], n))}
+    bpftool = shutil.which("bpftool")
+    res["bpftool"] = (statistics.median(wall_times([bpftool, "btf", "dump", "file", "/sys/kernel/btf/vmlinux"], n))
+                      if bpftool else None)
+    return res

@@ -1,0 +1,152 @@
+"""Perf samples to capture file records without per-record objects: the program lays out each record's header,
+the drain slices it out of the ring and hands the slices to os.writev in batches."""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+from bpf.perfbuf import PerfBuffer
+from bpf.uapi import PerfRecord
+
+from . import program as cprog
+
+RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
+SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
+_LOST = struct.Struct("<8xQ")   # (id,) lost, after the perf_event_header
+_RAWSIZE = struct.Struct("<8xI")
+# one unpack per record: type, size, (pcapng: the metadata that decides the block's options), FAST
+_PCAP = struct.Struct(f"<I2xH4x{cprog.OFF_FAST}xI")
+_KEY_AT, _KEY_END = cprog.OFF_SKB, cprog.OFF_FAST
+_PCAPNG = struct.Struct(f"<I2xH4x{_KEY_AT}x{_KEY_END - _KEY_AT}sI")
+SPAN = RAW + cprog.OFF_FAST + 4   # bytes of a record the unpack reads
+CACHE_MAX = 1 << 14
+
+# For a pcapng block: (flags, comment, packet_id) of a record (its data not needed)
+Options = Callable[[cprog.Record], tuple]
+
+
+class FileDrain:
+    """Drains a session's perf buffer into a pcap/pcapng writer. Call it to drain once; it returns how many
+    records it wrote. `limit` (when > 0) stops it after that many records in all. pcapng blocks get their
+    options from `options(record)`, cached by the metadata they depend on."""
+
+    def __init__(self, buffer: PerfBuffer, writer, options: Options | None = None, limit: int = 0):
+        self.buffer = buffer
+        self.writer = writer
+        self.pcapng = writer.fmt == "pcapng"
+        self.options = options or (lambda rec: (None, None, None))
+        self.left = limit
+        self.written = 0
+        self._tails: dict[bytes, tuple[bytes, bytes]] = {}
+
+    @property
+    def done(self) -> bool:
+        return self.left > 0 and self.written >= self.left
+
+    def __call__(self) -> int:
+        n = 0
+        for ring in self.buffer.rings:
+            if self.done:
+                break
+            n += self._ring(ring)
+        return n
+
+    def _ring(self, ring) -> int:
+        tail, head = ring.span()
+        if tail >= head:
+            return 0
+        data, mask, size = ring.data, ring.mask, ring.size
+        out: list = []
+        app = out.append
+        n = 0
+        room = self.left - self.written if self.left else -1
+        if self.pcapng:
+            unpack, tails, ext = _PCAPNG.unpack_from, self._tails, out.extend
+            while tail < head and n != room:
+                off = tail & mask
+                if off + SPAN <= size:
+                    rtype, rsize, key, fast = unpack(data, off)
+                    if rtype == SAMPLE and fast and off + RAW + cprog.META_SIZE + fast <= size:
+                        parts = tails.get(key)
+                        if parts is None:
+                            parts = self._tail(key, data[off + RAW:off + RAW + cprog.META_SIZE])
+                        s = off + RAW
+                        ext((parts[0], data[s + cprog.OFF_IFACE:s + cprog.META_SIZE + fast], parts[1]))
+                        n += 1
+                        tail += rsize
+                        continue
+                else:
+                    rsize = _rsize(data, off, size)
+                if rsize < 8:   # corrupt: give up on this ring's backlog
+                    tail = head
+                    break
+                n += self._slow(data, off, size, rsize, app)
+                tail += rsize
+        else:
+            unpack = _PCAP.unpack_from
+            start, end = RAW + cprog.OFF_PCAP_REC, RAW + cprog.META_SIZE
+            while tail < head and n != room:
+                off = tail & mask
+                if off + SPAN <= size:
+                    rtype, rsize, fast = unpack(data, off)
+                    if rtype == SAMPLE and fast and off + end + fast <= size:
+                        app(data[off + start:off + end + fast])
+                        n += 1
+                        tail += rsize
+                        continue
+                else:
+                    rsize = _rsize(data, off, size)
+                if rsize < 8:   # corrupt: give up on this ring's backlog
+                    tail = head
+                    break
+                n += self._slow(data, off, size, rsize, app)
+                tail += rsize
+        if out:
+            try:
+                self.writer.writev(out)
+            finally:
+                out.clear()   # the slices must go before the ring can be given back
+        ring.release(tail)
+        self.written += n
+        return n
+
+    def _slow(self, data, off: int, size: int, rsize: int, app) -> int:
+        """A record the loop could not slice: LOST, wrapped around the ring's end, or not contiguous."""
+        rec = data[off:off + rsize] if off + rsize <= size else _wrapped(data, off, rsize, size)
+        rtype = int.from_bytes(rec[0:4], "little")
+        if rtype == LOST:
+            self.buffer.lost += _LOST.unpack_from(rec)[0]
+            return 0
+        if rtype != SAMPLE:
+            return 0
+        raw = rec[RAW:RAW + _RAWSIZE.unpack_from(rec)[0]]
+        parsed = cprog.parse_record(raw)
+        if self.pcapng:
+            key = bytes(raw[_KEY_AT:_KEY_END])
+            head8, tail = self._tails.get(key) or self._tail(key, raw[:cprog.META_SIZE])
+            app(head8 + bytes(raw[cprog.OFF_IFACE:cprog.META_SIZE]) + parsed.data + tail)
+        else:
+            app(bytes(raw[cprog.OFF_PCAP_REC:cprog.META_SIZE]) + parsed.data)
+        return 1
+
+    def _tail(self, key: bytes, meta) -> tuple[bytes, bytes]:
+        rec = cprog.parse_record(bytes(meta))
+        caplen = struct.unpack_from("<I", meta, cprog.OFF_CAPLEN)[0]
+        flags, comment, packet_id = self.options(rec)
+        parts = self.writer.epb_parts(caplen, flags, comment, packet_id)
+        if len(self._tails) >= CACHE_MAX:
+            self._tails.clear()
+        self._tails[key] = parts
+        return parts
+
+
+def _rsize(data, off: int, size: int) -> int:
+    hdr = data[off:off + 8] if off + 8 <= size else _wrapped(data, off, 8, size)
+    return int.from_bytes(hdr[6:8], "little")
+
+
+def _wrapped(data, off: int, length: int, size: int) -> bytes:
+    off %= size
+    first = min(length, size - off)
+    return bytes(data[off:off + first]) + bytes(data[0:length - first])
