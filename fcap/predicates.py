@@ -53,7 +53,7 @@ def _compare_bytes(base: int, off: int, want: bytes, label_no: str) -> list:
                 break
         val = int.from_bytes(want[i:i + n], "little")
         out.append(ldx(SIZES[n], R0, base, off + i))
-        if n == 8:
+        if val >= 1 << 31:   # a jump's imm32 is sign-extended: 0x80000000 and up would never be equal
             out += [ld_imm64(R1, val), jmp(JNE, R0, R1, label_no, reg=True)]
         else:
             out.append(jmp(JNE, R0, val, label_no))
@@ -66,7 +66,7 @@ def comm(name: str) -> Predicate:
 
     def emit(b) -> list:
         return [mov(R1, FP), addi(R1, STACK_COMM), movi(R2, 16), call(Helper.get_current_comm)] + \
-            _compare_bytes(FP, STACK_COMM, want[:len(name) + 1], "out")
+            _compare_bytes(FP, STACK_COMM, want[:len(name.encode()) + 1], "out")
     return emit
 
 
@@ -91,7 +91,7 @@ def ifindex(value: int) -> Predicate:
 
 
 def ifname(name: str) -> Predicate:
-    want = _string_words(name, 16, "--ifname")[:len(name) + 1]
+    want = _string_words(name, 16, "--ifname")[:len(name.encode()) + 1]
 
     def emit(b) -> list:
         _dev(b)
@@ -227,7 +227,7 @@ def _string_predicate(f: Field, op: str, text: str, leaf: Array) -> Predicate:
         raise PredicateError(f"--where {f.path}: strings compare with == or != only")
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         text = text[1:-1]
-    want = _string_words(text, leaf.nelems, f"--where {f.path}")[:len(text) + 1]
+    want = _string_words(text, leaf.nelems, f"--where {f.path}")[:len(text.encode()) + 1]
 
     def emit(b) -> list:
         f.base(b)
