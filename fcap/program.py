@@ -392,7 +392,10 @@ class Builder:
                   label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
                   label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK_WIRELEN),
                   stx(DW, FP, STACK_SKB, R6), mov(R6, R7), addi(R6, PKT))
-        model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=HDR_MAX + cap,
+        # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
+        # is the whole packet, but only [0, hdr + min(len - skip, cap)) was copied: [0, cap) at least (hdr <=
+        # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
+        model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
                                  slow_load=self._slow_load if slow else None)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK_CBPF))
         self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK_SKB), jmp(JEQ, R0, 0, "out"))
