@@ -28,7 +28,7 @@ class _CPURing:
     """One CPU's ring: `data` is a memoryview of its `size` data bytes (read and written in place by readers that
     walk the records themselves: span(), release())."""
 
-    __slots__ = ("cpu", "fd", "mm", "view", "size", "mask", "data")
+    __slots__ = ("cpu", "fd", "mm", "view", "size", "mask", "data", "ctl")
 
     def __init__(self, cpu: int, pages: int, wakeup_bytes: int):
         self.cpu = cpu
@@ -45,6 +45,9 @@ class _CPURing:
         self.mm = mmap.mmap(self.fd.fd, PAGE + self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self.mm)
         self.data = self.view[PAGE:]
+        # data_tail is stored through a u64 view: one 8-byte store (struct.pack_into zeroes its bytes before it
+        # writes them, and the kernel, reading a tail of 0 meanwhile, would see a full ring and drop)
+        self.ctl = self.view[:PAGE].cast("Q")
         fcntl.ioctl(self.fd.fd, PerfIoctl.ENABLE, 0)
 
     def span(self) -> tuple[int, int]:
@@ -54,10 +57,11 @@ class _CPURing:
 
     def release(self, tail: int) -> None:
         """Give the bytes before position `tail` back to the kernel."""
-        _HEAD.pack_into(self.view, TAIL_OFF, tail)
+        self.ctl[TAIL_OFF // 8] = tail
 
     def close(self) -> None:
         if self.view is not None:
+            self.ctl.release()
             self.data.release()
             self.view.release()
             self.view = self.data = None
@@ -148,7 +152,7 @@ class PerfBuffer:
             tail += rsize
             if limit and n >= limit:
                 break
-        _HEAD.pack_into(view, TAIL_OFF, tail)
+        r.ctl[TAIL_OFF // 8] = tail
         return n
 
     @staticmethod

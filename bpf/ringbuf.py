@@ -27,6 +27,7 @@ class RingBuffer:
         # the data area is mapped twice in a row, so a record that wraps is contiguous here
         self.prod = mmap.mmap(fd, PAGE + 2 * self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=PAGE)
         self.cview = memoryview(self.cons)
+        self.cpos = self.cview.cast("Q")   # one 8-byte store (struct.pack_into zeroes the bytes first)
         self.pview = memoryview(self.prod)
         self.data = self.pview[PAGE:]
         self.epoll = select.epoll()
@@ -39,6 +40,7 @@ class RingBuffer:
         self.epoll = None
         self.data.release()
         self.pview.release()
+        self.cpos.release()
         self.cview.release()
         self.prod.close()
         self.cons.close()
@@ -67,5 +69,5 @@ class RingBuffer:
             cons += (length + RINGBUF_HDR_SZ + 7) & ~7
             if limit and n >= limit:
                 break
-        _U64.pack_into(self.cview, 0, cons)
+        self.cpos[0] = cons
         return n
