@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from . import capture
 from .capture import POINT, SNAPLEN, Result, fcap_argv, run_one, tools
 from .startup import list_devices, ready_times
 from .traffic import CAPTURE_CPU, SENDER_CPU, BenchError, Sender
@@ -181,7 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write every run's numbers as JSON")
     ap.add_argument("--only", choices=("flood", "sweep", "bpf", "startup"), action="append",
                     help="run only these parts (repeatable; implies --no-write)")
+    ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
+                    "fcap.cli', to measure another version; implies --no-write)")
     args = ap.parse_args(argv)
+    if args.fcap:
+        import shlex
+        capture.FCAP[:] = shlex.split(args.fcap)
+        args.no_write = True
     if os.geteuid() != 0:
         print("bench: needs root (tcpdump and fcap capture)", file=sys.stderr)
         return 2

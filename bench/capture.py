@@ -22,7 +22,12 @@ OUT_DIR = "/dev/shm"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+FCAP: list[str] = []     # how to run fcap when not the default (python -m bench --fcap 'CMD')
+
+
 def fcap_argv() -> list[str]:
+    if FCAP:
+        return list(FCAP)
     exe = shutil.which("fcap")
     return [exe] if exe else [sys.executable, "-m", "fcap.cli"]
 
@@ -102,7 +107,7 @@ class _Child:
         self.t0 = time.monotonic()
         self.argv = argv
         self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT_DIR)
         self.ready_at: float | None = None
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)

@@ -146,6 +146,14 @@ def xadd(size: int, dst: int, off: int, src: int) -> Insn:
     return Insn(STX | ATOMIC | size, dst, src, off, ADD)
 
 
+FETCH = 0x01
+
+
+def fetch_add(size: int, dst: int, off: int, src: int) -> Insn:
+    """src = atomic_fetch_add((size *)(dst + off), src): fully ordered (a release of the stores before it)."""
+    return Insn(STX | ATOMIC | size, dst, src, off, ADD | FETCH)
+
+
 def ld_imm64(dst: int, value: int) -> Insn:
     return Insn(LD | DW | IMM, dst, 0, 0, 0, imm64=value & 0xFFFFFFFFFFFFFFFF)
 
@@ -306,6 +314,8 @@ def format_insn(ins: Insn) -> str:
     if cls == LDX:
         return f"{d} = *({_SZ[size]} *)({s} {ins.off:+d})"
     if cls == STX and mode == ATOMIC:
+        if ins.imm == ADD | FETCH:
+            return f"{s} = atomic_fetch_add(({_SZ[size]} *)({d} {ins.off:+d}), {s})"
         return f"lock *({_SZ[size]} *)({d} {ins.off:+d}) += {s}"
     if cls == STX:
         return f"*({_SZ[size]} *)({d} {ins.off:+d}) = {s}"

@@ -98,6 +98,15 @@ class Map:
 class ArrayMap(Map):
     def __init__(self, value_size: int, max_entries: int, name: str = "", flags: int = 0):
         super().__init__(MapType.ARRAY, 4, value_size, max_entries, flags, name)
+        self.stride = (value_size + 7) & ~7
+
+    def mmap(self):
+        """The values of an array made with MapFlags.MMAPABLE, shared with the kernel, read-write: element i
+        at i * stride."""
+        import mmap
+        size = self.stride * self.max_entries
+        size = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
+        return mmap.mmap(self.fd.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 class HashMap(Map):

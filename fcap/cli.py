@@ -249,6 +249,7 @@ def cmd_capture(args, command: list[str]) -> int:
         out = _open_output(args, session)
         if out.writer is not None:
             session.cfg.record = out.writer.fmt   # the programs lay out this format's record headers
+            session.cfg.file_ring = not count     # and where they can, write finished records themselves
         session.open()
         session.attach()
     except CaptureError as e:
@@ -394,9 +395,8 @@ def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
 
     drain = None
     if writer is not None:
-        from .drain import FileDrain
-        drain = FileDrain(session.buffer, writer, limit=count,
-                          options=lambda rec: (direction.get(rec.point), _comment(rec), rec.skb))
+        drain = session.file_drain(writer, limit=count,
+                                   options=lambda rec: (direction.get(rec.point), _comment(rec), rec.skb))
     try:
         if drain is not None:
             try:

@@ -150,3 +150,65 @@ def _wrapped(data, off: int, length: int, size: int) -> bytes:
     off %= size
     first = min(length, size - off)
     return bytes(data[off:off + first]) + bytes(data[0:length - first])
+
+
+class RingDrain:
+    """Drains the per-CPU file rings (see fcap.program: RING_*) into a writer: the programs wrote finished pcap
+    records there, so each CPU's pending bytes go out as one or two slices; the record counts come with HEAD.
+    The perf buffer only carries doorbells."""
+
+    done = False
+
+    def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer):
+        self.map = ring_map
+        self.mm = ring_map.mmap()
+        self.view = memoryview(self.mm)
+        self.words = self.view.cast("Q")   # control words: stored with one 8-byte store each (never pack_into,
+        self.buffer = buffer                # which zeroes the bytes before it writes them)
+        self.writer = writer
+        self.size = ring_size
+        self.bases = [i * ring_map.stride for i in range(ring_map.max_entries)]   # (multiples of 8)
+        self.counts = [0] * len(self.bases)
+        self.written = 0
+
+    def __call__(self) -> int:
+        self.buffer.drain(_ignore)
+        view, words, size, n = self.view, self.words, self.size, 0
+        for i, base in enumerate(self.bases):
+            words[(base + cprog.RING_BELL) // 8] = 0   # before HEAD is read: a later crossing rings again
+            head = _U64.unpack_from(view, base + cprog.RING_HEAD)[0]
+            tail = _U64.unpack_from(view, base + cprog.RING_TAIL)[0]
+            pos = head & cprog.HEAD_POS
+            if pos != tail:
+                length = (pos - tail) & cprog.HEAD_POS
+                start = base + cprog.RING_CTRL
+                t = tail & (size - 1)
+                first = min(length, size - t)
+                parts = [view[start + t:start + t + first]]
+                if length > first:
+                    parts.append(view[start:start + length - first])
+                try:
+                    self.writer.writev(parts)
+                finally:
+                    for p in parts:
+                        p.release()
+                words[(base + cprog.RING_TAIL) // 8] = pos
+            count = head >> cprog.HEAD_BITS
+            n += (count - self.counts[i]) & ((1 << (64 - cprog.HEAD_BITS)) - 1)
+            self.counts[i] = count
+        self.written += n
+        return n
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.words.release()
+            self.view.release()
+            self.view = None
+            self.mm.close()
+
+
+_U64 = struct.Struct("=Q")
+
+
+def _ignore(cpu: int, raw) -> None:
+    pass

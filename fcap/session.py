@@ -12,10 +12,10 @@ from bpf import features
 from bpf.btf import BTF, BTFError
 from bpf.errors import BPFError, VerifierError
 from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
-from bpf.maps import PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
+from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load
-from bpf.uapi import AttachType, ProgType
+from bpf.uapi import AttachType, MapFlags, ProgType
 
 from . import program as cprog
 from .filter import compile_filter
@@ -44,6 +44,7 @@ class Config:
     immediate: bool = False
     predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
     record: str = cprog.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
+    file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
 
 
 @dataclass
@@ -85,6 +86,9 @@ class Session:
         self.buffer: PerfBuffer | None = None
         self.stats = Stats()
         self.clock_offset_ns = 0
+        self.ring = None          # the file rings' map when the programs write pcap records there
+        self.ring_size = 0
+        self.drain = None
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -189,19 +193,48 @@ class Session:
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
-            for p in self.points:
-                self.programs.append(self._load(p, self.build(p, maps)))
             cpus = online_cpus()
             per_cpu = max(self.cfg.buffer_kib * 1024 // max(len(cpus), 1) // PAGE, 8)
             pages = 1 << (per_cpu.bit_length() - 1)
-            wake = 1 if self.cfg.immediate else pages * PAGE // 4
-            self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
+            kfunc = self._file_ring_kfunc()
+            if kfunc:
+                ring_size = min(pages * PAGE, cprog.RING_MAX)
+                self.ring = ArrayMap(cprog.RING_CTRL + ring_size + cprog.RING_SLACK, possible_cpus(),
+                                     name="fcap_ring", flags=MapFlags.MMAPABLE)
+                self.maps.append(self.ring)
+                maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
+            for p in self.points:
+                self.programs.append(self._load(p, self.build(p, maps)))
+            if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
+                self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
+                self.ring_size = maps.ring_size
+            else:
+                wake = 1 if self.cfg.immediate else pages * PAGE // 4
+                self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
         except BPFError as e:
             self.close()
             raise CaptureError(f"{e}") from None
         except CaptureError:
             self.close()
             raise
+
+    def _file_ring_kfunc(self) -> int:
+        """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, pcap, every point
+        BTF-typed, skb dynptrs allowed there), else 0."""
+        if not (self.cfg.file_ring and self.cfg.record == cprog.RECORD_PCAP and not self.cfg.immediate):
+            return 0
+        if not all(p.typed for p in self.points):
+            return 0
+        ids = {self.dynptr_kfunc(p) for p in self.points}
+        return ids.pop() if len(ids) == 1 and 0 not in ids else 0
+
+    def file_drain(self, writer, options=None, limit: int = 0):
+        """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
+        from .drain import FileDrain, RingDrain
+        if self.ring is not None and not limit:
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer)
+            return self.drain
+        return FileDrain(self.buffer, writer, options=options, limit=limit)
 
     def _load(self, p: Point, items: list) -> Program:
         name = f"fcap_{p.name}"[:15]
@@ -290,13 +323,16 @@ class Session:
         if getattr(self, "counters", None) is not None and not self.counters.fd.closed:
             self.stats.seen = self.counters.sum_u64(0, 8 * cprog.COUNTER_SEEN)
             self.stats.lost = self.counters.sum_u64(0, 8 * cprog.COUNTER_LOST)
-            if self.buffer is not None:
+            if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
         return self.stats
 
     def close(self) -> None:
         self.detach()
         self.read_counters()
+        if self.drain is not None:
+            self.drain.close()
+            self.drain = None
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
