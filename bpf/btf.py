@@ -55,6 +55,7 @@ class BTF:
         self._first = len(base) if base is not None else 1
         self._str_first = base._str_first + len(base._strs) if base is not None else 0
         self._cache: dict[int, Type] = {}
+        self._str_cache: dict[int, str] = {}
         self._names: dict[tuple[str, int | None], list[int]] = {}
         self._name_offs: list[int] | None = None
         self._name_index: dict[bytes, list[int]] | None = None
@@ -188,13 +189,16 @@ class BTF:
         return self._by_kind[kinds]
 
     def _str(self, off: int) -> str:
-        if off < self._str_first:
-            return self.base._str(off)
-        o = off - self._str_first
-        end = self._strs.find(b"\0", o)
-        if end < 0:
-            raise BTFError(f"string {self.name or 'BTF'}", f"offset {off} out of range")
-        return self._strs[o:end].decode("utf-8", "replace")
+        s = self._str_cache.get(off)
+        if s is None:
+            if off < self._str_first:
+                return self.base._str(off)
+            o = off - self._str_first
+            end = self._strs.find(b"\0", o)
+            if end < 0:
+                raise BTFError(f"string {self.name or 'BTF'}", f"offset {off} out of range")
+            s = self._str_cache[off] = self._strs[o:end].decode("utf-8", "replace")
+        return s
 
     def _str_offsets(self, prefix: bytes, whole: bool) -> list[int]:
         """Offsets, in this chain's string space, of the strings equal to (or starting with) `prefix`."""
