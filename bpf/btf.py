@@ -56,12 +56,13 @@ class BTF:
         self._str_first = base._str_first + len(base._strs) if base is not None else 0
         self._cache: dict[int, Type] = {}
         self._str_cache: dict[int, str] = {}
+        self._str_found: dict[bytes, list[int]] = {}
         self._names: dict[tuple[str, int | None], list[int]] = {}
         self._name_offs: list[int] | None = None
         self._name_index: dict[bytes, list[int]] | None = None
         self._lookups = 0
         self._by_kind: dict[tuple, list[int]] = {}
-        self._refs: tuple[list[int], list[int]] | None = None
+        self._refs: tuple[list[int], list[int], dict[int, list[tuple[int, int]]]] | None = None
         self._func_targets: list[int] | None = None
         self._proto_hits: tuple[frozenset, dict[int, list[int]]] = (frozenset(), {})
         self._decls: dict[int, tuple[str, bool] | None] = {}
@@ -206,11 +207,17 @@ class BTF:
         pat, strs, pos = b"\0" + prefix + (b"\0" if whole else b""), self._strs, -1
         if self.base is not None and strs.startswith(pat[1:]):  # a split section need not begin with NUL
             out.append(self._str_first)
-        while True:
-            pos = strs.find(pat, pos + 1)
-            if pos < 0:
-                return out
-            out.append(self._str_first + pos + 1)
+        found = self._str_found.get(pat)
+        if found is None:
+            found = []
+            while True:
+                pos = strs.find(pat, pos + 1)
+                if pos < 0:
+                    break
+                found.append(self._str_first + pos + 1)
+            if len(self._str_found) < 64:  # a base's answers serve every module on top of it
+                self._str_found[pat] = found
+        return out + found
 
     # -- by name ----------------------------------------------------------------------------------------
 
@@ -264,7 +271,7 @@ class BTF:
         hits: dict[int, list[int]] = {}
         btf: BTF | None = self
         while btf is not None:  # a module's FUNC may use a FUNC_PROTO of its base
-            hits.update(btf._protos_with_params_in(wanted))
+            hits.update(btf._protos_with_params_in(frozenset(i for i in wanted if i < len(btf))))
             btf = btf.base
         if self._func_targets is None:
             w = self._w
@@ -292,9 +299,11 @@ class BTF:
         while btf is not None:
             if btf._refs is None:
                 sel, w = btf._selector(_REFS), btf._w
-                btf._refs = (list(compress(btf.ids(), sel)), [w[o + 2] for o in compress(btf._offs, sel)])
-            ids, targets = btf._refs
-            out += ((ids[j], btf._kinds[ids[j] - btf._first]) for j in _positions(targets, type_id, 0))
+                btf._refs = (list(compress(btf.ids(), sel)), [w[o + 2] for o in compress(btf._offs, sel)], {})
+            ids, targets, memo = btf._refs
+            if type_id not in memo:
+                memo[type_id] = [(ids[j], btf._kinds[ids[j] - btf._first]) for j in _positions(targets, type_id, 0)]
+            out += memo[type_id]
             btf = btf.base
         return out
 
