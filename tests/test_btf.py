@@ -304,6 +304,7 @@ def test_split():
     e.func("mod_xmit", p_xmit)
     e.func("mod_rcv", bids["p_ip_send_skb"])                   # a FUNC_PROTO of the base
     e.func("mod_other", e.proto(0, [("d", e.ref("ptr", dev))]))
+    e.func("mod_const", e.proto(0, [("d", dev), ("skb", e.ref("ptr", e.ref("const", bids["sk_buff"])))]))
     e.ref("typedef", e.ref("ptr", e.proto(0, [("", bids["void_ptr"]), ("", bids["skb_ptr"])])), "btf_trace_mod_tp")
     mod = e.load(base, "mod")
     assert mod.base is base and mod.name == "mod" and len(mod) == e.next_id and mod.ids().start == len(base)
@@ -311,8 +312,11 @@ def test_split():
     assert mod.type(own_int).name == "int" and mod.type(dev).member("ifindex")[0].type.id == own_int
     assert [t.id for t in mod.find_all("int")] == [bids["int"], own_int]
     assert mod.find("net_device").id == dev and base.find("net_device") is None
-    assert [f.name for f in mod.funcs()] == ["mod_xmit", "mod_rcv", "mod_other"]
-    assert {f.name: i for f, i in mod.funcs_taking_pointer_to("sk_buff")} == {"mod_xmit": [0], "mod_rcv": [1]}
+    assert [f.name for f in mod.funcs()] == ["mod_xmit", "mod_rcv", "mod_other", "mod_const"]
+    want = {"mod_xmit": [0], "mod_rcv": [1], "mod_const": [1]}
+    for _ in range(2):                                          # again: from what the base remembered
+        assert {f.name: i for f, i in mod.funcs_taking_pointer_to("sk_buff")} == want
+    assert {f.name for f, _ in base.funcs_taking_pointer_to("sk_buff")} == {"ip_send_skb", "skb_cmp"}
     assert [f.name for f, _ in mod.funcs_taking_pointer_to("net_device")] == ["mod_xmit", "mod_other"]
     assert [n for n, _ in mod.typedefs_to_func_proto("btf_trace_")] == ["btf_trace_mod_tp"]
     assert mod.find("mod_xmit").c_prototype() == "int mod_xmit(struct sk_buff *skb, struct net_device *dev)"
