@@ -250,6 +250,7 @@ def cmd_capture(args, command: list[str]) -> int:
         if out.writer is not None:
             session.cfg.record = out.writer.fmt   # the programs lay out this format's record headers
             session.cfg.file_ring = not count     # and where they can, write finished records themselves
+            session.cfg.meta = out.writer.fmt != "pcap"   # pcap holds no pid, comm, mark or netns
         session.open()
         session.attach()
     except CaptureError as e:

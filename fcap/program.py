@@ -155,6 +155,7 @@ class Options:
     predicates: list = field(default_factory=list)   # callables (builder) -> items that jump to "out" to drop
     record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
     clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
+    meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -271,13 +272,16 @@ class Builder:
 
     def metadata(self) -> None:
         f = self.f
-        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0), stx(DW, R7, OFF_SKB, R6),
-                  call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
-                  mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
+        meta = self.o.meta
+        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0), stx(DW, R7, OFF_SKB, R6))
+        if meta:
+            self.emit(call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
+                      mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
         self.read(W, R8, R6, f.len)
         self.emit(stx(W, R7, OFF_LEN, R8))
-        self.read(W, R8, R6, f.mark)
-        self.emit(stx(W, R7, OFF_MARK, R8))
+        if meta:
+            self.read(W, R8, R6, f.mark)
+            self.emit(stx(W, R7, OFF_MARK, R8))
         self.read(H, R8, R6, f.protocol)
         self.emit(stx(H, R7, OFF_PROTO, R8))
         self.read(B, R8, R6, f.pkt_type_byte)
@@ -293,7 +297,7 @@ class Builder:
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
         self._read_store(W, R8, f.ifindex, OFF_IFINDEX)
         self._read_store(H, R8, f.hatype, OFF_HATYPE)
-        if f.net_inum is not None:
+        if f.net_inum is not None and meta:
             self.read(DW, R8, R8, f.dev_net)
             self.emit(jmp(JEQ, R8, 0, "no_dev"))
             self._read_store(W, R8, f.net_inum, OFF_NETNS)
@@ -351,9 +355,10 @@ class Builder:
                   # prefix = data - start, bounded
                   mov(R2, R8), alu64(SUB, R2, R9, reg=True), jmp(JGT, R2, PREFIX_MAX, f"toolong_{tag}"),
                   mov(R8, R2),   # R8 = prefix length from here on
+                  jmp(JEQ, R2, 0, f"empty_{tag}"),
                   mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK_HEAD), alu64(ADD, R3, R9, reg=True),
                   call(Helper.probe_read_kernel),
-                  addi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
+                  label(f"empty_{tag}"), addi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
                   label(f"toolong_{tag}"), movi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
                   # start lies past data: the first (start - data) bytes of the skb's data are not ours
                   label(skip_l), mov(R2, R9), alu64(SUB, R2, R8, reg=True), andi(R2, 0xFFFF),
@@ -456,16 +461,17 @@ class Builder:
                       alu64(SUB, R0, R1, reg=True), stx(W, R7, OFF_TS2, R0))
 
     def output_ring(self) -> None:
-        """The finished pcap record into this CPU's file ring: record header + link header bytes from scratch,
-        then the skb's bytes from offset skip (frags too) through an skb dynptr. R2 = copy, R8 = hdr_total."""
+        """The finished pcap record into this CPU's file ring: the record header written in place, the link header
+        bytes (if any) from scratch, then the skb's bytes from offset skip (frags too) through an skb dynptr.
+        In: R2 = copy, R8 = hdr_total (bounded by HDR_MAX). Out: R0 = 0, or -1 when the record was dropped."""
         m = self.m
         ring, mask = m.ring_size, m.ring_size - 1
+        # n = bytes from the skb, caplen = hdr + n, the record = 16 + caplen
         self.emit(ldx(H, R3, R7, OFF_SKIP), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
                   jmp(JSGT, R4, 0, "r_pos"), movi(R4, 0), label("r_pos"),
-                  jmp(JGT, R4, COPY_MAX, "out"), stx(DW, FP, STACK_N, R4),        # n: bytes from the skb
-                  alu64(ADD, R4, R8, reg=True), stx(W, R7, OFF_FAST, R4))         # caplen
-        self.file_header()
-        self.emit(mov(R1, R4), addi(R1, PCAP_REC_HDR), stx(DW, FP, STACK_RING_LEN, R1),
+                  jmp(JGT, R4, COPY_MAX, "out"), stx(DW, FP, STACK_N, R4),
+                  alu64(ADD, R4, R8, reg=True), stx(W, R7, OFF_CAPLEN, R4), addi(R4, PCAP_REC_HDR),
+                  stx(DW, FP, STACK_RING_LEN, R4),
                   call(Helper.get_smp_processor_id), stx(W, FP, STACK_RING_KEY, R0),
                   ld_map_fd(R1, m.ring), mov(R2, FP), addi(R2, STACK_RING_KEY), call(Helper.map_lookup_elem),
                   jmp(JEQ, R0, 0, "r_fail"), mov(R9, R0),
@@ -475,11 +481,20 @@ class Builder:
                   ldx(DW, R1, R9, RING_HEAD), ldx(DW, R3, R9, RING_TAIL), ld_imm64(R0, HEAD_POS),
                   alu64(AND, R1, R0, reg=True), mov(R5, R1), alu64(SUB, R5, R3, reg=True),
                   alu64(AND, R5, R0, reg=True), ldx(DW, R4, FP, STACK_RING_LEN), alu64(ADD, R5, R4, reg=True),
-                  jmp(JGT, R5, ring, "r_full"),
-                  andi(R1, mask), stx(DW, FP, STACK_RING_OFF, R1),
-                  # record header + link header: 16 + hdr bytes from scratch
-                  alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL), mov(R2, R8), addi(R2, PCAP_REC_HDR),
-                  mov(R3, R7), addi(R3, OFF_PCAP_REC), call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "r_unlock"),
+                  jmp(JGT, R5, ring, "r_unlock"),
+                  andi(R1, mask), stx(DW, FP, STACK_RING_OFF, R1), alu64(ADD, R1, R9, reg=True),
+                  # the record header in place (R1 + RING_CTRL): ts_sec, ts_nsec (wall clock), caplen, len
+                  ldx(DW, R0, R7, OFF_TS), ld_imm64(R3, self.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
+                  mov(R3, R0), alu64(asm.DIV, R3, NS), stx(W, R1, RING_CTRL, R3), alu64(asm.MUL, R3, NS),
+                  alu64(SUB, R0, R3, reg=True), stx(W, R1, RING_CTRL + 4, R0),
+                  ldx(W, R0, R7, OFF_CAPLEN), stx(W, R1, RING_CTRL + 8, R0),
+                  ldx(W, R5, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP), alu64(SUB, R5, R3, reg=True),
+                  jmp(JSGT, R5, 0, "r_orig"), movi(R5, 0), label("r_orig"), alu64(ADD, R5, R8, reg=True),
+                  stx(W, R1, RING_CTRL + 12, R5),
+                  # the link header bytes made in scratch, when there are any
+                  jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + PCAP_REC_HDR), mov(R2, R8),
+                  mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "r_unlock"),
+                  label("r_link_done"),
                   # the skb's bytes: bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
                   mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK_DYNPTR),
                   Insn(asm.JMP | asm.CALL, 0, KFUNC_CALL, 0, m.dynptr_kfunc), jmp(JNE, R0, 0, "r_unlock"),
@@ -505,7 +520,7 @@ class Builder:
                   ldx(DW, R1, FP, STACK_CTX), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
                   mov(R4, FP), addi(R4, STACK_BELL), movi(R5, 8), call(Helper.perf_event_output),
                   label("r_done"), st(W, R9, RING_BUSY, 0), movi(R0, 0), asm.ja("r_count"),
-                  label("r_full"), label("r_unlock"), st(W, R9, RING_BUSY, 0),
+                  label("r_unlock"), st(W, R9, RING_BUSY, 0),
                   label("r_fail"), movi(R0, -1), label("r_count"))
 
     def output(self) -> None:

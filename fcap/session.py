@@ -45,6 +45,7 @@ class Config:
     predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
     record: str = cprog.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
+    meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
 
 
 @dataclass
@@ -144,7 +145,8 @@ class Session:
             preds.insert(0, protocol_predicate(want))
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
-                             predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns)
+                             predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
+                             meta=self.cfg.meta)
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
