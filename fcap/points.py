@@ -147,17 +147,17 @@ def parse(spec: str) -> tuple[str | None, str, str | None]:
 
 def _find_func(name: str) -> tuple[BTF, Func] | None:
     for btf in _btfs():
-        f = btf.find(name, "func")
-        if f is not None and f.btf is btf:
-            return btf, f
+        for f in btf.find_all(name, "func"):
+            if f.btf is btf:   # a module's own function, not its base's namesake
+                return btf, f
     return None
 
 
 def _find_tracepoint(name: str) -> tuple[BTF, Type, FuncProto] | None:
     """The btf_trace_NAME typedef (a pointer to the tracepoint's prototype), in vmlinux or a module."""
     for btf in _btfs():
-        td = btf.find(TP_PREFIX + name, "typedef")
-        if td is None or td.btf is not btf:
+        td = next((t for t in btf.find_all(TP_PREFIX + name, "typedef") if t.btf is btf), None)
+        if td is None:
             continue
         proto = td.strip()
         proto = proto.target.strip() if isinstance(proto, Ptr) else proto
