@@ -10,6 +10,7 @@ from bpf.perfbuf import PerfBuffer
 from bpf.uapi import PerfRecord
 
 from . import program as cprog
+from . import ringrec as rr
 
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
 SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
@@ -153,7 +154,7 @@ def _wrapped(data, off: int, length: int, size: int) -> bytes:
 
 
 class RingDrain:
-    """Drains the per-CPU file rings (see fcap.program: RING_*) into a writer: the programs wrote finished pcap
+    """Drains the per-CPU file rings (see fcap.ringrec) into a writer: the programs wrote finished pcap/pcapng
     records there, so each CPU's pending bytes go out as one or two slices; the record counts come with HEAD.
     The perf buffer only carries doorbells."""
 
@@ -175,13 +176,13 @@ class RingDrain:
         self.buffer.drain(_ignore)
         view, words, size, n = self.view, self.words, self.size, 0
         for i, base in enumerate(self.bases):
-            words[(base + cprog.RING_BELL) // 8] = 0   # before HEAD is read: a later crossing rings again
-            head = _U64.unpack_from(view, base + cprog.RING_HEAD)[0]
-            tail = _U64.unpack_from(view, base + cprog.RING_TAIL)[0]
-            pos = head & cprog.HEAD_POS
+            words[(base + rr.RING_BELL) // 8] = 0   # before HEAD is read: a later crossing rings again
+            head = _U64.unpack_from(view, base + rr.RING_HEAD)[0]
+            tail = _U64.unpack_from(view, base + rr.RING_TAIL)[0]
+            pos = head & rr.HEAD_POS
             if pos != tail:
-                length = (pos - tail) & cprog.HEAD_POS
-                start = base + cprog.RING_CTRL
+                length = (pos - tail) & rr.HEAD_POS
+                start = base + rr.RING_CTRL
                 t = tail & (size - 1)
                 first = min(length, size - t)
                 parts = [view[start + t:start + t + first]]
@@ -192,9 +193,9 @@ class RingDrain:
                 finally:
                     for p in parts:
                         p.release()
-                words[(base + cprog.RING_TAIL) // 8] = pos
-            count = head >> cprog.HEAD_BITS
-            n += (count - self.counts[i]) & ((1 << (64 - cprog.HEAD_BITS)) - 1)
+                words[(base + rr.RING_TAIL) // 8] = pos
+            count = head >> rr.HEAD_BITS
+            n += (count - self.counts[i]) & ((1 << (64 - rr.HEAD_BITS)) - 1)
             self.counts[i] = count
         self.written += n
         return n

@@ -8,14 +8,11 @@ from dataclasses import dataclass, field
 from bpf import asm
 from bpf.asm import (
     ADD,
-    AND,
     DW,
     FP,
     JEQ,
     JGE,
     JGT,
-    JLE,
-    JLT,
     JNE,
     JSGT,
     JSLT,
@@ -103,28 +100,6 @@ STACK_SKB = -72          # the skb while the filter runs
 STACK_CTX = -80          # the program's context (perf_event_output wants it)
 STACK_SLOW = -88         # slow-load destination
 STACK_CBPF = -160        # cBPF M[] (64 bytes)
-STACK_RING_KEY = -200    # u32: this CPU's file ring
-STACK_RING_OFF = -208    # where this record starts in the ring
-STACK_RING_LEN = -216    # the record's length
-STACK_BELL = -224        # the 8-byte doorbell sample
-
-# ---- the file ring: per CPU, a byte stream of finished capture file records ---------------------------------
-# An mmapable array map, one element per possible CPU: RING_CTRL bytes of control words, then RING bytes of ring,
-# then RING_SLACK bytes past its end. The program appends whole records (the file format's record header and
-# bytes) at HEAD and publishes them with one atomic add: the low HEAD_BITS bits of HEAD are the byte position,
-# the high bits count records. User space writes [TAIL, HEAD) as it is and stores HEAD's position in TAIL. A
-# record that runs past the ring's end is written on into the slack and its overflow copied to the ring's
-# start, so the stream is contiguous modulo RING. When a record leaves a quarter of the ring or more in use and
-# BELL is 0, the program sets BELL and rings user space through the perf buffer (8 bytes); user space clears it.
-RING_HEAD, RING_BUSY, RING_BELL, RING_TAIL = 0, 8, 16, 64
-RING_CTRL = 128
-HEAD_BITS = 40
-HEAD_POS = (1 << HEAD_BITS) - 1
-HEAD_ONE = 1 << HEAD_BITS
-PCAP_REC_HDR = 16
-RING_REC_MAX = PCAP_REC_HDR + HDR_MAX + COPY_MAX
-RING_SLACK = (RING_REC_MAX + 4095) & ~4095
-RING_MAX = 2 << 20       # the element (control + ring + slack) must stay within the kernel's 4 MiB
 
 
 class ProgramError(ValueError):
@@ -137,7 +112,7 @@ class Maps:
     scratch: int         # PERCPU_ARRAY fd, one value of scratch_size bytes
     counters: int        # PERCPU_ARRAY fd, one value of COUNTERS u64s
     scratch_size: int = 0
-    ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (pcap records), 0: records go to the perf buffer
+    ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: records go to the perf buffer
     ring_size: int = 0   # RING: bytes of each CPU's ring (a power of two)
     dynptr_kfunc: int = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
 
@@ -159,11 +134,17 @@ class Options:
 
 
 def scratch_size(point: Point, opts: Options) -> int:
+    """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
     if not point.typed:
-        return PKT + HDR_MAX + LINEAR_CAP + 8
-    if opts.filter is not None:
-        return PKT + HDR_MAX + FILTER_CAP + 8
-    return PKT + HDR_MAX + 8
+        size = PKT + HDR_MAX + LINEAR_CAP + 8
+    elif opts.filter is not None:
+        size = PKT + HDR_MAX + FILTER_CAP + 8
+    else:
+        size = PKT + HDR_MAX + 8
+    if opts.record == RECORD_PCAPNG:
+        from .ringrec import COMMENT_AREA
+        size = (size + 7 & ~7) + COMMENT_AREA
+    return size
 
 
 class _Fields:
@@ -460,69 +441,6 @@ class Builder:
             self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), stx(W, R7, OFF_TS1, R1), alu64(asm.MUL, R1, NS),
                       alu64(SUB, R0, R1, reg=True), stx(W, R7, OFF_TS2, R0))
 
-    def output_ring(self) -> None:
-        """The finished pcap record into this CPU's file ring: the record header written in place, the link header
-        bytes (if any) from scratch, then the skb's bytes from offset skip (frags too) through an skb dynptr.
-        In: R2 = copy, R8 = hdr_total (bounded by HDR_MAX). Out: R0 = 0, or -1 when the record was dropped."""
-        m = self.m
-        ring, mask = m.ring_size, m.ring_size - 1
-        # n = bytes from the skb, caplen = hdr + n, the record = 16 + caplen
-        self.emit(ldx(H, R3, R7, OFF_SKIP), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
-                  jmp(JSGT, R4, 0, "r_pos"), movi(R4, 0), label("r_pos"),
-                  jmp(JGT, R4, COPY_MAX, "out"), stx(DW, FP, STACK_N, R4),
-                  alu64(ADD, R4, R8, reg=True), stx(W, R7, OFF_CAPLEN, R4), addi(R4, PCAP_REC_HDR),
-                  stx(DW, FP, STACK_RING_LEN, R4),
-                  call(Helper.get_smp_processor_id), stx(W, FP, STACK_RING_KEY, R0),
-                  ld_map_fd(R1, m.ring), mov(R2, FP), addi(R2, STACK_RING_KEY), call(Helper.map_lookup_elem),
-                  jmp(JEQ, R0, 0, "r_fail"), mov(R9, R0),
-                  # one writer at a time on this CPU (another point's program may interrupt this one)
-                  ldx(W, R0, R9, RING_BUSY), jmp(JNE, R0, 0, "r_fail"), st(W, R9, RING_BUSY, 1),
-                  # room: (head - tail) + len <= ring
-                  ldx(DW, R1, R9, RING_HEAD), ldx(DW, R3, R9, RING_TAIL), ld_imm64(R0, HEAD_POS),
-                  alu64(AND, R1, R0, reg=True), mov(R5, R1), alu64(SUB, R5, R3, reg=True),
-                  alu64(AND, R5, R0, reg=True), ldx(DW, R4, FP, STACK_RING_LEN), alu64(ADD, R5, R4, reg=True),
-                  jmp(JGT, R5, ring, "r_unlock"),
-                  andi(R1, mask), stx(DW, FP, STACK_RING_OFF, R1), alu64(ADD, R1, R9, reg=True),
-                  # the record header in place (R1 + RING_CTRL): ts_sec, ts_nsec (wall clock), caplen, len
-                  ldx(DW, R0, R7, OFF_TS), ld_imm64(R3, self.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
-                  mov(R3, R0), alu64(asm.DIV, R3, NS), stx(W, R1, RING_CTRL, R3), alu64(asm.MUL, R3, NS),
-                  alu64(SUB, R0, R3, reg=True), stx(W, R1, RING_CTRL + 4, R0),
-                  ldx(W, R0, R7, OFF_CAPLEN), stx(W, R1, RING_CTRL + 8, R0),
-                  ldx(W, R5, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP), alu64(SUB, R5, R3, reg=True),
-                  jmp(JSGT, R5, 0, "r_orig"), movi(R5, 0), label("r_orig"), alu64(ADD, R5, R8, reg=True),
-                  stx(W, R1, RING_CTRL + 12, R5),
-                  # the link header bytes made in scratch, when there are any
-                  jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + PCAP_REC_HDR), mov(R2, R8),
-                  mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "r_unlock"),
-                  label("r_link_done"),
-                  # the skb's bytes: bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
-                  mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK_DYNPTR),
-                  Insn(asm.JMP | asm.CALL, 0, KFUNC_CALL, 0, m.dynptr_kfunc), jmp(JNE, R0, 0, "r_unlock"),
-                  ldx(DW, R1, FP, STACK_RING_OFF), jmp(JGT, R1, mask, "r_unlock"), alu64(ADD, R1, R9, reg=True),
-                  addi(R1, RING_CTRL + PCAP_REC_HDR), jmp(JGT, R8, HDR_MAX, "r_unlock"), alu64(ADD, R1, R8, reg=True),
-                  ldx(DW, R2, FP, STACK_N), jmp(JGT, R2, COPY_MAX, "r_unlock"),
-                  mov(R3, FP), addi(R3, STACK_DYNPTR), ldx(H, R4, R7, OFF_SKIP), movi(R5, 0),
-                  call(Helper.dynptr_read), jmp(JNE, R0, 0, "r_unlock"),
-                  # past the ring's end: copy the overflow from the slack to the ring's start
-                  ldx(DW, R3, FP, STACK_RING_OFF), ldx(DW, R2, FP, STACK_RING_LEN), alu64(ADD, R2, R3, reg=True),
-                  jmp(JLE, R2, ring, "r_publish"), addi(R2, -ring), jmp(JGT, R2, RING_REC_MAX, "r_unlock"),
-                  mov(R1, R9), addi(R1, RING_CTRL), mov(R3, R9), addi(R3, RING_CTRL + ring),
-                  call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "r_unlock"),
-                  label("r_publish"),
-                  ldx(DW, R1, FP, STACK_RING_LEN), ld_imm64(R0, HEAD_ONE), alu64(ADD, R1, R0, reg=True),
-                  asm.fetch_add(DW, R9, RING_HEAD, R1),
-                  # the doorbell: a quarter of the ring in use after this record, and not rung since user space
-                  # last cleared it
-                  ldx(DW, R2, FP, STACK_RING_LEN), alu64(ADD, R1, R2, reg=True), ldx(DW, R3, R9, RING_TAIL),
-                  alu64(SUB, R1, R3, reg=True), ld_imm64(R0, HEAD_POS), alu64(AND, R1, R0, reg=True),
-                  jmp(JLT, R1, ring // 4, "r_done"), ldx(W, R0, R9, RING_BELL), jmp(JNE, R0, 0, "r_done"),
-                  st(W, R9, RING_BELL, 1), st(DW, FP, STACK_BELL, 0),
-                  ldx(DW, R1, FP, STACK_CTX), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
-                  mov(R4, FP), addi(R4, STACK_BELL), movi(R5, 8), call(Helper.perf_event_output),
-                  label("r_done"), st(W, R9, RING_BUSY, 0), movi(R0, 0), asm.ja("r_count"),
-                  label("r_unlock"), st(W, R9, RING_BUSY, 0),
-                  label("r_fail"), movi(R0, -1), label("r_count"))
-
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
@@ -536,7 +454,8 @@ class Builder:
                   jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
                   label("copy_set"))
         if self.p.typed and self.m.ring:
-            self.output_ring()
+            from . import ringrec
+            ringrec.emit(self)
         elif self.p.typed:
             # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
             self.emit(stx(W, R7, OFF_COPY, R2), ldx(H, R3, R7, OFF_SKIP), mov(R4, R2), alu64(SUB, R4, R3, reg=True),

@@ -200,8 +200,9 @@ class Session:
             pages = 1 << (per_cpu.bit_length() - 1)
             kfunc = self._file_ring_kfunc()
             if kfunc:
-                ring_size = min(pages * PAGE, cprog.RING_MAX)
-                self.ring = ArrayMap(cprog.RING_CTRL + ring_size + cprog.RING_SLACK, possible_cpus(),
+                from . import ringrec
+                ring_size = min(pages * PAGE, ringrec.RING_MAX)
+                self.ring = ArrayMap(ringrec.RING_CTRL + ring_size + ringrec.RING_SLACK, possible_cpus(),
                                      name="fcap_ring", flags=MapFlags.MMAPABLE)
                 self.maps.append(self.ring)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
@@ -221,9 +222,9 @@ class Session:
             raise
 
     def _file_ring_kfunc(self) -> int:
-        """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, pcap, every point
-        BTF-typed, skb dynptrs allowed there), else 0."""
-        if not (self.cfg.file_ring and self.cfg.record == cprog.RECORD_PCAP and not self.cfg.immediate):
+        """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
+        skb dynptrs allowed there), else 0."""
+        if not (self.cfg.file_ring and not self.cfg.immediate):
             return 0
         if not all(p.typed for p in self.points):
             return 0
