@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from .capture import OUT_DIR, Tool, _Child
+from .traffic import CAPTURE_CPU, pinned
 
 
 def ready_times(tool: Tool, n: int) -> list[float]:
@@ -29,10 +30,11 @@ def ready_times(tool: Tool, n: int) -> list[float]:
 
 
 def wall_times(argv: list[str], n: int) -> list[float]:
+    """Wall time of argv, n times, on the capture CPU with the same scheduling as the captures."""
     out = []
     for _ in range(n):
         t0 = time.monotonic()
-        r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        r = subprocess.run(pinned(CAPTURE_CPU, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out.append(time.monotonic() - t0)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited with {r.returncode}")
