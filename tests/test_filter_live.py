@@ -95,7 +95,7 @@ V6 = {"ip6", "icmp6", "ether proto 0x86dd", "ip6[48:4] = 0x47455420"}
 # extra captures in the EN10MB run: -F, the same expression as words, and a predicate proving where the payload
 # lies ("skb->data_len > 0": bytes in page frags)
 EXTRA = {"-F": None, "words": F_EXPR.split(), "frags-proof": ["--where", "skb->data_len > 0", GET_TCP]}
-BATCH = 12 if IN_VM else 64      # fcap processes at once (the VM has 2 GiB)
+BATCH = 16 if IN_VM else 64      # fcap processes at once (the VM has 2 GiB; ~45 MB each)
 
 
 def filter_sees_frags() -> bool:

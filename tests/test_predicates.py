@@ -15,7 +15,7 @@ import subprocess
 from collections import Counter
 
 import pytest
-from conftest import need_root
+from conftest import need_root, require_kind
 
 from filterutil import POINT, Captures, NetNS, Sender, meta, random_loopback
 from netns import Peer, flow_of, read_packets, run_fcap
@@ -363,6 +363,38 @@ def test_where_enum_by_name(tmp_path, root):
     for cap, want in (("nosock", {"closed": 3}), ("number", {"closed": 3}), ("rcvbuf", {"full": got_all["full"]})):
         got, _ = _groups(caps[cap].path, classify)
         assert got == Counter(want), f"{cap}: kept {dict(got)}, expected {want}"
+
+
+# ---- fexit: the return value and arguments by name (kernels that allow trampolines: the VM tier) ------------
+
+def test_where_return_and_arguments_at_fexit(tmp_path):
+    """At fexit/__ip_local_out (int __ip_local_out(struct net *net, struct sock *sk, struct sk_buff *skb)),
+    which returns 1 when netfilter lets the packet on: 'return == 1' keeps every datagram sent, 'return != 1'
+    none; 'sk->sk_mark == M' (an argument other than the skb, by name) only the marked socket's. (--comm keeps
+    the captures to the test's senders: --netns needs skb->dev, which is not set yet at this point.)"""
+    require_kind("fexit", "__ip_local_out")
+    mark = 0x5100 | random.randrange(0x100)
+    comm = f"fcr{random.randrange(16 ** 8):08x}"
+    with NetNS() as ns:
+        plain = Sender("127.0.0.1", 9, count=3, size=64, comm=comm, ns=ns)
+        marked = Sender("127.0.0.1", 9, count=2, size=64, comm=comm, mark=mark, ns=ns)
+        try:
+            point = ["-i", "fexit/__ip_local_out", "-B", "512", "--comm", comm]
+            specs = {"ret1": point + ["--where", "return == 1"], "ret_not1": point + ["--where", "return != 1"],
+                     "sk": point + ["--where", f"sk->sk_mark == {mark}"]}
+            with Captures(tmp_path, specs) as caps:
+                plain.send()
+                marked.send()
+        finally:
+            plain.close()
+            marked.close()
+
+    def classify(p):
+        return "plain" if plain.mine(p) else "marked" if marked.mine(p) else None
+
+    for cap, want in (("ret1", {"plain": 3, "marked": 2}), ("ret_not1", {}), ("sk", {"marked": 2})):
+        got, _ = _groups(caps[cap].path, classify)
+        assert got == Counter(want), f"{cap} {caps[cap].args[3:]}: kept {dict(got)}, expected {want}"
 
 
 # ---- errors: one line each, naming the path ------------------------------------------------------------------
