@@ -26,9 +26,12 @@ FCAP: list[str] = []     # how to run fcap when not the default (python -m bench
 
 
 def fcap_argv() -> list[str]:
+    """The installed `fcap` script next to this Python (not a version manager's shim on PATH, such as pyenv's,
+    which adds a shell and ~80 ms to every start), else the one on PATH, else the module."""
     if FCAP:
         return list(FCAP)
-    exe = shutil.which("fcap")
+    here = os.path.join(os.path.dirname(sys.executable), "fcap")
+    exe = here if os.access(here, os.X_OK) else shutil.which("fcap")
     return [exe] if exe else [sys.executable, "-m", "fcap.cli"]
 
 
