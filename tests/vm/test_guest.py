@@ -1,0 +1,59 @@
+"""The VM tier's premise, checked inside tests/vm/run guests (skipped anywhere else)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(not os.environ.get("FCAP_VM"), reason="runs only inside tests/vm/run guests (FCAP_VM unset)"),
+]
+HERE = Path(__file__).resolve().parent
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=60)
+
+
+def test_kernel_is_the_one_asked_for():
+    assert os.uname().release.startswith(os.environ["FCAP_VM"] + ".")
+    assert os.environ["FCAP_VM_KERNEL"] == os.uname().release
+    assert os.path.exists("/sys/kernel/btf/vmlinux")
+
+
+def test_fentry_fexit_kprobe_load_attach_and_fire():
+    r = subprocess.run([sys.executable, str(HERE / "probe_fentry.py"), "ip_output"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for kind in ("fentry", "fexit", "kprobe"):
+        assert re.search(r"^%s\s+ip_output: loaded, attached, fired [1-9]" % kind, r.stdout, re.M), r.stdout
+
+
+def test_veth_pair_between_namespaces():
+    ns = "fcapvm" + uuid.uuid4().hex[:6]
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "add", "name", ns + "a", "type", "veth", "peer", "name", ns + "b", "netns", ns)
+        sh("ip", "addr", "add", "198.18.0.1/24", "dev", ns + "a")
+        sh("ip", "link", "set", ns + "a", "up")
+        sh("ip", "-n", ns, "addr", "add", "198.18.0.2/24", "dev", ns + "b")
+        sh("ip", "-n", ns, "link", "set", ns + "b", "up")
+        sh("ping", "-c", "1", "-W", "5", "198.18.0.2")
+    finally:
+        sh("ip", "link", "del", ns + "a", check=False)
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def test_tools_and_checkout():
+    for tool in ("tcpdump", "ip", "tc", "bpftool", "fcap", "python3", "pytest"):
+        assert shutil.which(tool), tool
+    assert "tcpdump version" in sh("tcpdump", "--version").stdout
+    assert Path(os.environ["FCAP_VM_ROOT"], "pyproject.toml").exists()
+    assert os.getcwd() == os.environ["FCAP_VM_ROOT"]
+    assert os.path.isdir(os.environ["FCAP_VM_OUT"])
