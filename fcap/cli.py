@@ -293,10 +293,14 @@ def _predicates(args) -> list:
 
 
 def _dump(session, args) -> int:
-    if args.dump_filter and session.cbpf is not None:
-        from .filter import format_cbpf
-        sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
-    sys.stdout.write(session.dump() + "\n")
+    try:
+        if args.dump_filter and session.cbpf is not None:
+            from .filter import format_cbpf
+            sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
+        sys.stdout.write(session.dump() + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from bpf.asm import (ALU64, AND, ARSH, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, K, R0,
                      R1, R2, R3, R6, R8, R9, W, B, H, Insn, addi, alu64, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
-                     movi, rshi)
+                     movi, rshi, be)
 from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
 from bpf.uapi import Helper
 
@@ -194,7 +194,7 @@ def where(point: Point, text: str) -> Predicate:
     field = Field(point, path, arg_index, chain, off, bits_at, len(steps) == 1)
     if isinstance(leaf, Array):
         return _string_predicate(field, op, value_text, leaf)
-    return _number_predicate(field, op, value_text, leaf)
+    return _number_predicate(field, op, value_text, leaf, big_endian=_is_big_endian(t))
 
 
 @dataclass
@@ -240,7 +240,16 @@ def _string_predicate(f: Field, op: str, text: str, leaf: Array) -> Predicate:
     return emit
 
 
-def _number_predicate(f: Field, op: str, text: str, leaf: Type) -> Predicate:
+def _is_big_endian(t: Type) -> bool:
+    """Declared as __be16/__be32/__be64 (through typedefs and qualifiers): compared in host order."""
+    while t is not None and t.kind in ("typedef", "const", "volatile", "restrict", "type_tag"):
+        if t.kind == "typedef" and t.name in ("__be16", "__be32", "__be64"):
+            return True
+        t = t.target
+    return False
+
+
+def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool = False) -> Predicate:
     if isinstance(leaf, Ptr):
         size, signed = 8, False
     elif isinstance(leaf, (Int, Enum, Enum64)):
@@ -269,6 +278,8 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type) -> Predicate:
             b.read(SIZES[size], R8, R9, f.off)
             if signed and size < 8:
                 items += [lshi(R8, 64 - 8 * size), arsh(R8, 64 - 8 * size)]
+        if big_endian and size > 1 and f.bits is None:
+            items.append(be(R8, 8 * size))   # network order in memory: compare as the number users write
         if op == "&":
             keep = b.fresh("where_set")
             return items + [ld_imm64(R1, value), jmp(JSET, R8, R1, keep, reg=True), ja("out"), label(keep)]

@@ -75,8 +75,8 @@ def lo_run(tmp_path_factory):
             "ne": [*n, "--where", f"skb->len != {ETH + 28 + 64}"],
             "markbit": ["--where", "skb->mark & 0x100"],
             "family": [*n, "--where", "skb->sk->__sk_common.skc_family == 10"],
-            "proto_le": [*n, "--where", "skb->protocol == 0xdd86"],
-            "proto_be": ["--where", "skb->protocol == 0x86dd"],
+            "proto_be": [*n, "--where", "skb->protocol == 0x86dd"],
+            "proto_le": ["--where", "skb->protocol == 0xdd86"],
             "signed": [*n, "--where", "skb->sk->sk_sndbuf > -1"],
             "sk_mark": ["--where", f"skb->sk->sk_mark == {m2}"],
             "pid_comm": ["--pid", str(s["named"].pid), "--comm", name],
@@ -186,11 +186,11 @@ def test_where_signed_field(lo_run):
 
 
 def test_where_protocol_byte_order(lo_run):
-    """skb->protocol is __be16 and --where compares the value as loaded (little-endian here): IPv6 (ETH_P_IPV6,
-    0x86dd on the wire) is written 0xdd86; 0x86dd matches nothing. This documents what users must write."""
-    pkts = _expect(lo_run, "proto_le", {"six"})
+    """skb->protocol is __be16: --where compares it in host order, as users write it (ETH_P_IPV6 = 0x86dd);
+    the byte-swapped 0xdd86 matches nothing."""
+    pkts = _expect(lo_run, "proto_be", {"six"})
     assert {meta(p)["proto"] for p in pkts} == {0x86DD}
-    _expect(lo_run, "proto_be", set())
+    _expect(lo_run, "proto_le", set())
 
 
 def test_pid_and_comm_together(lo_run):
