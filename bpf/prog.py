@@ -66,6 +66,29 @@ class Program:
         return attr.retval, attr.duration, out
 
 
+def wait_freed(ids: list[int], timeout: float) -> bool:
+    """Wait (sleeping) until the kernel has freed the programs with these ids, e.g. after their links were
+    closed: a link's release may hand its program back only after an RCU grace period. True if all went."""
+    import time
+    from .sys import GetIdAttr
+    deadline = time.monotonic() + timeout
+    left = list(ids)
+    while left:
+        still = []
+        for i in left:
+            fd, err = bpf_errno(Cmd.PROG_GET_FD_BY_ID, GetIdAttr(start_id=i))
+            if fd >= 0:
+                FD(fd).close()
+                still.append(i)
+            elif err != errno.ENOENT:
+                still.append(i)
+        left = still
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.002)
+    return not left
+
+
 def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", license: str = "GPL",
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "") -> Program:

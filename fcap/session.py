@@ -14,7 +14,7 @@ from bpf.errors import BPFError, VerifierError
 from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
-from bpf.prog import Program, load
+from bpf.prog import Program, load, wait_freed
 from bpf.uapi import AttachType, MapFlags, ProgType
 
 from . import program as cprog
@@ -339,12 +339,19 @@ class Session:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+        ids = []
         for prog in self.programs:
+            try:
+                ids.append(prog.info().id)
+            except (BPFError, ValueError):
+                pass
             prog.close()
         self.programs = []
         for m in self.maps:
             m.close()
         self.maps = []
+        if ids:   # return when the kernel has let go of them (a link's release may put its program after an RCU
+            wait_freed(ids, 1.0)   # grace period), so that nothing of ours shows in bpftool once we are gone
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf)."""
