@@ -184,6 +184,13 @@ class _Fields:
                 self.net_inum = off(net, "ns.inum")
             except Exception:  # noqa: BLE001 - older layouts: no netns id, not fatal
                 self.net_inum = None
+        task = vm.find("task_struct", "struct")
+        self.task = None   # (pid, tgid, comm) offsets: read straight from current where the verifier types it
+        if task is not None:
+            try:
+                self.task = (off(task, "pid"), off(task, "tgid"), off(task, "comm"))
+            except Exception:  # noqa: BLE001 - the helpers do it otherwise
+                self.task = None
         regs = vm.find("pt_regs", "struct")
         self.arg_regs = []
         if regs is not None:
@@ -255,7 +262,14 @@ class Builder:
         f = self.f
         meta = self.o.meta
         self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0), stx(DW, R7, OFF_SKB, R6))
-        if meta:
+        if meta and self.p.typed and f.task is not None:
+            # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
+            pid, tgid, comm = f.task
+            self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
+                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), stx(DW, R7, OFF_PIDTGID, R1),
+                      ldx(DW, R1, R0, comm), stx(DW, R7, OFF_COMM, R1),
+                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, OFF_COMM + 8, R1))
+        elif meta:
             self.emit(call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
                       mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
         self.read(W, R8, R6, f.len)
