@@ -244,13 +244,14 @@ def cmd_capture(args, command: list[str]) -> int:
     from .session import CaptureError
     try:
         session.resolve()
+        fmt = _output_format(args, session)
+        if fmt is not None:
+            session.cfg.record = fmt              # the programs lay out this format's record headers
+            session.cfg.file_ring = not count     # and where they can, write finished records themselves
+            session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
-        out = _open_output(args, session)
-        if out.writer is not None:
-            session.cfg.record = out.writer.fmt   # the programs lay out this format's record headers
-            session.cfg.file_ring = not count     # and where they can, write finished records themselves
-            session.cfg.meta = out.writer.fmt != "pcap"   # pcap holds no pid, comm, mark or netns
+        out = _open_output(args, session, fmt)
         session.open()
         session.attach()
     except CaptureError as e:
@@ -311,15 +312,28 @@ class _Output:
         self.writer, self.printer, self.stream = writer, printer, stream
 
 
-def _open_output(args, session):
-    from .pcapfile import format_for_path, open_writer
-    from .printer import Printer
-    to_stdout = args.write == "-" or (args.write is None and not sys.stdout.isatty())
+def _to_stdout(args) -> bool:
+    return args.write == "-" or (args.write is None and not sys.stdout.isatty())
+
+
+def _output_format(args, session) -> str | None:
+    """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
+    from .pcapfile import format_for_path
+    to_stdout = _to_stdout(args)
     if args.write is None and not to_stdout:
-        return _Output(printer=Printer(args, sys.stdout))
+        return None
     fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
     if len(session.points) > 1 and fmt == "pcap":
         fmt = "pcapng" if args.format is None else fmt
+    return fmt
+
+
+def _open_output(args, session, fmt: str | None):
+    from .pcapfile import open_writer
+    from .printer import Printer
+    if fmt is None:
+        return _Output(printer=Printer(args, sys.stdout))
+    to_stdout = _to_stdout(args)
     if to_stdout:
         f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
     else:

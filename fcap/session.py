@@ -196,8 +196,7 @@ class Session:
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
             cpus = online_cpus()
-            per_cpu = max(self.cfg.buffer_kib * 1024 // max(len(cpus), 1) // PAGE, 8)
-            pages = 1 << (per_cpu.bit_length() - 1)
+            pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
             if kfunc:
                 from . import ringrec
@@ -220,6 +219,11 @@ class Session:
         except CaptureError:
             self.close()
             raise
+
+    def _pages(self, ncpus: int) -> int:
+        """Pages per CPU (a power of two) for -B KiB shared by the CPUs."""
+        per_cpu = max(self.cfg.buffer_kib * 1024 // max(ncpus, 1) // PAGE, 8)
+        return 1 << (per_cpu.bit_length() - 1)
 
     def _file_ring_kfunc(self) -> int:
         """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
@@ -356,7 +360,13 @@ class Session:
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf)."""
         from bpf import asm
-        maps = cprog.Maps(events=-1, scratch=-2, counters=-3)
+        size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+        maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
+        kfunc = self._file_ring_kfunc()
+        if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
+            from .ringrec import RING_MAX
+            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, RING_MAX)
+            maps.dynptr_kfunc = kfunc
         out = []
         for p in self.points:
             out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
