@@ -459,10 +459,16 @@ class Builder:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
         # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX)
-        self.emit(ldx(H, R8, R7, OFF_HDR), jmp(JGT, R8, HDR_MAX, "out"),
-                  ld_imm64(R2, o.snaplen), jmp(JGT, R2, R8, "snap_left", reg=True), movi(R2, 0), asm.ja("snap_ok"),
-                  label("snap_left"), alu64(SUB, R2, R8, reg=True), label("snap_ok"),
-                  ldx(H, R3, R7, OFF_SKIP), alu64(ADD, R2, R3, reg=True),
+        self.emit(ldx(H, R8, R7, OFF_HDR), jmp(JGT, R8, HDR_MAX, "out"))
+        if o.snaplen > HDR_MAX:
+            # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
+            # 6.1's verifier walk the impossible branch with R8's umin > umax; R8 then turns a map_value
+            # pointer into a scalar and raw_tp/kprobe programs are rejected.)
+            self.emit(ld_imm64(R2, o.snaplen), alu64(SUB, R2, R8, reg=True))
+        else:
+            self.emit(movi(R2, 0), jmp(JGE, R8, o.snaplen, "snap_ok"), movi(R2, o.snaplen),
+                      alu64(SUB, R2, R8, reg=True), label("snap_ok"))
+        self.emit(ldx(H, R3, R7, OFF_SKIP), alu64(ADD, R2, R3, reg=True),
                   ldx(W, R3, R7, OFF_LEN), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
                   jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
