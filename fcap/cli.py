@@ -244,7 +244,8 @@ def cmd_capture(args, command: list[str]) -> int:
     from .session import CaptureError
     try:
         session.resolve()
-        fmt = _output_format(args, session)
+        # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
+        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
         if fmt is not None:
             session.cfg.record = fmt              # the programs lay out this format's record headers
             session.cfg.file_ring = not count     # and where they can, write finished records themselves
