@@ -317,6 +317,7 @@ class Pkt:
     comment: str | None = None
     flags: int | None = None
     extra: dict = field(default_factory=dict)
+    packet_id: int | None = None   # pcapng epb_packetid (fcap: the skb's address)
 
 
 ETH_HLEN = 14
@@ -332,7 +333,7 @@ def read_packets(path) -> list[Pkt]:
         if off is None:
             raise AssertionError(f"{path}: unexpected linktype {r.linktype}")
         out.append(Pkt(r.ts_ns, bytes(r.data[off:]), r.orig_len - off, r.linktype, bytes(r.data), r.iface_name,
-                       r.comment, r.flags))
+                       r.comment, r.flags, packet_id=r.packet_id))
     return out
 
 
@@ -546,3 +547,14 @@ def gso_max_size(dev: str) -> int:
         return int(json.loads(r.stdout)[0].get("gso_max_size", 65536))
     except (ValueError, IndexError, KeyError):
         return 65536
+
+
+def softnet_drops() -> int:
+    """Packets the kernel dropped at its per-CPU input backlogs so far (/proc/net/softnet_stat, 2nd column)."""
+    total = 0
+    with open("/proc/net/softnet_stat") as f:
+        for line in f:
+            cols = line.split()
+            if len(cols) > 1:
+                total += int(cols[1], 16)
+    return total

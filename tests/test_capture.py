@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ from netns import (
     read_packets,
     run_fcap,
     send_udp,
+    softnet_drops,
     start_fcap,
     start_tcpdump,
     tcp_bulk,
@@ -178,13 +180,14 @@ def _lo_traffic(seed: int, tag: bytes, v6: bool) -> dict:
     finally:
         for s in sinks:
             s.close()
-    tcp_ports = set(tcp_bulk("127.0.0.1", TCP_BYTES, seed=seed))
+    tcp_ports = tcp_bulk("127.0.0.1", TCP_BYTES, seed=seed)
     pinged = shutil.which("ping") is not None
     if pinged:
         ping("127.0.0.1", 3, pattern=tag.hex())
         if v6:
             ping("::1", 3, pattern=tag.hex())
-    return {"udp_ports": ports, "tcp_ports": tcp_ports, "sizes": sizes, "families": len(sinks), "ping": pinged}
+    return {"udp_ports": ports, "tcp_ports": set(tcp_ports), "tcp_server": tcp_ports[0], "sizes": sizes,
+            "families": len(sinks), "ping": pinged}
 
 
 def _is_ours(t: dict, tag: bytes):
@@ -203,6 +206,63 @@ def _is_ours(t: dict, tag: bytes):
 TCP_BYTES = 300_000
 
 
+ATTEMPTS = 3
+
+
+def _reference_spoiled(td, drops_before: int) -> str:
+    """Why tcpdump's capture cannot serve as the reference: it dropped packets itself (its ring overflowed while
+    the machine was busy), or the kernel dropped packets between lo's transmit and receive (tcpdump -i lo sees the
+    received copy only). Empty when it is good."""
+    why = []
+    m = re.search(r"^(\d+) packets? dropped by kernel", td.stderr, re.M)
+    if m is None:
+        why.append(f"tcpdump printed no drop count: {td.stderr!r}")
+    elif int(m.group(1)):
+        why.append(f"tcpdump dropped {m.group(1)} packets")
+    lost = softnet_drops() - drops_before
+    if lost:
+        why.append(f"the kernel's input backlog dropped {lost} packets")
+    return ", ".join(why)
+
+
+def _attempts(what: str, once) -> None:
+    """Run once() (a whole capture + comparison) until tcpdump's side is a clean reference; a clean attempt's
+    comparison decides. Skips, saying why, only when every attempt's reference was spoiled."""
+    spoiled = []
+    for i in range(ATTEMPTS):
+        why = once(i)
+        if not why:
+            return
+        spoiled.append(f"attempt {i + 1}: {why}")
+    pytest.skip(f"{what}: no clean tcpdump reference in {ATTEMPTS} attempts (busy machine?): {'; '.join(spoiled)}")
+
+
+def _tcp_stream_ok(pkts: list[Pkt], nbytes: int, what: str) -> None:
+    """The data direction's segments (retransmissions included) cover exactly nbytes of sequence space after
+    the SYN, without a gap."""
+    syn = [p for p in pkts if _tcp_flags(p) & 2]
+    assert syn, f"{what}: no SYN captured"
+    isn = _tcp(syn[0])[0]
+    covered: list[tuple[int, int]] = []
+    for p in pkts:
+        seq, _ack, n, _data = _tcp(p)
+        if n > 0:
+            rel = (seq - isn - 1) & 0xFFFFFFFF
+            covered.append((rel, rel + n))
+    covered.sort()
+    end = 0
+    for a, b in covered:
+        assert a <= end, f"{what}: no segment carries bytes {end}..{a}"
+        end = max(end, b)
+    assert end == nbytes, f"{what}: the segments cover {end} bytes, not {nbytes}"
+
+
+def _tcp_flags(p: Pkt) -> int:
+    b = p.l3
+    ip_hlen = (b[0] & 15) * 4 if b[0] >> 4 == 4 else 40
+    return b[ip_hlen + 13]
+
+
 @pytest.mark.parametrize("point", ["tp_btf/net_dev_queue", "tp_btf/net_dev_start_xmit"])
 def test_lo_matches_tcpdump(tcpdump, tmp_path, point):
     """UDP/IPv4+IPv6 of random sizes, a 300 KB TCP transfer (payload in page frags, GSO), ICMP echo: fcap sees
@@ -211,42 +271,53 @@ def test_lo_matches_tcpdump(tcpdump, tmp_path, point):
     net_dev_start_xmit runs right after the tap (xmit_one), so there every packet must match one to one;
     net_dev_queue runs before validate_xmit_skb, so a GSO skb over lo's gso_max_size is one packet for fcap
     and its software segments for tcpdump (compare_captures matches those by sequence number and payload)."""
-    seed = random.randrange(1 << 30)
-    ours_path, theirs_path = tmp_path / "fcap.pcapng", tmp_path / "tcpdump.pcap"
     v6 = ipv6_loopback()
-    tag = random.Random(seed).randbytes(8)
-    fc = td = None
-    try:
-        fc = start_fcap(["-i", point, "-w", str(ours_path)])
-        td = start_tcpdump("lo", theirs_path)
-        t = _lo_traffic(seed, tag, v6)
-        time.sleep(SETTLE)
-        assert td.stop() == 0, td.stderr
-        assert fc.stop() == 0, fc.stderr
-    finally:
-        _stop_all(fc, td)
-    mine = _is_ours(t, tag)
-    ours = [p for p in read_packets(ours_path) if mine(p)]
-    theirs = [p for p in read_packets(theirs_path) if mine(p)]
-    assert {p.linktype for p in ours} == {LINKTYPE_EN10MB}
-    assert {p.linktype for p in theirs} == {LINKTYPE_EN10MB}
-    split_above = gso_max_size("lo") if point.endswith("net_dev_queue") else None
-    n = compare_captures(ours, theirs, f"lo at {point} (seed {seed})", gso_split_above=split_above)
-    # the traffic itself, as fcap saw it
-    udp = [p for p in ours if flow_of(p).proto == 17]
-    assert sorted(len(l4_payload(p)) for p in udp) == sorted(t["sizes"] * t["families"])
-    assert {l4_payload(p) for p in udp} == {payload(seed, k) for k in t["sizes"]}
-    tcp = [p for p in ours if flow_of(p).proto == 6]
-    assert sum(_tcp(p)[2] for p in tcp) == TCP_BYTES, "fcap's TCP packets do not add up to the bytes sent"
-    # TCP on lo keeps the payload in page frags: the big segments must have arrived whole (or, past the perf
-    # sample limit, as a ~64 KiB prefix, counted in n["truncated"])
-    big = [p for p in tcp if p.orig_l3_len > 16000]
-    assert big, "no large (GSO, paged) segment in the TCP transfer"
-    assert all(len(p.l3) == p.orig_l3_len or len(p.raw) >= PERF_LIMIT_FLOOR for p in big)
-    if t["ping"]:
-        icmp = [p for p in ours if flow_of(p).proto in (1, 58)]
-        assert len(icmp) == 6 * (2 if v6 else 1), f"{len(icmp)} ICMP echo packets"
-    print(f"{point}: {n}")
+
+    def once(attempt: int) -> str:
+        seed = random.randrange(1 << 30)
+        ours_path, theirs_path = tmp_path / f"fcap{attempt}.pcapng", tmp_path / f"tcpdump{attempt}.pcap"
+        tag = random.Random(seed).randbytes(8)
+        fc = td = None
+        drops = softnet_drops()
+        try:
+            fc = start_fcap(["-i", point, "-w", str(ours_path)])
+            td = start_tcpdump("lo", theirs_path)
+            t = _lo_traffic(seed, tag, v6)
+            time.sleep(SETTLE)
+            assert td.stop() == 0, td.stderr
+            assert fc.stop() == 0, fc.stderr
+        finally:
+            _stop_all(fc, td)
+        spoiled = _reference_spoiled(td, drops)
+        if spoiled:
+            return spoiled
+        assert _summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
+        mine = _is_ours(t, tag)
+        ours = [p for p in read_packets(ours_path) if mine(p)]
+        theirs = [p for p in read_packets(theirs_path) if mine(p)]
+        assert {p.linktype for p in ours} == {LINKTYPE_EN10MB}
+        assert {p.linktype for p in theirs} == {LINKTYPE_EN10MB}
+        split_above = gso_max_size("lo") if point.endswith("net_dev_queue") else None
+        n = compare_captures(ours, theirs, f"lo at {point} (seed {seed})", gso_split_above=split_above)
+        # the traffic itself, as fcap saw it
+        udp = [p for p in ours if flow_of(p).proto == 17]
+        assert sorted(len(l4_payload(p)) for p in udp) == sorted(t["sizes"] * t["families"])
+        assert {l4_payload(p) for p in udp} == {payload(seed, k) for k in t["sizes"]}
+        tcp = [p for p in ours if flow_of(p).proto == 6]
+        data_dir = [p for p in tcp if flow_of(p).dport == t["tcp_server"]]
+        _tcp_stream_ok(data_dir, TCP_BYTES, f"lo at {point}")
+        # TCP on lo keeps the payload in page frags: the big segments must have arrived whole (or, past the
+        # perf sample limit, as a ~64 KiB prefix, counted in n["truncated"])
+        big = [p for p in tcp if p.orig_l3_len > 16000]
+        assert big, "no large (GSO, paged) segment in the TCP transfer"
+        assert all(len(p.l3) == p.orig_l3_len or len(p.raw) >= PERF_LIMIT_FLOOR for p in big)
+        if t["ping"]:
+            icmp = [p for p in ours if flow_of(p).proto in (1, 58)]
+            assert len(icmp) == 6 * (2 if v6 else 1), f"{len(icmp)} ICMP echo packets"
+        print(f"{point}: {n}")
+        return ""
+
+    _attempts(f"lo at {point}", once)
 
 
 # ---- 2. veth into a namespace: fcap at netif_receive_skb vs tcpdump -i vethA -Q in --------------------------
@@ -255,45 +326,54 @@ def test_veth_receive_matches_tcpdump(tcpdump, veth_ns, tmp_path):
     """Packets coming back from a namespace over a veth pair (UDP echoes, a 300 KB TCP download): fcap at
     tp_btf/netif_receive_skb vs tcpdump -Q in on the root-namespace end."""
     v = veth_ns
-    seed = random.randrange(1 << 30)
-    ours_path, theirs_path = tmp_path / "fcap.pcapng", tmp_path / "tcpdump.pcap"
-    rnd = random.Random(seed)
-    sizes = [rnd.randint(1, 1400) for _ in range(30)]     # within the veth MTU: no IP fragments
-    fc = td = None
-    peer = Peer(v, TCP_BYTES, seed)
-    try:
-        fc = start_fcap(["-i", "tp_btf/netif_receive_skb", "-w", str(ours_path)])
-        td = start_tcpdump(v.a, theirs_path, "-Q", "in")
-        udp_port = peer.udp_echo(v.peer, [payload(seed, n) for n in sizes])
-        tcp_port = peer.fetch_tcp(v.peer)
-        time.sleep(SETTLE)
-        assert td.stop() == 0, td.stderr
-        assert fc.stop() == 0, fc.stderr
-    finally:
-        _stop_all(fc, td)
-        peer.close()
 
-    def mine(p: Pkt) -> bool:
-        f = flow_of(p)
-        return (f is not None and f.src == v.peer and f.dst == v.local and
-                ((f.proto == 17 and (f.sport, f.dport) == (peer.udp_port, udp_port)) or
-                 (f.proto == 6 and (f.sport, f.dport) == (peer.tcp_port, tcp_port))))
+    def once(attempt: int) -> str:
+        seed = random.randrange(1 << 30)
+        ours_path, theirs_path = tmp_path / f"fcap{attempt}.pcapng", tmp_path / f"tcpdump{attempt}.pcap"
+        rnd = random.Random(seed)
+        sizes = [rnd.randint(1, 1400) for _ in range(30)]     # within the veth MTU: no IP fragments
+        fc = td = None
+        peer = Peer(v, TCP_BYTES, seed)
+        drops = softnet_drops()
+        try:
+            fc = start_fcap(["-i", "tp_btf/netif_receive_skb", "-w", str(ours_path)])
+            td = start_tcpdump(v.a, theirs_path, "-Q", "in")
+            udp_port = peer.udp_echo(v.peer, [payload(seed, n) for n in sizes])
+            tcp_port = peer.fetch_tcp(v.peer)
+            time.sleep(SETTLE)
+            assert td.stop() == 0, td.stderr
+            assert fc.stop() == 0, fc.stderr
+        finally:
+            _stop_all(fc, td)
+            peer.close()
+        spoiled = _reference_spoiled(td, drops)
+        if spoiled:
+            return spoiled
+        assert _summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
 
-    ours = [p for p in read_packets(ours_path) if mine(p)]
-    theirs = [p for p in read_packets(theirs_path) if mine(p)]
-    n = compare_captures(ours, theirs, f"veth {v.a} (seed {seed})")
-    udp = [p for p in ours if flow_of(p).proto == 17]
-    assert [l4_payload(p) for p in sorted(udp, key=lambda p: p.ts_ns)] == [payload(seed, k) for k in sizes]
-    tcp = [p for p in ours if flow_of(p).proto == 6]
-    assert sum(_tcp(p)[2] for p in tcp) == TCP_BYTES
-    # what the pcapng says about each packet: received (epb_flags inbound) on vethA, in the root namespace
-    root_netns = os.stat("/proc/self/ns/net").st_ino
-    for p in ours:
-        assert p.flags is not None and p.flags & 3 == 1, f"epb_flags {p.flags}: not inbound"
-        meta = dict(kv.split("=", 1) for kv in (p.comment or "").split() if "=" in kv)
-        assert meta.get("ifindex") == str(v.a_index), f"comment {p.comment!r}: not ifindex {v.a_index}"
-        assert meta.get("netns") == str(root_netns), f"comment {p.comment!r}: not netns {root_netns}"
-    print(n)
+        def mine(p: Pkt) -> bool:
+            f = flow_of(p)
+            return (f is not None and f.src == v.peer and f.dst == v.local and
+                    ((f.proto == 17 and (f.sport, f.dport) == (peer.udp_port, udp_port)) or
+                     (f.proto == 6 and (f.sport, f.dport) == (peer.tcp_port, tcp_port))))
+
+        ours = [p for p in read_packets(ours_path) if mine(p)]
+        theirs = [p for p in read_packets(theirs_path) if mine(p)]
+        n = compare_captures(ours, theirs, f"veth {v.a} (seed {seed})")
+        udp = [p for p in ours if flow_of(p).proto == 17]
+        assert [l4_payload(p) for p in by_time(udp)] == [payload(seed, k) for k in sizes]
+        _tcp_stream_ok([p for p in ours if flow_of(p).proto == 6], TCP_BYTES, f"veth {v.a}")
+        # what the pcapng says about each packet: received (epb_flags inbound) on vethA, in the root namespace
+        root_netns = os.stat("/proc/self/ns/net").st_ino
+        for p in ours:
+            assert p.flags is not None and p.flags & 3 == 1, f"epb_flags {p.flags}: not inbound"
+            meta = dict(kv.split("=", 1) for kv in (p.comment or "").split() if "=" in kv)
+            assert meta.get("ifindex") == str(v.a_index), f"comment {p.comment!r}: not ifindex {v.a_index}"
+            assert meta.get("netns") == str(root_netns), f"comment {p.comment!r}: not netns {root_netns}"
+        print(n)
+        return ""
+
+    _attempts(f"veth {v.a}", once)
 
 
 # ---- helpers for the shorter tests -------------------------------------------------------------------------
@@ -399,27 +479,33 @@ def test_files_read_by_tcpdump_and_tshark(tcpdump, sink, tmp_path, out):
     assert [(a, b) for _, a, b in rows] == [(sink.port, p) for p in pays]
 
 
-def test_two_points_two_interfaces(tshark, sink, tmp_path):
+def test_two_points_two_interfaces(sink, tmp_path):
     """-i net_dev_queue -i netif_receive_skb: a pcapng with one interface per point, named after the point;
-    on lo every datagram passes both (transmit, then receive)."""
-    path, pays = _capture_udp(tmp_path, sink, ["-i", "tp_btf/net_dev_queue", "-i", "tp_btf/netif_receive_skb"],
-                              "two.pcapng", n=5)
+    on lo every datagram passes both (transmit, then receive), as the same skb."""
+    qx, rx = "tp_btf/net_dev_queue", "tp_btf/netif_receive_skb"
+    path, pays = _capture_udp(tmp_path, sink, ["-i", qx, "-i", rx], "two.pcapng", n=5)
+    pkts = read_packets(path)
+    assert {p.iface_name for p in pkts} == {qx, rx}
+    assert all(p.linktype == LINKTYPE_EN10MB for p in pkts)
+    for name in (qx, rx):
+        assert sorted(l4_payload(p) for p in pkts if p.iface_name == name) == sorted(pays), name
+    flags = {(p.iface_name, p.flags) for p in pkts}
+    assert flags == {(qx, 2), (rx, 1)}, f"epb_flags direction: {flags}"
+    # lo hands the transmitted skb itself to the receive path: epb_packetid (the skb address) pairs them up
+    ids = {(p.iface_name, l4_payload(p)): p.packet_id for p in pkts}
+    assert all(ids[(qx, d)] == ids[(rx, d)] and ids[(qx, d)] for d in pays), ids
+    if shutil.which("capinfos"):
+        r = subprocess.run(["capinfos", path], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "Number of interfaces in file: 2" in r.stdout, r.stdout + r.stderr
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed: the file was checked with fcap's reader, not Wireshark")
     r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.interface_name", "-e", "udp.payload"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
     rows = [ln.split("\t") for ln in r.stdout.splitlines()]
-    names = {name for name, _ in rows}
-    assert names == {"tp_btf/net_dev_queue", "tp_btf/netif_receive_skb"}, rows
-    for name in names:
+    assert {name for name, _ in rows} == {qx, rx}, rows
+    for name in (qx, rx):
         assert sorted(bytes.fromhex(d) for n, d in rows if n == name) == sorted(pays), name
-    pkts = read_packets(path)
-    assert all(p.linktype == LINKTYPE_EN10MB for p in pkts)
-    flags = {p.iface_name: p.flags for p in pkts}
-    assert flags == {"tp_btf/net_dev_queue": 2, "tp_btf/netif_receive_skb": 1}, flags
-    # the same skb passes both points on lo: epb_packetid (the skb address) pairs them up
-    if shutil.which("capinfos"):
-        r = subprocess.run(["capinfos", path], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0 and "Number of interfaces in file: 2" in r.stdout, r.stdout + r.stderr
 
 
 # ---- 4. -y raw -------------------------------------------------------------------------------------------------
@@ -838,7 +924,7 @@ def test_immediate_mode(sink, tmp_path):
         fc.kill()
 
 
-def test_drop_point_linux_sll2(tshark, tmp_path):
+def test_drop_point_linux_sll2(tmp_path):
     """tp_btf/kfree_skb is not a device point: LINUX_SLL2 by default, made from the skb (protocol, ifindex,
     ARPHRD_LOOPBACK, packet type) and followed by the network header, though the skb's data has moved past it.
     A datagram to a closed port on 127.0.0.1 is dropped there (no socket)."""
@@ -862,6 +948,8 @@ def test_drop_point_linux_sll2(tshark, tmp_path):
     proto, _res, ifindex, hatype, pkttype, halen = struct.unpack(">HHiHBB", p.raw[:12])
     assert (proto, ifindex, hatype, pkttype) == (0x0800, socket.if_nametoindex("lo"), 772, 0), p.raw[:20].hex()
     assert l4_payload(p) == data and p.orig_l3_len == 28 + len(data)
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed: the LINUX_SLL2 header was checked by hand, not by Wireshark")
     r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.protocols", "-e", "udp.dstport",
                         "-e", "sll.ifindex"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
