@@ -25,7 +25,7 @@ RING_CTRL = 128
 HEAD_BITS = 40
 HEAD_POS = (1 << HEAD_BITS) - 1
 HEAD_ONE = 1 << HEAD_BITS
-RING_MAX = 2 << 20       # the element (control + ring + slack) must stay within the kernel's 4 MiB
+RING_MAX = 64 << 20      # per CPU (kernels before 6.x cap a map value at 4 MiB: then 2 MiB, see Session)
 
 PCAP_HDR = 16            # ts_sec ts_nsec caplen len
 EPB_HDR = 28             # type total interface ts_high ts_low caplen len

@@ -199,11 +199,7 @@ class Session:
             pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
             if kfunc:
-                from . import ringrec
-                ring_size = min(pages * PAGE, ringrec.RING_MAX)
-                self.ring = ArrayMap(ringrec.RING_CTRL + ring_size + ringrec.RING_SLACK, possible_cpus(),
-                                     name="fcap_ring", flags=MapFlags.MMAPABLE)
-                self.maps.append(self.ring)
+                ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
             for p in self.points:
                 self.programs.append(self._load(p, self.build(p, maps)))
@@ -219,6 +215,22 @@ class Session:
         except CaptureError:
             self.close()
             raise
+
+    def _make_ring(self, want: int) -> int:
+        """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
+        some kernels), the largest power of two it takes; returns the ring size."""
+        from . import ringrec
+        size = min(want, ringrec.RING_MAX)
+        while True:
+            try:
+                self.ring = ArrayMap(ringrec.RING_CTRL + size + ringrec.RING_SLACK, possible_cpus(),
+                                     name="fcap_ring", flags=MapFlags.MMAPABLE)
+                self.maps.append(self.ring)
+                return size
+            except BPFError as e:
+                if e.errno not in (errno.E2BIG, errno.ENOMEM) or size <= 1 << 16:
+                    raise
+                size //= 2
 
     def _pages(self, ncpus: int) -> int:
         """Pages per CPU (a power of two) for -B KiB shared by the CPUs."""
@@ -365,7 +377,7 @@ class Session:
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
             from .ringrec import RING_MAX
-            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, RING_MAX)
+            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, RING_MAX)   # (if allowed)
             maps.dynptr_kfunc = kfunc
         out = []
         for p in self.points:
