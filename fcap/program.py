@@ -254,29 +254,17 @@ class Builder:
         self.headers()
         if o.filter is not None:
             self.run_filter()
+        self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
         self.output()
         self.emit(label("out"), movi(R0, 0), exit_())
         return self.items
 
     def metadata(self) -> None:
+        """What the link headers and the filter need: skb, len, protocol, pkt_type, ifindex, ARPHRD type."""
         f = self.f
-        meta = self.o.meta
-        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0), stx(DW, R7, OFF_SKB, R6))
-        if meta and self.p.typed and f.task is not None:
-            # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
-            pid, tgid, comm = f.task
-            self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
-                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), stx(DW, R7, OFF_PIDTGID, R1),
-                      ldx(DW, R1, R0, comm), stx(DW, R7, OFF_COMM, R1),
-                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, OFF_COMM + 8, R1))
-        elif meta:
-            self.emit(call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
-                      mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
+        self.emit(stx(DW, R7, OFF_SKB, R6))
         self.read(W, R8, R6, f.len)
         self.emit(stx(W, R7, OFF_LEN, R8))
-        if meta:
-            self.read(W, R8, R6, f.mark)
-            self.emit(stx(W, R7, OFF_MARK, R8))
         self.read(H, R8, R6, f.protocol)
         self.emit(stx(H, R7, OFF_PROTO, R8))
         self.read(B, R8, R6, f.pkt_type_byte)
@@ -287,16 +275,40 @@ class Builder:
             self.emit(movi(R8, PACKET_OUTGOING))
         self.emit(stx(B, R7, OFF_PKTTYPE, R8), st(B, R7, OFF_POINT, self.p.id & 0xFF), st(B, R7, OFF_FLAGS, 0),
                   st(W, R7, OFF_IFINDEX, 0), st(H, R7, OFF_HATYPE, 0), st(W, R7, OFF_NETNS, 0))
-        # the device: ifindex, ARPHRD type, network namespace
+        # the device: ifindex, ARPHRD type
         self.read(DW, R8, R6, f.dev)
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
         self._read_store(W, R8, f.ifindex, OFF_IFINDEX)
         self._read_store(H, R8, f.hatype, OFF_HATYPE)
-        if f.net_inum is not None and meta:
-            self.read(DW, R8, R8, f.dev_net)
-            self.emit(jmp(JEQ, R8, 0, "no_dev"))
-            self._read_store(W, R8, f.net_inum, OFF_NETNS)
         self.emit(label("no_dev"))
+
+    def late_metadata(self) -> None:
+        """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,
+        mark and the device's network namespace."""
+        f = self.f
+        meta = self.o.meta
+        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0))
+        if meta and self.p.typed and f.task is not None:
+            # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
+            pid, tgid, comm = f.task
+            self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
+                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), stx(DW, R7, OFF_PIDTGID, R1),
+                      ldx(DW, R1, R0, comm), stx(DW, R7, OFF_COMM, R1),
+                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, OFF_COMM + 8, R1))
+        elif meta:
+            self.emit(call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
+                      mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
+        if not meta:
+            return
+        self.read(W, R8, R6, f.mark)
+        self.emit(stx(W, R7, OFF_MARK, R8))
+        if f.net_inum is not None:
+            self.read(DW, R8, R6, f.dev)
+            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self.read(DW, R8, R8, f.dev_net)
+            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self._read_store(W, R8, f.net_inum, OFF_NETNS)
+            self.emit(label("no_netns"))
 
     def _read_store(self, size: int, base: int, off: int, meta_off: int) -> None:
         if self.p.typed:
