@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 from collections import defaultdict
 from decimal import Decimal
 
@@ -845,8 +846,21 @@ def test_raw_tp_same_bytes_as_tp_btf(sink, tmp_path):
 
 # ---- 9. fentry / fexit / kprobe (where the kernel allows them: the VM tier) ------------------------------------
 
+@pytest.fixture
+def quiet_sink(root):
+    """A bound UDP socket nobody reads while the capture runs: at fexit the skb must still be alive (queued on
+    this socket), not consumed and freed by a reader — fexit sees the skb after ip_output returned."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    s.bind(("127.0.0.1", 0))
+    try:
+        yield types.SimpleNamespace(sock=s, port=s.getsockname()[1])
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("kind", ["fentry", "fexit", "kprobe", "bare"])
-def test_function_points(sink, tmp_path, kind):
+def test_function_points(quiet_sink, tmp_path, kind):
     """fcap -i KIND/ip_output -y raw -c N -w out.pcap -- <send N UDP datagrams>: Raw IP, those datagrams.
     'bare': -i ip_output alone takes the best hook the kernel allows (fentry, else kprobe)."""
     if kind == "bare":
@@ -865,8 +879,8 @@ def test_function_points(sink, tmp_path, kind):
     n = 5
     tag = os.urandom(8)
     path = str(tmp_path / f"{kind}.pcap")
-    r = run_fcap(["-i", spec, "-y", "raw", "-c", str(n), "-w", path, f"udp port {sink.port}",
-                  "--", *_sender(sink.port, tag, n)])
+    r = run_fcap(["-i", spec, "-y", "raw", "-c", str(n), "-w", path, f"udp port {quiet_sink.port}",
+                  "--", *_sender(quiet_sink.port, tag, n)])
     err = r.stderr.decode()
     assert r.returncode == 0, err
     assert f"listening on {expect}/ip_output, link-type RAW" in err, err
@@ -879,7 +893,7 @@ def test_function_points(sink, tmp_path, kind):
     if shutil.which("tshark"):
         t = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "udp.dstport"], capture_output=True,
                            text=True, timeout=60)
-        assert t.returncode == 0 and t.stdout.split() == [str(sink.port)] * n, t.stdout + t.stderr
+        assert t.returncode == 0 and t.stdout.split() == [str(quiet_sink.port)] * n, t.stdout + t.stderr
 
 
 # ---- snaplen, -U, a receive point with LINUX_SLL2 ---------------------------------------------------------------
