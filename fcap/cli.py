@@ -137,7 +137,7 @@ def cmd_list(argv: list[str]) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
-    note = _refused_kinds()
+    note = _refused_kinds() if items else ""
     if note:
         sys.stderr.write(f"{PROG}: {note}\n")
     if a.pattern and not items:
@@ -252,9 +252,13 @@ def cmd_capture(args, command: list[str]) -> int:
             session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
+        session.open()                            # load first: a refused program leaves no file behind
         out = _open_output(args, session, fmt)
-        session.open()
-        session.attach()
+        try:
+            session.attach()
+        except CaptureError:
+            _discard_output(args, out)
+            raise
     except CaptureError as e:
         session.close()
         return _fail(str(e))
@@ -262,6 +266,17 @@ def cmd_capture(args, command: list[str]) -> int:
         session.close()
         return _fail(f"{e.filename or args.write}: {e.strerror}")
     return _run(session, args, out, count, command)
+
+
+def _discard_output(args, out) -> None:
+    """A capture that never started: close its output and remove the file it created."""
+    try:
+        if out.writer is not None:
+            out.writer.close()
+        if args.write and args.write != "-":
+            os.unlink(args.write)
+    except OSError:
+        pass
 
 
 def _predicates(args) -> list:
