@@ -90,14 +90,14 @@ def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, read
               f"from `listening on` to exit (wait4), per datagram in the file; medians of {plan['reps']} run(s), "
               "tools in rotating order", ""]
     if full:
-        lines += ["## Flood at full speed", ""]
+        lines += ["### Flood at full speed", ""]
         for res in full:
-            lines += [f"### {res[0].payload}-byte payloads, {int(res[0].sent):,} datagrams", ""]
+            lines += [f"#### {res[0].payload}-byte payloads, {int(res[0].sent):,} datagrams", ""]
             lines += flood_table(res) + [""]
     if sweep:
-        lines += ["## Rate sweep", ""] + sweep_table(sweep) + [""]
+        lines += ["### Rate sweep", ""] + sweep_table(sweep) + [""]
     if bpf:
-        lines += ["## BPF run time per hit", "",
+        lines += ["### BPF run time per hit", "",
                   "During the full-speed flood, per output format (kernel run-time stats, BPF_ENABLE_STATS, in a run "
                   "of its own: the stats cost time too; an empty program measures about 60 ns here).", "",
                   "| capture | payload | program runs | ns per run |", "|---|---|---|---|"]
@@ -108,7 +108,7 @@ def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, read
     if bpf_runtime:
         lines += ["From `python -m bench.bpf_runtime` (its own sender and cases):", "", bpf_runtime.strip(), ""]
     if ready or listing:
-        lines += ["## Start-up", "", "| | fcap | tcpdump / bpftool | ratio |", "|---|---|---|---|"]
+        lines += ["### Start-up", "", "| | fcap | tcpdump / bpftool | ratio |", "|---|---|---|---|"]
         f, td = ready.get("fcap pcap"), ready.get("tcpdump")
         if f and td:
             lines.append(f"| exec to `listening on` (median of {len(f)}) | {statistics.median(f):.3f} s | "
