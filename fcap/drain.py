@@ -1,5 +1,6 @@
-"""Perf samples to capture file records without per-record objects: the program lays out each record's header,
-the drain slices it out of the ring and hands the slices to os.writev in batches."""
+"""Capture records to the file without per-record objects: FileDrain slices perf samples (whose record header the
+program laid out) into os.writev batches; RingDrain writes the file rings' finished records (fcap.ringrec) as they
+are."""
 
 from __future__ import annotations
 
