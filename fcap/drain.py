@@ -177,7 +177,9 @@ class RingDrain:
         self.buffer.drain(_ignore)
         view, words, size, n = self.view, self.words, self.size, 0
         for i, base in enumerate(self.bases):
-            words[(base + rr.RING_BELL) // 8] = 0   # before HEAD is read: a later crossing rings again
+            bell = (base + rr.RING_BELL) // 8
+            if words[bell]:   # cleared before HEAD is read, so that a later crossing rings again
+                words[bell] = 0
             head = _U64.unpack_from(view, base + rr.RING_HEAD)[0]
             tail = _U64.unpack_from(view, base + rr.RING_TAIL)[0]
             pos = head & rr.HEAD_POS
