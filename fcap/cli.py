@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 
 from . import __version__
@@ -127,6 +124,7 @@ def cmd_list(argv: list[str]) -> int:
     out = sys.stdout
     try:
         if a.json:
+            import json
             json.dump([{"point": i.spec, "kind": i.kind, "name": i.name, "module": i.module,
                         "prototype": i.prototype} for i in items], out, indent=1)
             out.write("\n")
@@ -380,6 +378,7 @@ def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
     proc = None
     if command:
         try:
+            import subprocess   # (imported where needed: every import is start-up time)
             proc = subprocess.Popen(command)
         except OSError as e:
             session.close()
@@ -477,6 +476,7 @@ def _comment(rec) -> str:
 
 def ifname(index: int) -> str:
     try:
+        import socket
         return socket.if_indextoname(index)
     except OSError:
         return str(index)
