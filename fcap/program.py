@@ -89,7 +89,7 @@ PACKET_OUTGOING = 4
 KFUNC_CALL = 2           # BPF_PSEUDO_KFUNC_CALL
 
 # stack slots
-STACK_KEY = -4           # u32 key 0 for map lookups
+STACK_KEY = -4           # u32 key (the point id) for the scratch and counter lookups
 STACK_TMP = -16          # 8-byte temporary for untyped reads
 STACK_DYNPTR = -32       # struct bpf_dynptr (16 bytes)
 STACK_HEAD = -40         # skb->head
@@ -246,7 +246,9 @@ class Builder:
             self.emit(ldx(DW, R6, R1, 8 * p.skb_index))
         self.emit(stx(DW, FP, STACK_CTX, R1), jmp(JEQ, R6, 0, "out"))
         # scratch value
-        self.emit(st(W, FP, STACK_KEY, 0), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK_KEY),
+        # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
+        # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
+        self.emit(st(W, FP, STACK_KEY, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK_KEY),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         for pred in o.predicates:
             self.emit(pred(self))

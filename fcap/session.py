@@ -190,8 +190,8 @@ class Session:
             events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
             self.maps.append(events)
             size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
-            scratch = PerCPUArrayMap(size, 1, name="fcap_scratch")
-            counters = PerCPUArrayMap(8 * cprog.COUNTERS, 1, name="fcap_counters")
+            scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
+            counters = PerCPUArrayMap(8 * cprog.COUNTERS, len(self.points), name="fcap_counters")
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
@@ -340,8 +340,9 @@ class Session:
 
     def read_counters(self) -> Stats:
         if getattr(self, "counters", None) is not None and not self.counters.fd.closed:
-            self.stats.seen = self.counters.sum_u64(0, 8 * cprog.COUNTER_SEEN)
-            self.stats.lost = self.counters.sum_u64(0, 8 * cprog.COUNTER_LOST)
+            keys = range(len(self.points))
+            self.stats.seen = sum(self.counters.sum_u64(k, 8 * cprog.COUNTER_SEEN) for k in keys)
+            self.stats.lost = sum(self.counters.sum_u64(k, 8 * cprog.COUNTER_LOST) for k in keys)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
         return self.stats
