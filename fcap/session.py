@@ -304,22 +304,32 @@ class Session:
         buf = self.buffer
         keep_going = True
         parse = cprog.parse_record
+        batch: list = []
 
         def on_sample(cpu: int, raw) -> None:
+            batch.append(parse(raw))
+
+        def deliver() -> None:
+            # each CPU's buffer is in time order; a drain takes them one after the other: merge by time
             nonlocal keep_going
-            if not keep_going:
-                return
-            self.stats.captured += 1
-            if sink(parse(raw)) is False:
-                keep_going = False
+            batch.sort(key=lambda r: r.ts_ns)
+            for rec in batch:
+                if not keep_going:
+                    break
+                self.stats.captured += 1
+                if sink(rec) is False:
+                    keep_going = False
+            batch.clear()
 
         timeout = 5 if self.cfg.immediate else poll_ms
         while keep_going and not stop():
             buf.poll(timeout)
             buf.drain(on_sample)
+            deliver()
         self.detach()
         if keep_going:
             buf.drain(on_sample)
+            deliver()
 
     def run_file(self, drain: Callable[[], int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Like run(), for a drain that writes records itself (fcap.drain.FileDrain): until stop() is true or the
