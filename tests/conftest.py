@@ -1,5 +1,5 @@
 """Shared fixtures: root and tool checks, kernel feature probes for fentry/fexit/kprobe, a veth pair into a
-network namespace."""
+network namespace, a UDP sink on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -79,3 +79,14 @@ def veth_ns(root):
         yield v
     finally:
         remove_veth_ns(v)
+
+
+@pytest.fixture
+def sink(root):
+    """A UDP socket on 127.0.0.1 to send test datagrams to; its port makes the filter `udp port N`."""
+    from netns import UDPSink
+    s = UDPSink("127.0.0.1")
+    try:
+        yield s
+    finally:
+        s.close()
