@@ -7,8 +7,8 @@ import errno
 import os
 
 from .errors import BPFError
-from .sys import FD, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
-from .uapi import Cmd, MapFlags, MapType, UpdateFlags
+from .sys import FD, FDOwner, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
+from .uapi import Cmd, MapType, UpdateFlags
 
 
 def possible_cpus() -> int:
@@ -36,7 +36,7 @@ def online_cpus() -> list[int]:
     return cpus
 
 
-class Map:
+class Map(FDOwner):
     """A map the kernel holds: fd, type, key and value sizes. Keys and values are bytes."""
 
     def __init__(self, map_type: MapType, key_size: int, value_size: int, max_entries: int,
@@ -47,18 +47,6 @@ class Map:
         attr = MapCreateAttr(map_type=self.type, key_size=key_size, value_size=value_size,
                              max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
         self.fd = FD(bpf(Cmd.MAP_CREATE, attr, f"create {self.type.name.lower()} map {name or ''}".strip()))
-
-    def fileno(self) -> int:
-        return self.fd.fileno()
-
-    def close(self) -> None:
-        self.fd.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     @property
     def _value_bytes(self) -> int:

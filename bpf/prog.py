@@ -9,7 +9,7 @@ from typing import Iterable
 
 from . import asm
 from .errors import BPFError, VerifierError
-from .sys import FD, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
+from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
 from .uapi import AttachType, Cmd, ProgType
 
 LOG_START = 64 * 1024
@@ -24,7 +24,7 @@ class ProgStats:
     verified_insns: int
 
 
-class Program:
+class Program(FDOwner):
     """A loaded program: its fd, the instructions it was made of, and the verifier's log when asked."""
 
     def __init__(self, fd: FD, name: str, insns: list[asm.Insn], log: str = ""):
@@ -32,18 +32,6 @@ class Program:
         self.name = name
         self.insns = insns
         self.log = log
-
-    def fileno(self) -> int:
-        return self.fd.fileno()
-
-    def close(self) -> None:
-        self.fd.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def info(self) -> ProgInfo:
         return obj_info(self.fd.fileno(), ProgInfo(), f"read info of program {self.name}")

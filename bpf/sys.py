@@ -162,6 +162,24 @@ class FD:
         return f"FD({self.fd})"
 
 
+class FDOwner:
+    """Base of an object that owns one FD, `self.fd`: its fileno(), and close() (also by `with`) closes it."""
+
+    fd: FD
+
+    def fileno(self) -> int:
+        return self.fd.fileno()
+
+    def close(self) -> None:
+        self.fd.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def obj_info(fd: int, info: ctypes.Structure, op: str) -> ctypes.Structure:
     attr = InfoByFdAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=addr(info))
     bpf(Cmd.OBJ_GET_INFO_BY_FD, attr, op)
