@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import mmap
-import os
 import select
 import struct
 from typing import Callable
@@ -160,7 +159,3 @@ class PerfBuffer:
         off %= size
         first = min(length, size - off)
         return bytes(data[off:off + first]) + bytes(data[0:length - first])
-
-
-def cpu_count_for_map() -> int:
-    return os.cpu_count() or 1
