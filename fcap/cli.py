@@ -284,24 +284,21 @@ def _predicates(args) -> list:
 
     def const(pred):
         return lambda point: pred
-    if args.pid is not None:
-        out.append(const(pr.pid(_int(args.pid, "pid", 0, 0))))
-    if args.comm is not None:
-        try:
+    try:
+        if args.pid is not None:
+            out.append(const(pr.pid(_int(args.pid, "pid", 0, 0))))
+        if args.comm is not None:
             out.append(const(pr.comm(args.comm)))
-        except pr.PredicateError as e:
-            raise UsageError(str(e)) from None
-    if args.mark is not None:
-        out.append(const(pr.mark(_int(args.mark, "mark", 0, 0))))
-    if args.ifindex is not None:
-        out.append(const(pr.ifindex(_int(args.ifindex, "ifindex", 0, 1))))
-    if args.ifname is not None:
-        try:
+        if args.mark is not None:
+            out.append(const(pr.mark(_int(args.mark, "mark", 0, 0))))
+        if args.ifindex is not None:
+            out.append(const(pr.ifindex(_int(args.ifindex, "ifindex", 0, 1))))
+        if args.ifname is not None:
             out.append(const(pr.ifname(args.ifname)))
-        except pr.PredicateError as e:
-            raise UsageError(str(e)) from None
-    if args.netns is not None:
-        out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+        if args.netns is not None:
+            out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+    except pr.PredicateError as e:
+        raise UsageError(str(e)) from None
     for text in args.where:
         out.append(lambda point, text=text: pr.where(point, text))
     return out

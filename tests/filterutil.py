@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netns import Pkt, Proc, UDPSink, fcap_argv, flow_of, ping, read_packets
+from netns import Pkt, Proc, UDPSink, fcap_argv, flow_of, ping, read_packets, stop_helper
 
 IN_VM = bool(os.environ.get("FCAP_VM"))
 READY = 180.0 if IN_VM else 60.0     # many fcap processes start at once; TCG is ~10x slower
@@ -441,18 +441,7 @@ class Sender:
         return f is not None and f.proto == 17 and f.sport == self.port and self.tag in p.l3
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        for f in (self.proc.stdout, self.proc.stderr):
-            f.close()
+        stop_helper(self.proc)
 
 
 def send_udp_from(src: str, dst: str, port: int, payloads: list[bytes], mark: int = 0, family=socket.AF_INET,

@@ -525,18 +525,23 @@ class Peer:
             return s.getsockname()[1]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        for f in (self.proc.stdout, self.proc.stderr):
-            f.close()
+        stop_helper(self.proc)
+
+
+def stop_helper(proc: subprocess.Popen) -> None:
+    """End a helper process that waits on its stdin: close stdin, wait, kill after 5 s; close its pipes."""
+    if proc.poll() is None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    for f in (proc.stdout, proc.stderr):
+        f.close()
 
 
 def gso_max_size(dev: str) -> int:
