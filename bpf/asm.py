@@ -141,6 +141,11 @@ def st(size: int, dst: int, off: int, imm: int) -> Insn:
     return Insn(ST | MEM | size, dst, 0, off, imm)
 
 
+def kfunc_call(btf_id: int) -> Insn:
+    """Call the kernel function with BTF id `btf_id` (vmlinux)."""
+    return Insn(JMP | CALL, 0, 2, 0, btf_id)
+
+
 def xadd(size: int, dst: int, off: int, src: int) -> Insn:
     """lock *(size *)(dst + off) += src"""
     return Insn(STX | ATOMIC | size, dst, src, off, ADD)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from . import __version__
+from .errors import FcapError, UsageError
 
 PROG = "fcap"
 EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,
@@ -16,10 +16,6 @@ or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argum
   fcap info ip_send_skb             a point's prototype
   fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
   fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
-
-
-class UsageError(Exception):
-    pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_capture(args, command)
     except UsageError as e:
         return _fail(str(e), 2)
+    except FcapError as e:
+        return _fail(str(e))
     except KeyboardInterrupt:
         return 130
 
@@ -316,13 +314,6 @@ def _dump(session, args) -> int:
     return 0
 
 
-class _Output:
-    """Where packets go: a capture file writer, or a printer."""
-
-    def __init__(self, writer=None, printer=None, stream: bool = False):
-        self.writer, self.printer, self.stream = writer, printer, stream
-
-
 def _to_stdout(args) -> bool:
     return args.write == "-" or (args.write is None and not sys.stdout.isatty())
 
@@ -340,10 +331,11 @@ def _output_format(args, session) -> str | None:
 
 
 def _open_output(args, session, fmt: str | None):
+    from .loop import Output
     from .pcapfile import open_writer
     from .printer import Printer
     if fmt is None:
-        return _Output(printer=Printer(args, sys.stdout))
+        return Output(printer=Printer(args, sys.stdout))
     to_stdout = _to_stdout(args)
     if to_stdout:
         f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
@@ -355,128 +347,24 @@ def _open_output(args, session, fmt: str | None):
         if fmt == "pcap" and p.id > 0:
             break
         writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
-    return _Output(writer=writer, stream=to_stdout)
+    return Output(writer=writer, stream=to_stdout)
 
 
-def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
-    stop = {"now": False}
-
-    def on_signal(signum, frame):
-        stop["now"] = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    lt = session.linktype
+def _run(session, args, out, count: int, command: list[str]) -> int:
+    from .loop import CaptureLoop, CommandError, listening_line, write_stderr
+    loop = CaptureLoop(session, out, count=count, command=command)
+    loop.catch_signals()
     if not args.quiet:
-        names = ", ".join(p.spec for p in session.points)
-        sys.stderr.write(f"listening on {names}, link-type {lt.name} ({lt.description}), "
-                         f"snapshot length {session.cfg.snaplen} bytes\n")
-        sys.stderr.flush()
-    proc = None
-    if command:
-        try:
-            import subprocess   # (imported where needed: every import is start-up time)
-            proc = subprocess.Popen(command)
-        except OSError as e:
-            session.close()
-            return _fail(f"{command[0]}: {e.strerror}")
-    offset = session.clock_offset_ns
-    written = 0
-    broken = False
-    writer, printer = out.writer, out.printer
-    direction = {p.id: (2 if p.direction == "out" else 1 if p.direction == "in" else None) for p in session.points}
-    names = {p.id: p.spec for p in session.points}
-    pcapng = writer is not None and writer.fmt == "pcapng"
-    immediate = args.immediate
-
-    def sink(rec) -> bool:
-        nonlocal written, broken
-        try:
-            if writer is not None:
-                if pcapng:
-                    writer.write(rec.ts_ns + offset, rec.data, rec.orig_len, iface=rec.point,
-                                 flags=direction.get(rec.point), comment=_comment(rec), packet_id=rec.skb)
-                else:
-                    writer.write(rec.ts_ns + offset, rec.data, rec.orig_len)
-                if immediate:
-                    writer.flush()
-            else:
-                printer.packet(rec.ts_ns + offset, rec.data, lt.number, rec.orig_len,
-                               names[rec.point] if len(names) > 1 else None, rec)
-        except BrokenPipeError:
-            broken = True
-            return False
-        written += 1
-        return not (count and written >= count)
-
-    def should_stop() -> bool:
-        if stop["now"] or broken:
-            return True
-        if out.stream and writer is not None:
-            try:
-                writer.flush()
-            except BrokenPipeError:
-                return _set_broken()
-        return proc is not None and proc.poll() is not None
-
-    def _set_broken() -> bool:
-        nonlocal broken
-        broken = True
-        return True
-
-    drain = None
-    if writer is not None:
-        drain = session.file_drain(writer, limit=count,
-                                   options=lambda rec: (direction.get(rec.point), _comment(rec), rec.skb))
+        write_stderr(listening_line(session))
     try:
-        if drain is not None:
-            try:
-                session.run_file(drain, should_stop)
-            except BrokenPipeError:
-                broken = True
-            written = drain.written
-        else:
-            session.run(sink, should_stop)
-    finally:
-        session.close()
-        try:
-            if writer is not None:
-                writer.close()
-            elif printer is not None:
-                printer.flush()
-        except BrokenPipeError:
-            broken = True
-    if broken:
+        status = loop.run()
+    except CommandError as e:
+        return _fail(str(e))
+    if loop.broken:
         _quiet_stdout()
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        proc.wait()
-    st = session.stats
-    if not args.quiet and not broken:
-        try:
-            sys.stderr.write(f"{written} packet{'s' if written != 1 else ''} captured\n"
-                             f"{st.seen} packet{'s' if st.seen != 1 else ''} received by filter\n"
-                             f"{st.lost} packet{'s' if st.lost != 1 else ''} dropped by kernel\n")
-        except BrokenPipeError:
-            pass
-    if proc is not None:
-        rc = proc.returncode
-        return rc if rc >= 0 else 128 - rc
-    return 0
-
-
-def _comment(rec) -> str:
-    return (f"skb=0x{rec.skb:x} pid={rec.pid} tid={rec.tid} comm={rec.comm} ifindex={rec.ifindex} "
-            f"mark=0x{rec.mark:x} netns={rec.netns} proto=0x{rec.protocol:04x} pkt_type={rec.pkt_type} "
-            f"len={rec.len}")
-
-
-def ifname(index: int) -> str:
-    try:
-        import socket
-        return socket.if_indextoname(index)
-    except OSError:
-        return str(index)
+    elif not args.quiet:
+        write_stderr(loop.summary())
+    return status
 
 
 def run() -> None:

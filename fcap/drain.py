@@ -10,22 +10,24 @@ from typing import Callable
 from bpf.perfbuf import PerfBuffer
 from bpf.uapi import PerfRecord
 
-from . import program as cprog
-from . import ringrec as rr
+from . import layout
+from .layout import META, META_SIZE, PCAP_REC, RING
 
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
 SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
 _LOST = struct.Struct("<8xQ")   # (id,) lost, after the perf_event_header
 _RAWSIZE = struct.Struct("<8xI")
 # one unpack per record: type, size, (pcapng: the metadata that decides the block's options), FAST
-_PCAP = struct.Struct(f"<I2xH4x{cprog.OFF_FAST}xI")
-_KEY_AT, _KEY_END = cprog.OFF_SKB, cprog.OFF_FAST
+_FAST = META.off("fast")
+_IFACE = META.off("iface")        # an EPB's header after its type and length (epb_parts makes those 8 bytes)
+_PCAP = struct.Struct(f"<I2xH4x{_FAST}xI")
+_KEY_AT, _KEY_END = META.off("skb"), _FAST
 _PCAPNG = struct.Struct(f"<I2xH4x{_KEY_AT}x{_KEY_END - _KEY_AT}sI")
-SPAN = RAW + cprog.OFF_FAST + 4   # bytes of a record the unpack reads
+SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
 
 # For a pcapng block: (flags, comment, packet_id) of a record (its data not needed)
-Options = Callable[[cprog.Record], tuple]
+Options = Callable[[layout.Record], tuple]
 
 
 class FileDrain:
@@ -69,12 +71,12 @@ class FileDrain:
                 off = tail & mask
                 if off + SPAN <= size:
                     rtype, rsize, key, fast = unpack(data, off)
-                    if rtype == SAMPLE and fast and off + RAW + cprog.META_SIZE + fast <= size:
+                    if rtype == SAMPLE and fast and off + RAW + META_SIZE + fast <= size:
                         parts = tails.get(key)
                         if parts is None:
-                            parts = self._tail(key, data[off + RAW:off + RAW + cprog.META_SIZE])
+                            parts = self._tail(key, data[off + RAW:off + RAW + META_SIZE])
                         s = off + RAW
-                        ext((parts[0], data[s + cprog.OFF_IFACE:s + cprog.META_SIZE + fast], parts[1]))
+                        ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1]))
                         n += 1
                         tail += rsize
                         continue
@@ -87,7 +89,7 @@ class FileDrain:
                 tail += rsize
         else:
             unpack = _PCAP.unpack_from
-            start, end = RAW + cprog.OFF_PCAP_REC, RAW + cprog.META_SIZE
+            start, end = RAW + PCAP_REC, RAW + META_SIZE
             while tail < head and n != room:
                 off = tail & mask
                 if off + SPAN <= size:
@@ -123,18 +125,18 @@ class FileDrain:
         if rtype != SAMPLE:
             return 0
         raw = rec[RAW:RAW + _RAWSIZE.unpack_from(rec)[0]]
-        parsed = cprog.parse_record(raw)
+        parsed = layout.parse_record(raw)
         if self.pcapng:
             key = bytes(raw[_KEY_AT:_KEY_END])
-            head8, tail = self._tails.get(key) or self._tail(key, raw[:cprog.META_SIZE])
-            app(head8 + bytes(raw[cprog.OFF_IFACE:cprog.META_SIZE]) + parsed.data + tail)
+            head8, tail = self._tails.get(key) or self._tail(key, raw[:META_SIZE])
+            app(head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + tail)
         else:
-            app(bytes(raw[cprog.OFF_PCAP_REC:cprog.META_SIZE]) + parsed.data)
+            app(bytes(raw[PCAP_REC:META_SIZE]) + parsed.data)
         return 1
 
     def _tail(self, key: bytes, meta) -> tuple[bytes, bytes]:
-        rec = cprog.parse_record(bytes(meta))
-        caplen = struct.unpack_from("<I", meta, cprog.OFF_CAPLEN)[0]
+        rec = layout.parse_record(bytes(meta))
+        caplen = META.unpack(meta).caplen
         flags, comment, packet_id = self.options(rec)
         parts = self.writer.epb_parts(caplen, flags, comment, packet_id)
         if len(self._tails) >= CACHE_MAX:
@@ -177,15 +179,15 @@ class RingDrain:
         self.buffer.drain(_ignore)
         view, words, size, n = self.view, self.words, self.size, 0
         for i, base in enumerate(self.bases):
-            bell = (base + rr.RING_BELL) // 8
+            bell = (base + RING.off("bell")) // 8
             if words[bell]:   # cleared before HEAD is read, so that a later crossing rings again
                 words[bell] = 0
-            head = _U64.unpack_from(view, base + rr.RING_HEAD)[0]
-            tail = _U64.unpack_from(view, base + rr.RING_TAIL)[0]
-            pos = head & rr.HEAD_POS
+            head = _U64.unpack_from(view, base + RING.off("head"))[0]
+            tail = _U64.unpack_from(view, base + RING.off("tail"))[0]
+            pos = head & layout.HEAD_POS
             if pos != tail:
-                length = (pos - tail) & rr.HEAD_POS
-                start = base + rr.RING_CTRL
+                length = (pos - tail) & layout.HEAD_POS
+                start = base + RING.size
                 t = tail & (size - 1)
                 first = min(length, size - t)
                 parts = [view[start + t:start + t + first]]
@@ -196,9 +198,9 @@ class RingDrain:
                 finally:
                     for p in parts:
                         p.release()
-                words[(base + rr.RING_TAIL) // 8] = pos
-            count = head >> rr.HEAD_BITS
-            n += (count - self.counts[i]) & ((1 << (64 - rr.HEAD_BITS)) - 1)
+                words[(base + RING.off("tail")) // 8] = pos
+            count = head >> layout.HEAD_BITS
+            n += (count - self.counts[i]) & ((1 << (64 - layout.HEAD_BITS)) - 1)
             self.counts[i] = count
         self.written += n
         return n

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from .linktypes import LinkType, dlt_for_libpcap
-
-
-class FilterError(ValueError):
-    """An expression libpcap would not compile; the message is libpcap's."""
+from .errors import FilterError
 
 
 def compile_filter(expr: str, linktype: LinkType, snaplen: int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import FcapError
+
 
 @dataclass(frozen=True)
 class LinkType:
@@ -17,7 +19,7 @@ class LinkType:
         return f"{self.name} ({self.number}, {self.description})"
 
 
-class UnknownLinkType(ValueError):
+class UnknownLinkType(FcapError):
     """A linktype name or number that is not in the table."""
 
     def __init__(self, text: object) -> None:

@@ -7,6 +7,7 @@ import platform
 import struct
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
+from .errors import PcapFormatError
 
 FORMATS = ("pcap", "pcapng")
 DEFAULT_SNAPLEN = 262144
@@ -41,10 +42,6 @@ _NS = 1_000_000_000
 _IOV_MAX = 1024
 _MAX_BLOCK = 1 << 28  # sanity bound on one pcapng block (libpcap's largest snaplen is 128 MiB)
 _MAX_CAPLEN = {231: 128 * 1024 * 1024, 249: 1024 * 1024, 279: 8 * 1024 * 1024}  # DBUS, USBPCAP, EBHSCR
-
-
-class PcapFormatError(ValueError):
-    """The input is not a readable pcap/pcapng file; the message says what is wrong and where."""
 
 
 class Record(NamedTuple):

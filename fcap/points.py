@@ -6,16 +6,13 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
+from .errors import PointError
 
 SKB = "sk_buff"
 TP_PREFIX = "btf_trace_"
 KINDS = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
 FUNC_KINDS = ("fentry", "fexit", "kprobe")
 TP_KINDS = ("tp_btf", "raw_tp")
-
-
-class PointError(ValueError):
-    """A capture point that cannot be used: the message says which and why."""
 
 
 @dataclass

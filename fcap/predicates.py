@@ -13,16 +13,12 @@ from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
 from bpf.uapi import Helper
 
 from .points import Point
-from .program import STACK_CTX
+from .layout import STACK
+from .errors import PredicateError
 
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
-STACK_COMM = -192     # 16 bytes for comparisons (below the builder's slots)
 SIZES = {1: B, 2: H, 4: W, 8: DW}
-
-
-class PredicateError(ValueError):
-    """A predicate that cannot be compiled; the message names the path and the cause."""
 
 
 def _drop_unless_equal(reg: int, value: int) -> list:
@@ -65,8 +61,8 @@ def comm(name: str) -> Predicate:
     want = _string_words(name, 16, "--comm")
 
     def emit(b) -> list:
-        return [mov(R1, FP), addi(R1, STACK_COMM), movi(R2, 16), call(Helper.get_current_comm)] + \
-            _compare_bytes(FP, STACK_COMM, want[:len(name.encode()) + 1], "out")
+        return [mov(R1, FP), addi(R1, STACK.comm), movi(R2, 16), call(Helper.get_current_comm)] + \
+            _compare_bytes(FP, STACK.comm, want[:len(name.encode()) + 1], "out")
     return emit
 
 
@@ -96,9 +92,9 @@ def ifname(name: str) -> Predicate:
     def emit(b) -> list:
         _dev(b)
         off = b.f.dev_name
-        b.emit(mov(R1, FP), addi(R1, STACK_COMM), movi(R2, 16), mov(R3, R9), addi(R3, off),
+        b.emit(mov(R1, FP), addi(R1, STACK.comm), movi(R2, 16), mov(R3, R9), addi(R3, off),
                call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"))
-        return _compare_bytes(FP, STACK_COMM, want, "out")
+        return _compare_bytes(FP, STACK.comm, want, "out")
     return emit
 
 
@@ -210,7 +206,7 @@ class Field:
     def base(self, b) -> None:
         """R9 = the object the leaf lies in (or, for a bare argument, its value)."""
         ctx_off = b.f.arg_regs[self.arg_index] if self.point.kind == "kprobe" else 8 * self.arg_index
-        b.emit(ldx(DW, R9, FP, STACK_CTX), ldx(DW, R9, R9, ctx_off))
+        b.emit(ldx(DW, R9, FP, STACK.ctx), ldx(DW, R9, R9, ctx_off))
         if self.is_arg:
             return
         for off in self.chain:
@@ -231,12 +227,12 @@ def _string_predicate(f: Field, op: str, text: str, leaf: Array) -> Predicate:
 
     def emit(b) -> list:
         f.base(b)
-        b.emit(mov(R1, FP), addi(R1, STACK_COMM), movi(R2, len(want)), mov(R3, R9), addi(R3, f.off),
+        b.emit(mov(R1, FP), addi(R1, STACK.comm), movi(R2, len(want)), mov(R3, R9), addi(R3, f.off),
                call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"))
         if op == "==":
-            return _compare_bytes(FP, STACK_COMM, want, "out")
+            return _compare_bytes(FP, STACK.comm, want, "out")
         keep = b.fresh("where_ne")
-        return _compare_bytes(FP, STACK_COMM, want, keep) + [ja("out"), label(keep)]
+        return _compare_bytes(FP, STACK.comm, want, keep) + [ja("out"), label(keep)]
     return emit
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 from bpf import asm
@@ -30,7 +29,6 @@ from bpf.asm import (
     SUB,
     B,
     H,
-    Insn,
     W,
     addi,
     alu64,
@@ -52,58 +50,15 @@ from bpf.asm import (
 from bpf.btf import BTF
 from bpf.uapi import F_CURRENT_CPU, Helper
 
+from . import ringrec
+from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
+                     LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG, STACK)
 from .points import Point
-
-# ---- the record the program writes: META bytes, then header bytes, then the skb's bytes -------------------
-# META ends with the capture file's own record header, laid out by the program so that, when the skb's bytes
-# follow the link header bytes without a gap (skip == 0), user space writes the sample's tail as it is:
-#   pcap:   ts_sec ts_nsec caplen len  (the last 16 bytes: OFF_TS1..OFF_PKT)
-#   pcapng: EPB type, total (without options), interface, ts high, ts low, caplen, len  (the last 28 bytes)
-# FAST is caplen when the bytes are contiguous, else 0 (user space then assembles the record itself).
-META = struct.Struct("<QQQ16sIIIIIHHHBBHBxIIIIIIII")
-META_SIZE = META.size  # 104
-assert META_SIZE == 104
-OFF_TS, OFF_SKB, OFF_PIDTGID, OFF_COMM, OFF_LEN, OFF_COPY, OFF_IFINDEX, OFF_MARK, OFF_NETNS = (
-    0, 8, 16, 24, 40, 44, 48, 52, 56)
-OFF_PROTO, OFF_HDR, OFF_SKIP, OFF_PKTTYPE, OFF_POINT, OFF_HATYPE, OFF_FLAGS = 60, 62, 64, 66, 67, 68, 70
-OFF_FAST, OFF_BTYPE, OFF_TOTAL, OFF_IFACE, OFF_TS1, OFF_TS2, OFF_CAPLEN, OFF_ORIG = 72, 76, 80, 84, 88, 92, 96, 100
-OFF_PCAP_REC, OFF_EPB = OFF_TS1, OFF_BTYPE   # where each format's record header starts
-RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"
-BT_EPB = 6
-NS = 1_000_000_000
-FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
-FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
-
-PREFIX_MAX = 256        # header bytes before skb->data the program can reach (MAC + network + transport ...)
-SYNTH_MAX = 20          # a made-up link header: LINUX_SLL2 (20) or Ethernet (14)
-HDR_MAX = SYNTH_MAX + PREFIX_MAX
-PKT = META_SIZE          # offset of the packet bytes in the scratch value
-FILTER_CAP = 512         # packet bytes copied for the filter to read (loads past it take the slow path)
-LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: linear data only
-PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
-COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
+from .errors import ProgramError
 
 # starts: where a linktype's bytes begin
 START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
 PACKET_OUTGOING = 4
-KFUNC_CALL = 2           # BPF_PSEUDO_KFUNC_CALL
-
-# stack slots
-STACK_KEY = -4           # u32 key (the point id) for the scratch and counter lookups
-STACK_TMP = -16          # 8-byte temporary for untyped reads
-STACK_DYNPTR = -32       # struct bpf_dynptr (16 bytes)
-STACK_HEAD = -40         # skb->head
-STACK_DATAOFF = -48      # skb->data - skb->head
-STACK_WIRELEN = -56      # the filter's packet length
-STACK_N = -64            # a byte count kept across a call
-STACK_SKB = -72          # the skb while the filter runs
-STACK_CTX = -80          # the program's context (perf_event_output wants it)
-STACK_SLOW = -88         # slow-load destination
-STACK_CBPF = -160        # cBPF M[] (64 bytes)
-
-
-class ProgramError(ValueError):
-    """The program cannot be built for this point (missing BTF member, bad predicate...)."""
 
 
 @dataclass
@@ -115,10 +70,6 @@ class Maps:
     ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: records go to the perf buffer
     ring_size: int = 0   # RING: bytes of each CPU's ring (a power of two)
     dynptr_kfunc: int = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
-
-
-COUNTER_SEEN, COUNTER_LOST = 0, 1
-COUNTERS = 2
 
 
 @dataclass
@@ -142,8 +93,7 @@ def scratch_size(point: Point, opts: Options) -> int:
     else:
         size = PKT + HDR_MAX + 8
     if opts.record == RECORD_PCAPNG:
-        from .ringrec import COMMENT_AREA
-        size = (size + 7 & ~7) + COMMENT_AREA
+        size = (size + 7 & ~7) + CAREA.size
     return size
 
 
@@ -231,9 +181,9 @@ class Builder:
             self.emit(ldx(size, dst, base, off))
             return
         nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
-        self.emit(mov(R1, FP), addi(R1, STACK_TMP), movi(R2, nbytes), mov(R3, base), addi(R3, off),
-                  st(DW, FP, STACK_TMP, 0) if nbytes < 8 else [],
-                  call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK_TMP))
+        self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
+                  st(DW, FP, STACK.tmp, 0) if nbytes < 8 else [],
+                  call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
 
     def build(self) -> list:
         p, f, o = self.p, self.f, self.o
@@ -244,11 +194,11 @@ class Builder:
             self.emit(ldx(DW, R6, R1, f.arg_regs[p.skb_index]))
         else:
             self.emit(ldx(DW, R6, R1, 8 * p.skb_index))
-        self.emit(stx(DW, FP, STACK_CTX, R1), jmp(JEQ, R6, 0, "out"))
+        self.emit(stx(DW, FP, STACK.ctx, R1), jmp(JEQ, R6, 0, "out"))
         # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
-        self.emit(st(W, FP, STACK_KEY, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK_KEY),
+        self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         for pred in o.predicates:
             self.emit(pred(self))
@@ -264,24 +214,25 @@ class Builder:
     def metadata(self) -> None:
         """What the link headers and the filter need: skb, len, protocol, pkt_type, ifindex, ARPHRD type."""
         f = self.f
-        self.emit(stx(DW, R7, OFF_SKB, R6))
+        self.emit(META.store(R7, "skb", R6))
         self.read(W, R8, R6, f.len)
-        self.emit(stx(W, R7, OFF_LEN, R8))
+        self.emit(META.store(R7, "len", R8))
         self.read(H, R8, R6, f.protocol)
-        self.emit(stx(H, R7, OFF_PROTO, R8))
+        self.emit(META.store(R7, "proto", R8))
         self.read(B, R8, R6, f.pkt_type_byte)
         if f.pkt_type_shift:
             self.emit(rshi(R8, f.pkt_type_shift))
         self.emit(andi(R8, f.pkt_type_mask))
         if self.p.direction == "out" and self.o.start == START_SLL2:
             self.emit(movi(R8, PACKET_OUTGOING))
-        self.emit(stx(B, R7, OFF_PKTTYPE, R8), st(B, R7, OFF_POINT, self.p.id & 0xFF), st(B, R7, OFF_FLAGS, 0),
-                  st(W, R7, OFF_IFINDEX, 0), st(H, R7, OFF_HATYPE, 0), st(W, R7, OFF_NETNS, 0))
+        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id & 0xFF),
+                  META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
+                  META.store_imm(R7, "netns", 0))
         # the device: ifindex, ARPHRD type
         self.read(DW, R8, R6, f.dev)
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
-        self._read_store(W, R8, f.ifindex, OFF_IFINDEX)
-        self._read_store(H, R8, f.hatype, OFF_HATYPE)
+        self._read_store(R8, f.ifindex, "ifindex")
+        self._read_store(R8, f.hatype, "hatype")
         self.emit(label("no_dev"))
 
     def late_metadata(self) -> None:
@@ -289,36 +240,36 @@ class Builder:
         mark and the device's network namespace."""
         f = self.f
         meta = self.o.meta
-        self.emit(call(Helper.ktime_get_ns), stx(DW, R7, OFF_TS, R0))
+        self.emit(call(Helper.ktime_get_ns), META.store(R7, "ts", R0))
         if meta and self.p.typed and f.task is not None:
             # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
             pid, tgid, comm = f.task
             self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
-                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), stx(DW, R7, OFF_PIDTGID, R1),
-                      ldx(DW, R1, R0, comm), stx(DW, R7, OFF_COMM, R1),
-                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, OFF_COMM + 8, R1))
+                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), META.store(R7, "pidtgid", R1),
+                      ldx(DW, R1, R0, comm), stx(DW, R7, META.off("comm"), R1),
+                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, META.off("comm") + 8, R1))
         elif meta:
-            self.emit(call(Helper.get_current_pid_tgid), stx(DW, R7, OFF_PIDTGID, R0),
-                      mov(R1, R7), addi(R1, OFF_COMM), movi(R2, 16), call(Helper.get_current_comm))
+            self.emit(call(Helper.get_current_pid_tgid), META.store(R7, "pidtgid", R0),
+                      mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
         if not meta:
             return
         self.read(W, R8, R6, f.mark)
-        self.emit(stx(W, R7, OFF_MARK, R8))
+        self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
             self.read(DW, R8, R6, f.dev)
             self.emit(jmp(JEQ, R8, 0, "no_netns"))
             self.read(DW, R8, R8, f.dev_net)
             self.emit(jmp(JEQ, R8, 0, "no_netns"))
-            self._read_store(W, R8, f.net_inum, OFF_NETNS)
+            self._read_store(R8, f.net_inum, "netns")
             self.emit(label("no_netns"))
 
-    def _read_store(self, size: int, base: int, off: int, meta_off: int) -> None:
+    def _read_store(self, base: int, off: int, field: str) -> None:
+        """META's `field` = *(base + off), as wide as META declares it."""
         if self.p.typed:
-            self.emit(ldx(size, R0, base, off), stx(size, R7, meta_off, R0))
+            self.emit(META.load(R0, base, field, off - META.off(field)), META.store(R7, field, R0))
         else:
-            nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
-            self.emit(mov(R1, R7), addi(R1, meta_off), movi(R2, nbytes), mov(R3, base), addi(R3, off),
-                      call(Helper.probe_read_kernel))
+            self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
+                      addi(R3, off), call(Helper.probe_read_kernel))
 
     def headers(self) -> None:
         """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the
@@ -327,9 +278,9 @@ class Builder:
         # R8 = data offset (data - head), R9 = start offset; head kept in the stack tmp slot
         self.read(DW, R8, R6, f.data)
         self.read(DW, R9, R6, f.head)
-        self.emit(stx(DW, FP, STACK_HEAD, R9), alu64(SUB, R8, R9, reg=True), stx(DW, FP, STACK_DATAOFF, R8))
+        self.emit(stx(DW, FP, STACK.head, R9), alu64(SUB, R8, R9, reg=True), stx(DW, FP, STACK.dataoff, R8))
         synth = 0
-        self.emit(st(H, R7, OFF_SKIP, 0))
+        self.emit(META.store_imm(R7, "skip", 0))
         if o.start == START_SLL2:
             self.sll2()
             synth = 20
@@ -339,12 +290,12 @@ class Builder:
             self.read(H, R9, R6, f.mac)
             self.emit(jmp(JNE, R9, 0xFFFF, "start_set"))
             # no MAC header yet: make up an Ethernet header (zero addresses, the skb's protocol)
-            self.emit(st(DW, R7, PKT, 0), st(W, R7, PKT + 8, 0), ldx(H, R0, R7, OFF_PROTO),
-                      stx(H, R7, PKT + 12, R0), st(B, R7, OFF_FLAGS, FLAG_MAC_SYNTH))
+            self.emit(st(DW, R7, PKT, 0), st(W, R7, PKT + 8, 0), META.load(R0, R7, "proto"),
+                      stx(H, R7, PKT + 12, R0), META.store_imm(R7, "flags", FLAG_MAC_SYNTH))
             self.read(H, R9, R6, f.network)
             self.emit(jmp(JEQ, R9, 0xFFFF, "start_data_synth"))
             self.copy_prefix(14, "synth")
-            self.emit(asm.ja("hdr_done"), label("start_data_synth"), movi(R8, 14), stx(H, R7, OFF_HDR, R8),
+            self.emit(asm.ja("hdr_done"), label("start_data_synth"), movi(R8, 14), META.store(R7, "hdr", R8),
                       asm.ja("hdr_done"))
         elif o.start == START_NETWORK:
             self.read(H, R9, R6, f.network)
@@ -354,7 +305,7 @@ class Builder:
         self.emit(label("start_set"))
         self.copy_prefix(synth, "main")
         if o.start != START_MAC:  # (the MAC start has its own fallback above)
-            self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), stx(H, R7, OFF_HDR, R8))
+            self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), META.store(R7, "hdr", R8))
         self.emit(label("hdr_done"))
 
     def copy_prefix(self, synth: int, tag: str) -> None:
@@ -365,26 +316,26 @@ class Builder:
                   mov(R2, R8), alu64(SUB, R2, R9, reg=True), jmp(JGT, R2, PREFIX_MAX, f"toolong_{tag}"),
                   mov(R8, R2),   # R8 = prefix length from here on
                   jmp(JEQ, R2, 0, f"empty_{tag}"),
-                  mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK_HEAD), alu64(ADD, R3, R9, reg=True),
+                  mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK.head), alu64(ADD, R3, R9, reg=True),
                   call(Helper.probe_read_kernel),
-                  label(f"empty_{tag}"), addi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
-                  label(f"toolong_{tag}"), movi(R8, synth), stx(H, R7, OFF_HDR, R8), asm.ja(done_l),
+                  label(f"empty_{tag}"), addi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
+                  label(f"toolong_{tag}"), movi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
                   # start lies past data: the first (start - data) bytes of the skb's data are not ours
                   label(skip_l), mov(R2, R9), alu64(SUB, R2, R8, reg=True), andi(R2, 0xFFFF),
-                  stx(H, R7, OFF_SKIP, R2), movi(R8, synth), stx(H, R7, OFF_HDR, R8),
+                  META.store(R7, "skip", R2), movi(R8, synth), META.store(R7, "hdr", R8),
                   label(done_l))
 
     def sll2(self) -> None:
         """The 20-byte LINUX_SLL2 header, from the skb's metadata (address: the MAC source when present)."""
         f = self.f
-        self.emit(ldx(H, R0, R7, OFF_PROTO), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
-                  ldx(W, R0, R7, OFF_IFINDEX), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
-                  ldx(H, R0, R7, OFF_HATYPE), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
-                  ldx(B, R0, R7, OFF_PKTTYPE), stx(B, R7, PKT + 10, R0), st(B, R7, PKT + 11, 0),
+        self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
+                  META.load(R0, R7, "ifindex"), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
+                  META.load(R0, R7, "hatype"), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
+                  META.load(R0, R7, "pkt_type"), stx(B, R7, PKT + 10, R0), st(B, R7, PKT + 11, 0),
                   st(DW, R7, PKT + 12, 0))
         self.read(H, R9, R6, f.mac)
         self.emit(jmp(JEQ, R9, 0xFFFF, "sll2_noaddr"), st(B, R7, PKT + 11, 6),
-                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK_HEAD),
+                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head),
                   alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
 
     def run_filter(self) -> None:
@@ -393,87 +344,87 @@ class Builder:
         o = self.o
         # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
         cap = FILTER_CAP if self.p.typed else LINEAR_CAP
-        self.emit(ldx(H, R8, R7, OFF_HDR), ldx(W, R2, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP),
+        self.emit(META.load(R8, R7, "hdr"), META.load(R2, R7, "len"), META.load(R3, R7, "skip"),
                   jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
                   label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
                   # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
-                  mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK_WIRELEN, R0),
+                  mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
                   jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
                   label("flt_copy"))
         if o.dynptr_kfunc and self.p.typed:
             # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
-            self.emit(stx(DW, FP, STACK_N, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK_DYNPTR),
-                      Insn(asm.JMP | asm.CALL, 0, KFUNC_CALL, 0, o.dynptr_kfunc),
-                      ldx(DW, R2, FP, STACK_N), jmp(JNE, R0, 0, "out"),
+            self.emit(stx(DW, FP, STACK.n, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
+                      asm.kfunc_call(o.dynptr_kfunc),
+                      ldx(DW, R2, FP, STACK.n), jmp(JNE, R0, 0, "out"),
                       jmp(JGT, R8, HDR_MAX, "out"), mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      mov(R3, FP), addi(R3, STACK_DYNPTR), ldx(H, R4, R7, OFF_SKIP), movi(R5, 0),
-                      call(Helper.dynptr_read), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK_N))
+                      mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
+                      call(Helper.dynptr_read), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
         else:
             # linear data only: n = min(n, headlen - skip), read from data + skip
-            self.emit(stx(DW, FP, STACK_N, R2))
+            self.emit(stx(DW, FP, STACK.n, R2))
             self.read(W, R0, R6, self.f.data_len)
-            self.emit(ldx(W, R3, R7, OFF_LEN), alu64(SUB, R3, R0, reg=True), ldx(H, R4, R7, OFF_SKIP),
-                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK_N),
+            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
                       jmp(JGT, R2, R3, "lin_min", reg=True), asm.ja("lin_go"), label("lin_min"), mov(R2, R3),
-                      label("lin_go"), ldx(B, R0, R7, OFF_FLAGS), alu64(OR, R0, FLAG_LINEAR_ONLY),
-                      stx(B, R7, OFF_FLAGS, R0), stx(DW, FP, STACK_N, R2),
+                      label("lin_go"), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_LINEAR_ONLY),
+                      META.store(R7, "flags", R0), stx(DW, FP, STACK.n, R2),
                       jmp(JGT, R8, HDR_MAX, "out"), jmp(JGT, R2, cap, "out"),
                       mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
-                      ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True),
-                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK_N))
+                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
+                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
+                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
         # buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where the
         # slow path reaches every byte (skb dynptr); else only the copied bytes, min(hdr + n, snaplen)
         slow = bool(o.dynptr_kfunc and self.p.typed)
         if slow:
-            self.emit(ldx(DW, R2, FP, STACK_WIRELEN))
+            self.emit(ldx(DW, R2, FP, STACK.wirelen))
         else:
             self.emit(alu64(ADD, R2, R8, reg=True))
         self.emit(jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
                   label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
-                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK_WIRELEN),
-                  stx(DW, FP, STACK_SKB, R6), mov(R6, R7), addi(R6, PKT))
+                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen),
+                  stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT))
         # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
         # is the whole packet, but only [0, hdr + min(len - skip, cap)) was copied: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
                                  slow_load=self._slow_load if slow else None)
-        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK_CBPF))
-        self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK_SKB), jmp(JEQ, R0, 0, "out"))
+        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
+        self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK.skb), jmp(JEQ, R0, 0, "out"))
 
     def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
         """A load past the copied bytes: bpf_dynptr_read from the skb (offset relative to the capture start)."""
         nbytes = {B: 1, H: 2, W: 4}.get(size, size)
         # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
         # R6 is the buffer (scratch + PKT) while the filter runs; R7 may belong to the translator
-        return [mov(R4, off_reg), ldx(H, R0, R6, OFF_HDR - PKT), alu64(SUB, R4, R0, reg=True),
-                jmp(JSLT, R4, 0, reject), ldx(H, R0, R6, OFF_SKIP - PKT), alu64(ADD, R4, R0, reg=True),
-                mov(R1, FP), addi(R1, STACK_SLOW), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK_DYNPTR),
+        return [mov(R4, off_reg), META.load(R0, R6, "hdr", -PKT), alu64(SUB, R4, R0, reg=True),
+                jmp(JSLT, R4, 0, reject), META.load(R0, R6, "skip", -PKT), alu64(ADD, R4, R0, reg=True),
+                mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
-                ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK_SLOW)]
+                ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK.slow)]
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
         R5; keeps R2, R4, R8. The original length counts from the linktype's start: hdr + max(len - skip, 0)."""
-        self.emit(stx(W, R7, OFF_CAPLEN, R4), ldx(W, R5, R7, OFF_LEN), ldx(H, R3, R7, OFF_SKIP),
+        self.emit(META.store(R7, "caplen", R4), META.load(R5, R7, "len"), META.load(R3, R7, "skip"),
                   alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, "orig_pos"), movi(R5, 0), label("orig_pos"),
-                  alu64(ADD, R5, R8, reg=True), stx(W, R7, OFF_ORIG, R5),
-                  ldx(DW, R0, R7, OFF_TS), ld_imm64(R1, self.o.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
+                  alu64(ADD, R5, R8, reg=True), META.store(R7, "orig", R5),
+                  META.load(R0, R7, "ts"), ld_imm64(R1, self.o.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
         if self.o.record == RECORD_PCAPNG:
             # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
-            self.emit(stx(W, R7, OFF_TS2, R0), rshi(R0, 32), stx(W, R7, OFF_TS1, R0),
-                      st(W, R7, OFF_BTYPE, BT_EPB), st(W, R7, OFF_IFACE, self.p.id),
-                      mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), stx(W, R7, OFF_TOTAL, R1))
+            self.emit(META.store(R7, "ts2", R0), rshi(R0, 32), META.store(R7, "ts1", R0),
+                      META.store_imm(R7, "btype", PCAPNG_EPB), META.store_imm(R7, "iface", self.p.id),
+                      mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), META.store(R7, "total", R1))
         else:
-            self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), stx(W, R7, OFF_TS1, R1), alu64(asm.MUL, R1, NS),
-                      alu64(SUB, R0, R1, reg=True), stx(W, R7, OFF_TS2, R0))
+            self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),
+                      alu64(SUB, R0, R1, reg=True), META.store(R7, "ts2", R0))
 
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
         # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX)
-        self.emit(ldx(H, R8, R7, OFF_HDR), jmp(JGT, R8, HDR_MAX, "out"))
+        self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
         if o.snaplen > HDR_MAX:
             # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
             # 6.1's verifier walk the impossible branch with R8's umin > umax; R8 then turns a map_value
@@ -482,19 +433,18 @@ class Builder:
         else:
             self.emit(movi(R2, 0), jmp(JGE, R8, o.snaplen, "snap_ok"), movi(R2, o.snaplen),
                       alu64(SUB, R2, R8, reg=True), label("snap_ok"))
-        self.emit(ldx(H, R3, R7, OFF_SKIP), alu64(ADD, R2, R3, reg=True),
-                  ldx(W, R3, R7, OFF_LEN), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
+        self.emit(META.load(R3, R7, "skip"), alu64(ADD, R2, R3, reg=True),
+                  META.load(R3, R7, "len"), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
                   jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
                   label("copy_set"))
         if self.p.typed and self.m.ring:
-            from . import ringrec
             ringrec.emit(self)
         elif self.p.typed:
             # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
-            self.emit(stx(W, R7, OFF_COPY, R2), ldx(H, R3, R7, OFF_SKIP), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
+            self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
                       jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
-                      stx(W, R7, OFF_FAST, R4), jmp(JEQ, R3, 0, "fast_set"), st(W, R7, OFF_FAST, 0),
+                      META.store(R7, "fast", R4), jmp(JEQ, R3, 0, "fast_set"), META.store_imm(R7, "fast", 0),
                       label("fast_set"))
             self.file_header()
             self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
@@ -502,31 +452,31 @@ class Builder:
                       call(Helper.skb_output))
         else:
             # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
-            self.emit(ldx(H, R3, R7, OFF_SKIP), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
+            self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
                       asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
-                      stx(DW, FP, STACK_N, R2))
+                      stx(DW, FP, STACK.n, R2))
             self.read(W, R0, R6, self.f.data_len)
-            self.emit(ldx(W, R3, R7, OFF_LEN), alu64(SUB, R3, R0, reg=True), ldx(H, R4, R7, OFF_SKIP),
-                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK_N),
+            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
                       jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
                       label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
                       label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
-                      stx(W, R7, OFF_COPY, R2), stx(DW, FP, STACK_N, R2),
+                      META.store(R7, "copy", R2), stx(DW, FP, STACK.n, R2),
                       # the bytes are read into place after the headers: always contiguous
-                      mov(R4, R2), alu64(ADD, R4, R8, reg=True), stx(W, R7, OFF_FAST, R4))
+                      mov(R4, R2), alu64(ADD, R4, R8, reg=True), META.store(R7, "fast", R4))
             self.file_header()
-            self.emit(ldx(DW, R2, FP, STACK_N),
+            self.emit(ldx(DW, R2, FP, STACK.n),
                       mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      ldx(DW, R3, FP, STACK_HEAD), ldx(DW, R4, FP, STACK_DATAOFF), alu64(ADD, R3, R4, reg=True),
-                      ldx(H, R4, R7, OFF_SKIP), alu64(ADD, R3, R4, reg=True), st(H, R7, OFF_SKIP, 0),
+                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
+                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
-                      ldx(DW, R1, FP, STACK_CTX), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
-                      mov(R4, R7), ldx(DW, R5, FP, STACK_N), alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE),
+                      ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
+                      mov(R4, R7), ldx(DW, R5, FP, STACK.n), alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE),
                       jmp(JGT, R5, META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
                       call(Helper.perf_event_output))
         # count: seen, and lost when the buffer was full
-        self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK_KEY),
+        self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
                   ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
                   jmp(JEQ, R8, 0, "out"),
@@ -536,38 +486,3 @@ class Builder:
 def build(point: Point, opts: Options, maps: Maps) -> list:
     """The instructions (with labels) of the capture program for `point`."""
     return Builder(point, opts, maps).build()
-
-
-# ---- user space side of the record -------------------------------------------------------------
-
-@dataclass
-class Record:
-    ts_ns: int          # monotonic
-    skb: int
-    pid: int
-    tid: int
-    comm: str
-    len: int            # skb->len
-    ifindex: int
-    mark: int
-    netns: int
-    protocol: int       # host order
-    pkt_type: int
-    point: int
-    hatype: int
-    flags: int
-    data: bytes         # the captured bytes, from the linktype's start
-    orig_len: int       # the packet's length from the linktype's start
-
-
-def parse_record(raw) -> Record:
-    (ts, skb, pidtgid, comm, length, copy, ifindex, mark, netns, proto, hdr, skip, pkt_type, point, hatype,
-     flags, fast, _btype, _total, _iface, _ts1, _ts2, _caplen, orig) = META.unpack_from(raw, 0)
-    body_start = META_SIZE + hdr
-    if fast:
-        data = bytes(raw[META_SIZE:META_SIZE + fast])
-    else:
-        data = bytes(raw[META_SIZE:body_start]) + bytes(raw[body_start + skip: body_start + copy])
-    return Record(ts, skb, pidtgid >> 32, pidtgid & 0xFFFFFFFF, comm.split(b"\0", 1)[0].decode(errors="replace"),
-                  length, ifindex, mark, netns, int.from_bytes(proto.to_bytes(2, "little"), "big"), pkt_type,
-                  point, hatype, flags, data, orig)

@@ -17,10 +17,12 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
 from bpf.uapi import AttachType, MapFlags, ProgType
 
+from . import layout
 from . import program as cprog
 from .filter import compile_filter
 from .linktypes import LinkType, lookup
 from .points import Point, PointError, is_device_point, resolve, suggestion
+from .errors import CaptureError
 
 DEFAULT_SNAPLEN = 262144
 DEFAULT_BUFFER_KIB = 4096
@@ -28,10 +30,6 @@ DEFAULT_BUFFER_KIB = 4096
 START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cprog.START_NETWORK,
              "IPV6": cprog.START_NETWORK, "LINUX_SLL2": cprog.START_SLL2, "IEEE802_11": cprog.START_MAC}
 PROTO_FOR = {"IPV4": 0x0800, "IPV6": 0x86DD}
-
-
-class CaptureError(Exception):
-    """A capture that cannot start or go on; str() is the one line the user sees."""
 
 
 @dataclass
@@ -43,7 +41,7 @@ class Config:
     buffer_kib: int = DEFAULT_BUFFER_KIB
     immediate: bool = False
     predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
-    record: str = cprog.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
+    record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
 
@@ -87,6 +85,7 @@ class Session:
         self.buffer: PerfBuffer | None = None
         self.stats = Stats()
         self.clock_offset_ns = 0
+        self.counters: PerCPUArrayMap | None = None   # per point: seen, lost
         self.ring = None          # the file rings' map when the programs write pcap records there
         self.ring_size = 0
         self.drain = None
@@ -160,7 +159,7 @@ class Session:
             from bpf import asm
             items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
                      asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
-                     asm.Insn(asm.JMP | asm.CALL, 0, cprog.KFUNC_CALL, 0, f.id), asm.movi(asm.R0, 0), asm.exit_()]
+                     asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
                  attach_btf_id=point.btf_id, what="probe skb dynptr").close()
         return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
@@ -191,7 +190,7 @@ class Session:
             self.maps.append(events)
             size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
             scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
-            counters = PerCPUArrayMap(8 * cprog.COUNTERS, len(self.points), name="fcap_counters")
+            counters = PerCPUArrayMap(8 * layout.COUNTERS, len(self.points), name="fcap_counters")
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
@@ -219,11 +218,11 @@ class Session:
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
         some kernels), the largest power of two it takes; returns the ring size."""
-        from . import ringrec
-        size = min(want, ringrec.RING_MAX)
+        from .ringrec import RING_SLACK
+        size = min(want, layout.RING_MAX)
         while True:
             try:
-                self.ring = ArrayMap(ringrec.RING_CTRL + size + ringrec.RING_SLACK, possible_cpus(),
+                self.ring = ArrayMap(layout.RING_CTRL + size + RING_SLACK, possible_cpus(),
                                      name="fcap_ring", flags=MapFlags.MMAPABLE)
                 self.maps.append(self.ring)
                 return size
@@ -299,11 +298,11 @@ class Session:
             raise CaptureError(_explain_refusal(p, e)) from None
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, sink: Callable[[cprog.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+    def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Drain records into sink until stop() is true or sink returns False; then detach and drain the rest."""
         buf = self.buffer
         keep_going = True
-        parse = cprog.parse_record
+        parse = layout.parse_record
         batch: list = []
 
         def on_sample(cpu: int, raw) -> None:
@@ -349,10 +348,10 @@ class Session:
         self.links = []
 
     def read_counters(self) -> Stats:
-        if getattr(self, "counters", None) is not None and not self.counters.fd.closed:
+        if self.counters is not None and not self.counters.fd.closed:
             keys = range(len(self.points))
-            self.stats.seen = sum(self.counters.sum_u64(k, 8 * cprog.COUNTER_SEEN) for k in keys)
-            self.stats.lost = sum(self.counters.sum_u64(k, 8 * cprog.COUNTER_LOST) for k in keys)
+            self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
+            self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
         return self.stats
@@ -387,8 +386,7 @@ class Session:
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
-            from .ringrec import RING_MAX
-            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, RING_MAX)   # (if allowed)
+            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)
             maps.dynptr_kfunc = kfunc
         out = []
         for p in self.points:

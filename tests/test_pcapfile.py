@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fcap import linktypes
+from fcap.errors import FcapError
 from fcap.pcapfile import (
     FLAG_INBOUND,
     FLAG_OUTBOUND,
@@ -57,7 +58,7 @@ def test_linktype_lookup():
     for bad in ("nosuch", "99999", "", "DLT_", -1):
         with pytest.raises(linktypes.UnknownLinkType, match="EN10MB"):
             linktypes.lookup(bad)
-    assert issubclass(linktypes.UnknownLinkType, ValueError)
+    assert issubclass(linktypes.UnknownLinkType, FcapError)
     assert len(linktypes.all_linktypes()) >= 20
     assert len({lt.number for lt in linktypes.all_linktypes()}) == len(linktypes.all_linktypes())
 

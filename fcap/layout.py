@@ -1,0 +1,277 @@
+"""The capture record, declared once: the metadata the program writes ahead of each packet's bytes, the per-CPU
+scratch value and stack slots it works in, the file rings' control words, the pcapng comment's format; both the
+program builder and user space take offsets, sizes and names from here."""
+
+from __future__ import annotations
+
+import struct
+from collections import namedtuple
+from dataclasses import dataclass
+
+from bpf import asm
+from bpf.asm import DW, B, H, W
+
+from .pcapfile import BT_EPB, EPB_FLAGS, EPB_PACKETID, FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT
+
+_BPF_SIZE = {1: B, 2: H, 4: W, 8: DW}
+
+
+class Layout:
+    """A packed little-endian structure declared as (name, struct format) pairs ("" names padding): its offsets,
+    widths, a reader by name and eBPF loads/stores of its fields, all derived from the one declaration."""
+
+    def __init__(self, name: str, fields: tuple):
+        self.struct = struct.Struct("<" + "".join(fmt for _, fmt in fields))
+        self.size = self.struct.size
+        self._at: dict[str, tuple[int, int]] = {}
+        pos = 0
+        for fname, fmt in fields:
+            width = struct.calcsize("<" + fmt)
+            if fname:
+                self._at[fname] = (pos, width)
+            pos += width
+        self.Tuple = namedtuple(name, [f for f, fmt in fields if f and not fmt.endswith("x")])
+
+    def off(self, name: str) -> int:
+        return self._at[name][0]
+
+    def width(self, name: str) -> int:
+        return self._at[name][1]
+
+    def end(self, name: str) -> int:
+        off, width = self._at[name]
+        return off + width
+
+    def unpack(self, buf, at: int = 0):
+        return self.Tuple._make(self.struct.unpack_from(buf, at))
+
+    def load(self, dst: int, base: int, name: str, at: int = 0) -> asm.Insn:
+        """dst = the field `name` of the structure at base + at."""
+        off, width = self._at[name]
+        return asm.ldx(_BPF_SIZE[width], dst, base, at + off)
+
+    def store(self, base: int, name: str, src: int, at: int = 0) -> asm.Insn:
+        off, width = self._at[name]
+        return asm.stx(_BPF_SIZE[width], base, at + off, src)
+
+    def store_imm(self, base: int, name: str, imm: int, at: int = 0) -> asm.Insn:
+        off, width = self._at[name]
+        return asm.st(_BPF_SIZE[width], base, at + off, imm)
+
+    def words(self, names: tuple) -> list[tuple[int, int]]:
+        """(offset, bytes) loads of at most 8 aligned bytes that cover the named fields, adjacent ones merged."""
+        spans: list[list[int]] = []
+        for off, width in sorted(self._at[n] for n in names):
+            if spans and spans[-1][1] == off:
+                spans[-1][1] = off + width
+            else:
+                spans.append([off, off + width])
+        out = []
+        for start, stop in spans:
+            while start < stop:
+                n = next(n for n in (8, 4, 2, 1) if start % n == 0 and start + n <= stop)
+                out.append((start, n))
+                start += n
+        return out
+
+
+# ---- the metadata record: META bytes, then the made-up link header and header bytes, then the skb's bytes -------
+# It ends with the capture file's own record header, laid out by the program so that, when the skb's bytes follow
+# the link header bytes without a gap (skip == 0), user space writes the sample's tail as it is:
+#   pcap:   ts1 ts2 caplen orig                          (ts_sec ts_nsec caplen len: the last 16 bytes)
+#   pcapng: btype total iface ts1 ts2 caplen orig        (an EPB's header without options: the last 28 bytes)
+META = Layout("Meta", (
+    ("ts", "Q"),           # monotonic ns (ktime_get_ns)
+    ("skb", "Q"),          # the skb's address: the pcapng packet id
+    ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
+    ("comm", "16s"),
+    ("len", "I"),          # skb->len
+    ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
+    ("ifindex", "I"),
+    ("mark", "I"),
+    ("netns", "I"),        # the device's network namespace inode number
+    ("proto", "H"),        # skb->protocol, network order
+    ("hdr", "H"),          # made-up link header + header bytes before skb->data, in the scratch after META
+    ("skip", "H"),         # skb bytes before the linktype's start (the start lies past skb->data)
+    ("pkt_type", "B"),
+    ("point", "B"),        # the point's id (low byte; the pcapng interface)
+    ("hatype", "H"),       # the device's ARPHRD type
+    ("flags", "B"),        # FLAG_*
+    ("", "x"),
+    ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
+    ("btype", "I"),
+    ("total", "I"),
+    ("iface", "I"),
+    ("ts1", "I"),
+    ("ts2", "I"),
+    ("caplen", "I"),
+    ("orig", "I"),
+))
+META_SIZE = META.size
+PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
+PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
+assert META_SIZE == 104 and PCAP_HDR == 16 and EPB_HDR == 28
+
+RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
+
+FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
+FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
+
+# pcapng as the program writes it (the writer's if_tsresol is 9: nanoseconds)
+PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_COMMENT = BT_EPB, EPB_FLAGS, EPB_PACKETID, OPT_COMMENT
+EPB_DIRECTION = {"out": FLAG_OUTBOUND, "in": FLAG_INBOUND}   # epb_flags for a point's direction
+NS = 1_000_000_000
+
+# ---- the scratch value (per CPU, per point): META, then the packet's bytes as the record carries them ----------
+PKT = META_SIZE          # offset of the packet bytes in the scratch value
+PREFIX_MAX = 256         # header bytes before skb->data the program can reach (MAC + network + transport ...)
+SYNTH_MAX = 20           # a made-up link header: LINUX_SLL2 (20) or Ethernet (14)
+HDR_MAX = SYNTH_MAX + PREFIX_MAX
+FILTER_CAP = 512         # packet bytes copied for the filter to read (loads past it take the slow path)
+LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: linear data only
+PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
+COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
+CAPLEN_MAX = HDR_MAX + COPY_MAX
+
+# ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
+COUNTER_SEEN, COUNTER_LOST = 0, 1
+COUNTERS = 2
+
+
+# ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
+@dataclass(frozen=True)
+class _Stack:
+    key: int = -4            # u32 key (the point id) for the scratch and counter lookups
+    tmp: int = -16           # 8-byte temporary for untyped reads
+    dynptr: int = -32        # struct bpf_dynptr (16 bytes)
+    head: int = -40          # skb->head
+    dataoff: int = -48       # skb->data - skb->head
+    wirelen: int = -56       # the filter's packet length
+    n: int = -64             # a byte count kept across a call
+    skb: int = -72           # the skb while the filter runs
+    ctx: int = -80           # the program's context (perf_event_output wants it)
+    slow: int = -88          # slow-load destination
+    cbpf: int = -160         # cBPF M[] (64 bytes)
+    comm: int = -192         # 16 bytes the predicates compare strings in
+    ring_key: int = -200     # u32: this CPU's file ring
+    ring_off: int = -208     # where this record starts in the ring
+    ring_len: int = -216     # the record's length
+    bell: int = -224         # the 8-byte doorbell sample
+    text_len: int = -232     # the comment's length
+
+
+STACK = _Stack()
+_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4}
+
+
+def _check_stack() -> None:
+    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in vars(STACK).items())
+    for (_o, end, name), (nxt, _e, other) in zip(slots, slots[1:]):
+        assert end <= nxt, f"stack slots {name} and {other} overlap"
+    assert slots[0][0] >= -512 and slots[-1][1] <= 0
+
+
+_check_stack()
+
+# ---- the file ring (fcap.ringrec writes it, fcap.drain reads it) --------------------------------------------------
+# An mmapable array map, one element per possible CPU: RING_CTRL bytes of control words, then the ring, then
+# RING_SLACK bytes past its end. The program appends whole records at head and publishes them with one atomic add:
+# the low HEAD_BITS bits of head are the byte position, the high bits count records. User space writes
+# [tail, head) as it is and stores head's position in tail. A record that runs past the ring's end is written on
+# into the slack and its overflow copied to the ring's start, so the stream is contiguous modulo the ring's size.
+# When a record leaves a quarter of the ring or more in use and bell is 0, the program sets bell and rings user
+# space through the perf buffer (8 bytes); user space clears it before it reads head.
+RING = Layout("RingControl", (
+    ("head", "Q"),
+    ("busy", "I"),          # a writer holds the ring (a program interrupted by another point's on this CPU)
+    ("", "4x"),
+    ("bell", "I"),
+    ("", "44x"),
+    ("tail", "Q"),           # user space's: on its own cache line
+    ("", "56x"),
+))
+RING_CTRL = RING.size
+assert RING_CTRL == 128 and RING.off("tail") == 64
+HEAD_BITS = 40
+HEAD_POS = (1 << HEAD_BITS) - 1
+HEAD_ONE = 1 << HEAD_BITS
+RING_MAX = 64 << 20      # per CPU (kernels before 6.x cap a map value at 4 MiB: then 2 MiB, see Session)
+
+# ---- the pcapng comment --------------------------------------------------------------------------------------------
+# (text before, Record attribute, style). The capture program formats it into the file rings (fcap.ringrec): the
+# first (the skb) and the last (the length) every packet, the middle once per change of the META fields it shows;
+# user space formats the same text for the records it lays out itself (format_comment).
+COMMENT = (
+    ("skb=0x", "skb", "hex16"),
+    (" pid=", "pid", "dec"),
+    (" tid=", "tid", "dec"),
+    (" comm=", "comm", "str"),
+    (" ifindex=", "ifindex", "dec"),
+    (" mark=0x", "mark", "hex"),
+    (" netns=", "netns", "dec"),
+    (" proto=0x", "protocol", "hex4"),
+    (" pkt_type=", "pkt_type", "dec"),
+    (" len=", "len", "dec"),
+)
+COMMENT_SOURCE = {"pid": "pidtgid", "tid": "pidtgid", "protocol": "proto"}   # Record attribute -> META field
+_STYLE = {"dec": "{}".format, "hex": "{:x}".format, "hex4": "{:04x}".format, "hex16": "{:016x}".format,
+          "str": str}
+
+
+def format_comment(rec) -> str:
+    return "".join(pre + _STYLE[style](getattr(rec, attr)) for pre, attr, style in COMMENT)
+
+
+# Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
+# they are valid, the middle's length, and the text (written at positions masked to TEXT_POS_MASK, and up to 16
+# bytes past them).
+COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
+KEY_WORDS = META.words(COMMENT_KEY)
+TEXT_POS_MASK = 255
+TEXT_MAX = 168           # "skb=0x" + 16 + the middle (<= MID_MAX) + " len=" + 10 = 164 bytes at most
+MID_MAX = 127
+CAREA = Layout("CommentArea", (
+    ("key", f"{sum(n for _o, n in KEY_WORDS)}s"),
+    ("valid", "B"),
+    ("", f"{-(sum(n for _o, n in KEY_WORDS) + 1) % 8}x"),
+    ("midlen", "I"),
+    ("", "4x"),
+    ("text", f"{TEXT_POS_MASK + 1 + 16}s"),
+))
+TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
+TEXT_MID = TEXT_SKB + 16                  # then the middle
+assert CAREA.off("text") % 8 == 0
+
+
+# ---- user space: a record read back by name ---------------------------------------------------------------------
+@dataclass
+class Record:
+    ts_ns: int          # monotonic
+    skb: int
+    pid: int
+    tid: int
+    comm: str
+    len: int            # skb->len
+    ifindex: int
+    mark: int
+    netns: int
+    protocol: int       # host order
+    pkt_type: int
+    point: int
+    hatype: int
+    flags: int
+    data: bytes         # the captured bytes, from the linktype's start
+    orig_len: int       # the packet's length from the linktype's start
+
+
+def parse_record(raw) -> Record:
+    """A perf sample's bytes (META, header bytes, skb bytes) as a Record."""
+    m = META.unpack(raw)
+    body = META_SIZE + m.hdr
+    if m.fast:
+        data = bytes(raw[META_SIZE:META_SIZE + m.fast])
+    else:
+        data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
+    return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
+        errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
+        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig)

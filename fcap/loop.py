@@ -1,0 +1,149 @@
+"""The capture loop of the fcap command: where packets go (a file writer or a printer), when the capture stops
+(-c, a signal, a closed pipe, the command's exit), the command it runs, and tcpdump's summary lines."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass
+
+from .layout import EPB_DIRECTION, format_comment
+from .errors import CommandError
+
+
+@dataclass
+class Output:
+    """Where packets go: a capture file writer, or a printer; `stream` when the writer feeds a pipe."""
+
+    writer: object = None
+    printer: object = None
+    stream: bool = False
+
+
+class CaptureLoop:
+    """One capture: run() drains the session into the output until something stops it, then cleans up and
+    returns the exit status (the command's, when one ran)."""
+
+    def __init__(self, session, out: Output, count: int = 0, command: list[str] | None = None):
+        self.session = session
+        self.out = out
+        self.count = count
+        self.command = command or []
+        self.proc = None
+        self.stopping = False     # a signal asked us to stop
+        self.broken = False       # the reader of our output went away
+        self.written = 0
+        points = session.points
+        self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
+        self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
+
+    def catch_signals(self) -> None:
+        """From now on SIGINT and SIGTERM end the capture gracefully."""
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def run(self) -> int:
+        self._start_command()
+        try:
+            self._drain()
+        finally:
+            self._close()
+        self._end_command()
+        return self._status()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+
+    def _start_command(self) -> None:
+        if not self.command:
+            return
+        import subprocess   # (imported where needed: every import is start-up time)
+        try:
+            self.proc = subprocess.Popen(self.command)
+        except OSError as e:
+            self.session.close()
+            raise CommandError(f"{self.command[0]}: {e.strerror}") from None
+
+    def _drain(self) -> None:
+        writer = self.out.writer
+        if writer is None:
+            self.session.run(self._print, self._should_stop)
+            return
+        drain = self.session.file_drain(writer, limit=self.count, options=self._options)
+        try:
+            self.session.run_file(drain, self._should_stop)
+        except BrokenPipeError:
+            self.broken = True
+        self.written = drain.written
+
+    def _options(self, rec) -> tuple:
+        """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
+        return self.direction.get(rec.point), format_comment(rec), rec.skb
+
+    def _print(self, rec) -> bool:
+        """The printer's sink: False stops the capture."""
+        offset = self.session.clock_offset_ns
+        try:
+            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len,
+                                    self.names.get(rec.point))
+        except BrokenPipeError:
+            self.broken = True
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
+    def _should_stop(self) -> bool:
+        if self.stopping or self.broken:
+            return True
+        if self.out.stream and self.out.writer is not None:
+            try:
+                self.out.writer.flush()
+            except BrokenPipeError:
+                self.broken = True
+                return True
+        return self.proc is not None and self.proc.poll() is not None
+
+    def _close(self) -> None:
+        """Detach and free the programs, then close the output (the file keeps every record drained)."""
+        self.session.close()
+        try:
+            if self.out.writer is not None:
+                self.out.writer.close()
+            elif self.out.printer is not None:
+                self.out.printer.flush()
+        except BrokenPipeError:
+            self.broken = True
+
+    def _end_command(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def summary(self) -> str:
+        """tcpdump's three lines: captured, received by filter, dropped by kernel."""
+        st = self.session.stats
+
+        def n(k: int, what: str) -> str:
+            return f"{k} packet{'s' if k != 1 else ''} {what}\n"
+        return n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+
+    def _status(self) -> int:
+        if self.proc is None:
+            return 0
+        rc = self.proc.returncode
+        return rc if rc >= 0 else 128 - rc
+
+
+def listening_line(session) -> str:
+    lt = session.linktype
+    names = ", ".join(p.spec for p in session.points)
+    return (f"listening on {names}, link-type {lt.name} ({lt.description}), "
+            f"snapshot length {session.cfg.snaplen} bytes\n")
+
+
+def write_stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
