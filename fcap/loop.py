@@ -20,9 +20,12 @@ class Output:
     stream: bool = False
 
 
+GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
+
+
 class CaptureLoop:
     """One capture: run() drains the session into the output until something stops it, then cleans up and
-    returns the exit status (the command's, when one ran)."""
+    returns the exit status: the command's when its exit ended the capture, else 0."""
 
     def __init__(self, session, out: Output, count: int = 0, command: list[str] | None = None):
         self.session = session
@@ -33,6 +36,7 @@ class CaptureLoop:
         self.stopping = False     # a signal asked us to stop
         self.broken = False       # the reader of our output went away
         self.written = 0
+        self.command_ended = False   # the command's exit ended the capture
         points = session.points
         self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
@@ -58,8 +62,10 @@ class CaptureLoop:
         if not self.command:
             return
         import subprocess   # (imported where needed: every import is start-up time)
+        # packets on stdout: the command's own output must not land in the stream
+        stdout = sys.stderr.fileno() if self.out.stream else None
         try:
-            self.proc = subprocess.Popen(self.command)
+            self.proc = subprocess.Popen(self.command, stdout=stdout)
         except OSError as e:
             self.session.close()
             raise CommandError(f"{self.command[0]}: {e.strerror}") from None
@@ -101,7 +107,9 @@ class CaptureLoop:
             except BrokenPipeError:
                 self.broken = True
                 return True
-        return self.proc is not None and self.proc.poll() is not None
+        if self.proc is not None and self.proc.poll() is not None:
+            self.command_ended = True
+        return self.command_ended
 
     def _close(self) -> None:
         """Detach and free the programs, then close the output (the file keeps every record drained)."""
@@ -115,8 +123,15 @@ class CaptureLoop:
             self.broken = True
 
     def _end_command(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        import subprocess
+        self.proc.terminate()
+        try:
+            self.proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
             self.proc.wait()
 
     def summary(self) -> str:
@@ -128,7 +143,7 @@ class CaptureLoop:
         return n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
 
     def _status(self) -> int:
-        if self.proc is None:
+        if not self.command_ended:
             return 0
         rc = self.proc.returncode
         return rc if rc >= 0 else 128 - rc

@@ -310,6 +310,35 @@ def test_command_exit_status(root, code, expect):
     _summary(err)
 
 
+def test_count_ends_a_longer_command_with_status_0(sink, tmp_path):
+    """-c ends the capture before the command: the command is terminated, fcap's status is 0 (not the command's)."""
+    path = str(tmp_path / "c2.pcap")
+    marker = tmp_path / "still-running"
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "-c", "2", "-w", path, f"udp port {sink.port}", "--",
+                     "sh", "-c", f"sleep 30; touch {marker}"])
+    try:
+        send_udp("127.0.0.1", sink.port, _tagged(4, os.urandom(8)), pace=0.001)
+        rc = fc.wait()
+    finally:
+        fc.kill()
+    assert rc == 0, fc.stderr
+    assert _summary(fc.stderr)["captured"] == 2, fc.stderr
+    time.sleep(0.2)
+    assert not marker.exists()
+    assert len(read_packets(path)) == 2
+
+
+def test_command_stdout_stays_out_of_the_stream(root, tmp_path):
+    """Packets on stdout: the command's own output goes to stderr, and the stream stays a valid pcapng."""
+    tag = os.urandom(8).hex()
+    r = run_fcap(["-i", "tp_btf/net_dev_queue", "-w", "-", "--", sys.executable, "-c", f"print('{tag}')"])
+    assert r.returncode == 0, r.stderr.decode()
+    assert tag.encode() not in r.stdout and tag in r.stderr.decode()
+    path = tmp_path / "stream.pcapng"
+    path.write_bytes(r.stdout)
+    read_packets(str(path))   # raises on anything but a whole pcapng file
+
+
 def test_command_not_found(root):
     r = run_fcap(["-i", "tp_btf/net_dev_queue", "-w", "/dev/null", "--", "/nonexistent/command"])
     err = r.stderr.decode()
