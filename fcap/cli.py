@@ -347,7 +347,7 @@ def _open_output(args, session, fmt: str | None):
         if fmt == "pcap" and p.id > 0:
             break
         writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
-    return Output(writer=writer, stream=to_stdout)
+    return Output(writer=writer, stream=to_stdout, path="stdout" if to_stdout else args.write)
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:
@@ -360,6 +360,8 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
         status = loop.run()
     except CommandError as e:
         return _fail(str(e))
+    if loop.error is not None:
+        _fail(loop.error_line())
     if loop.broken:
         _quiet_stdout()
     elif not args.quiet:

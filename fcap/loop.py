@@ -18,6 +18,7 @@ class Output:
     writer: object = None
     printer: object = None
     stream: bool = False
+    path: str = ""            # what the user named (-w FILE), for error lines
 
 
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
@@ -35,6 +36,7 @@ class CaptureLoop:
         self.proc = None
         self.stopping = False     # a signal asked us to stop
         self.broken = False       # the reader of our output went away
+        self.error: OSError | None = None   # the output could not be written: the capture ended there
         self.written = 0
         self.command_ended = False   # the command's exit ended the capture
         points = session.points
@@ -78,9 +80,21 @@ class CaptureLoop:
         drain = self.session.file_drain(writer, limit=self.count, options=self._options)
         try:
             self.session.run_file(drain, self._should_stop)
-        except BrokenPipeError:
-            self.broken = True
+        except OSError as e:
+            self._write_failed(e)
         self.written = drain.written
+
+    def _write_failed(self, e: OSError) -> None:
+        """A write error ends the capture: quietly for a pipe on stdout whose reader left (as tcpdump), with
+        one line (error_line) for anything else."""
+        if isinstance(e, BrokenPipeError) and self.out.stream:
+            self.broken = True
+        elif self.error is None:
+            self.error = e
+
+    def error_line(self) -> str:
+        e = self.error
+        return f"{self.out.path}: {e.strerror or e}" if e is not None else ""
 
     def _options(self, rec) -> tuple:
         """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
@@ -104,8 +118,8 @@ class CaptureLoop:
         if self.out.stream and self.out.writer is not None:
             try:
                 self.out.writer.flush()
-            except BrokenPipeError:
-                self.broken = True
+            except OSError as e:
+                self._write_failed(e)
                 return True
         if self.proc is not None and self.proc.poll() is not None:
             self.command_ended = True
@@ -121,6 +135,8 @@ class CaptureLoop:
                 self.out.printer.flush()
         except BrokenPipeError:
             self.broken = True
+        except OSError as e:
+            self._write_failed(e)
 
     def _end_command(self) -> None:
         """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
@@ -143,6 +159,8 @@ class CaptureLoop:
         return n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
 
     def _status(self) -> int:
+        if self.error is not None:
+            return 1
         if not self.command_ended:
             return 0
         rc = self.proc.returncode
