@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
+import signal
 
-from . import __version__
-from .errors import FcapError, UsageError
+# Until the capture loop takes SIGINT/SIGTERM over, Ctrl-C ends the command as it ends tcpdump: by the signal,
+# without a Python traceback from wherever start-up happened to be.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .errors import FcapError, UsageError  # noqa: E402
 
 PROG = "fcap"
 EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,

@@ -90,7 +90,8 @@ class CaptureLoop:
         if isinstance(e, BrokenPipeError) and self.out.stream:
             self.broken = True
         elif self.error is None:
-            self.error = e
+            # (without its traceback, whose frames hold views of the buffers that must close)
+            self.error = e.with_traceback(None)
 
     def error_line(self) -> str:
         e = self.error

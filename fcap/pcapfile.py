@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import stat
 import struct
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
@@ -102,14 +103,35 @@ class Writer:
         if fd < 0:
             self._w(b"".join(buffers))
             return
-        for i in range(0, len(buffers), _IOV_MAX):
-            batch = buffers[i:i + _IOV_MAX]
-            done = os.writev(fd, batch)
-            want = sum(map(len, batch))
-            if done < want:   # a pipe or a signal: write what is left
-                rest = memoryview(b"".join(batch))[done:]
-                while rest:
-                    rest = rest[os.write(fd, rest):]
+        written = 0
+        try:
+            for i in range(0, len(buffers), _IOV_MAX):
+                batch = buffers[i:i + _IOV_MAX]
+                done = os.writev(fd, batch)
+                written += done
+                want = sum(map(len, batch))
+                if done < want:   # a pipe, a signal, a disk filling up: write what is left
+                    rest = memoryview(b"".join(batch))[done:]
+                    while rest:
+                        n = os.write(fd, rest)
+                        written += n
+                        rest = rest[n:]
+        except OSError:
+            self._cut_to_whole_records(fd, buffers, written)
+            raise
+
+    def _cut_to_whole_records(self, fd: int, buffers: list, written: int) -> None:
+        """After a failed write of whole records: a regular file loses the part of a record it got, so that it
+        ends with the last whole one (a pipe's reader or a device keeps what it got)."""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+            keep = whole_records(self.fmt, b"".join(bytes(b) for b in buffers)[:written])
+            os.ftruncate(fd, end - written + keep)
+            os.lseek(fd, end - written + keep, os.SEEK_SET)
+        except OSError:
+            pass
 
     def _fileno(self) -> int:
         if self._fd is None:
@@ -138,6 +160,19 @@ class Writer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def whole_records(fmt: str, data: bytes) -> int:
+    """How many leading bytes of `data` (records as a writer of `fmt` lays them out) are whole records."""
+    at, n = 0, len(data)
+    while True:
+        if fmt == "pcap":
+            size = 16 + struct.unpack_from("=I", data, at + 8)[0] if at + 16 <= n else n + 1
+        else:
+            size = struct.unpack_from("=I", data, at + 4)[0] if at + 8 <= n else n + 1
+        if size <= 0 or at + size > n:
+            return at
+        at += size
 
 
 def _check_snaplen(snaplen: int) -> int:
