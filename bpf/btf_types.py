@@ -49,9 +49,6 @@ class Type:
         """The type under any typedef/const/volatile/restrict/type_tag."""
         return self
 
-    def c_decl(self, name: str = "") -> str:
-        return _cdecl.c_decl(self, name)
-
 
 class Void(Type):
     __slots__, kind = (), "void"
@@ -257,10 +254,6 @@ class Func(_Ref):
     linkage = property(lambda self: LINKAGE.get(self.vlen, "unknown"))
     proto = property(lambda self: self.target)
 
-    def c_prototype(self) -> str:
-        """E.g. `int ip_send_skb(struct net *net, struct sk_buff *skb)`."""
-        return _cdecl.c_decl(self)
-
 
 class Param(_Item):
     __slots__ = ()
@@ -319,7 +312,3 @@ class DeclTag(_Ref):
     __slots__, kind = (), "decl_tag"
     component_idx = property(lambda self: self._word(3) - (1 << 32) if self._word(3) >> 31 else self._word(3),
                              doc="-1: the tagged type itself; else the index of its member or parameter")
-
-
-# Last, as bpf.cdecl builds on the classes above: then either module may be imported first.
-from . import cdecl as _cdecl  # noqa: E402

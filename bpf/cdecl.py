@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 
 
 def c_decl(t: Type, name: str = "") -> str:
-    """C declaration of `name` as type `t`: `struct sk_buff *skb`, `int (*fn)(int)`, `char name[16]`."""
+    """C declaration of `name` as type `t`: `struct sk_buff *skb`, `int (*fn)(int)`, `char name[16]`; of a FUNC or
+    VAR, named after it unless `name` is given: `int ip_send_skb(struct net *net, struct sk_buff *skb)`."""
     try:
         if isinstance(t, (Func, Var)):
             return _decl(t.btf, t.target_id, name or t.name)

@@ -6,6 +6,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
+from bpf.cdecl import c_decl
 
 SKB = "sk_buff"
 TP_PREFIX = "btf_trace_"
@@ -24,7 +25,7 @@ class Param:
     type: Type
 
     def c(self) -> str:
-        return self.type.c_decl(self.name)
+        return c_decl(self.type, self.name)
 
 
 @dataclass
@@ -77,8 +78,8 @@ def is_skb_ptr(t: Type) -> bool:
 
 
 def c_prototype(ret: Type | None, name: str, params: list[Param], tracepoint: bool = False) -> str:
-    ret_c = ret.c_decl("") if ret is not None else "void"
-    args = ", ".join(p.c() if p.name else p.type.c_decl("") for p in params) or "void"
+    ret_c = c_decl(ret) if ret is not None else "void"
+    args = ", ".join(p.c() if p.name else c_decl(p.type) for p in params) or "void"
     sep = "" if ret_c.endswith("*") else " "
     return f"{ret_c}{sep}{name}({args})"
 
@@ -257,5 +258,5 @@ def list_points(pattern: str | None = None) -> list[Listing]:
             name = func.name
             if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("fentry/" + name, pattern)):
                 continue
-            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", func.c_prototype()))
+            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", c_decl(func)))
     return out

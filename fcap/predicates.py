@@ -10,6 +10,7 @@ from bpf.asm import (ALU64, AND, ARSH, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSE
                      R1, R2, R3, R6, R8, R9, W, B, H, Insn, addi, alu64, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
                      movi, rshi, be)
 from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
+from bpf.cdecl import c_decl
 from bpf.uapi import Helper
 
 from .points import Point
@@ -172,7 +173,7 @@ def where(point: Point, text: str) -> Predicate:
         t = t.strip()
         if st_.deref:
             if not isinstance(t, Ptr):
-                raise PredicateError(f"--where {path}: {walked} is not a pointer ({t.c_decl('')})")
+                raise PredicateError(f"--where {path}: {walked} is not a pointer ({c_decl(t)})")
             if in_object:
                 chain.append(off)
             t, off, in_object = t.target.strip(), 0, True
@@ -181,11 +182,11 @@ def where(point: Point, text: str) -> Predicate:
         elif isinstance(t, Ptr):
             raise PredicateError(f"--where {path}: {walked} is a pointer: use -> before {st_.name}")
         if not isinstance(t, Composite):
-            raise PredicateError(f"--where {path}: {walked} is not a struct or union ({t.c_decl('')})")
+            raise PredicateError(f"--where {path}: {walked} is not a struct or union ({c_decl(t)})")
         try:
             mem, bits = t.member(st_.name)
         except Exception:  # noqa: BLE001 - a BTFError: say it in the user's words
-            raise PredicateError(f"--where {path}: {t.c_decl('')} has no member {st_.name!r}") from None
+            raise PredicateError(f"--where {path}: {c_decl(t)} has no member {st_.name!r}") from None
         bits_at = (off * 8 + bits, mem.bitfield_size) if mem.bitfield_size else None
         off += bits // 8
         t = mem.type
@@ -255,7 +256,7 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
     elif isinstance(leaf, (Int, Enum, Enum64)):
         size, signed = leaf.size, bool(getattr(leaf, "signed", False))
     else:
-        raise PredicateError(f"--where {f.path}: cannot compare a {leaf.c_decl('')}")
+        raise PredicateError(f"--where {f.path}: cannot compare a {c_decl(leaf)}")
     if size not in SIZES:
         raise PredicateError(f"--where {f.path}: a {size}-byte field cannot be compared")
     value = _value(f.path, text, leaf)
@@ -300,6 +301,6 @@ def _value(path: str, text: str, leaf: Type) -> int:
     except ValueError:
         hint = ""
         if isinstance(leaf, (Enum, Enum64)):
-            hint = f" (names of {leaf.c_decl('')}: {', '.join(list(leaf.values)[:6])}, ...)"
+            hint = f" (names of {c_decl(leaf)}: {', '.join(list(leaf.values)[:6])}, ...)"
         raise PredicateError(f"--where {path}: {text!r} is not a number{hint}") from None
     return v & 0xFFFFFFFFFFFFFFFF
