@@ -6,6 +6,7 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Iterable, Union
 
+from .errors import AsmError
 from .uapi import PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, Helper
 
 # instruction classes
@@ -64,10 +65,6 @@ class Label:
 def _s32(v: int) -> int:
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v & 0x80000000 else v
-
-
-class AsmError(ValueError):
-    """Bad instruction stream: unknown or duplicate label, jump out of range."""
 
 
 # ---- builders ---------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""BTF types as objects (and BTFError): a record's words read on access, the types it refers to resolved by id."""
+"""BTF types as objects: a record's words read on access, the types it refers to resolved by id."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from .errors import BTFError
 
 if TYPE_CHECKING:
     from .btf import BTF
@@ -10,17 +12,6 @@ if TYPE_CHECKING:
 INT_SIGNED, INT_CHAR, INT_BOOL = 1, 2, 4
 LINKAGE = {0: "static", 1: "global", 2: "extern"}
 _MAX_CHAIN = 256  # longer chains of type references are loops (of a corrupt blob)
-
-
-class BTFError(Exception):
-    """A BTF operation that failed: `op` says what was attempted, `cause` why."""
-
-    def __init__(self, op: str, cause: object):
-        super().__init__(op, cause)
-        self.op, self.cause = op, cause
-
-    def __str__(self) -> str:
-        return f"{self.op}: {self.cause}"
 
 
 class Type:

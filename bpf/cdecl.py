@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .btf_types import _MAX_CHAIN, Array, BTFError, Const, Func, FuncProto, Ptr, Restrict, Type, TypeTag, Var, Volatile
+from .btf_types import _MAX_CHAIN, Array, Const, Func, FuncProto, Ptr, Restrict, Type, TypeTag, Var, Volatile
+from .errors import BTFError
 
 if TYPE_CHECKING:
     from .btf import BTF

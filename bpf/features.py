@@ -7,7 +7,7 @@ import os
 from typing import Callable
 
 from . import asm
-from .errors import BPFError, NotSupported
+from .errors import NotSupported, SyscallError
 from .link import kprobe_pmu_type
 from .maps import Map
 from .prog import load
@@ -17,15 +17,16 @@ _cache: dict[str, NotSupported | None] = {}
 
 
 def probe(feature: str, fn: Callable[[], None]) -> NotSupported | None:
-    """Run fn once per process: None if it worked, else the NotSupported it raised (or made of a BPFError)."""
+    """Run fn once per process: None if it worked, else the NotSupported it raised, or one made of the
+    SyscallError it raised (keeping its errno)."""
     if feature not in _cache:
         try:
             fn()
             _cache[feature] = None
         except NotSupported as e:
             _cache[feature] = e
-        except BPFError as e:
-            _cache[feature] = NotSupported(feature, _explain(e))
+        except SyscallError as e:
+            _cache[feature] = NotSupported(feature, _explain(e), e.errno)
     return _cache[feature]
 
 
@@ -35,7 +36,7 @@ def require(feature: str, fn: Callable[[], None]) -> None:
         raise err
 
 
-def _explain(e: BPFError) -> str:
+def _explain(e: SyscallError) -> str:
     if e.errno == errno.EPERM:
         return "the kernel refuses them (EPERM)"
     if e.errno == errno.EINVAL:
@@ -81,11 +82,13 @@ def bpf_syscall() -> NotSupported | None:
     def fn():
         try:
             Map(MapType.ARRAY, 4, 4, 1, name="probe").close()
-        except BPFError as e:
+        except SyscallError as e:
             if e.errno == errno.EPERM:
-                raise NotSupported("bpf()", "operation not permitted: run as root (or with CAP_BPF and CAP_PERFMON)")
+                raise NotSupported("bpf()", "operation not permitted: run as root (or with CAP_BPF and CAP_PERFMON)",
+                                   e.errno) from None
             if e.errno == errno.ENOSYS:
-                raise NotSupported("bpf()", "this kernel has no bpf() system call (CONFIG_BPF_SYSCALL off)")
+                raise NotSupported("bpf()", "this kernel has no bpf() system call (CONFIG_BPF_SYSCALL off)",
+                                   e.errno) from None
             raise
     return probe("bpf()", fn)
 

@@ -6,7 +6,7 @@ import ctypes
 import errno
 import os
 
-from .errors import BPFError
+from .errors import SyscallError
 from .sys import FD, FDOwner, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
 from .uapi import Cmd, MapType, UpdateFlags
 
@@ -67,7 +67,7 @@ class Map(FDOwner):
         if ret < 0:
             if err == errno.ENOENT:
                 return None
-            raise BPFError(f"look up in map {self.name}", err)
+            raise SyscallError(f"look up in map {self.name}", err)
         return v.raw
 
     def update(self, key, value: bytes, flags: UpdateFlags = UpdateFlags.ANY) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from . import asm
-from .errors import BPFError, VerifierError
+from .errors import SyscallError, VerifierError
 from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
 from .uapi import AttachType, Cmd, ProgType
 
@@ -81,7 +81,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "") -> Program:
     """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC)
-    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as BPFError."""
+    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError."""
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
     buf = ctypes.create_string_buffer(code, len(code))
@@ -102,7 +102,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
     if fd >= 0:
         return Program(FD(fd), name, resolved, text)
     if err == errno.EPERM:  # a policy refusal: a log would say nothing more
-        raise BPFError(op, err)
+        raise SyscallError(op, err)
     size = LOG_START
     level = log_level or 1
     while True:
@@ -114,4 +114,4 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
             continue
         if text.strip():
             raise VerifierError(op, err2 if err2 != errno.ENOSPC else err, text)
-        raise BPFError(op, err)
+        raise SyscallError(op, err)
