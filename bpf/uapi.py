@@ -138,9 +138,11 @@ RINGBUF_BUSY_BIT = 1 << 31
 RINGBUF_DISCARD_BIT = 1 << 30
 RINGBUF_HDR_SZ = 8
 
+# src_reg of ld_imm64 (what imm is) and of call (what is called)
 PSEUDO_MAP_FD = 1
 PSEUDO_MAP_VALUE = 2
-PSEUDO_CALL = 1
+PSEUDO_CALL = 1          # a BPF-to-BPF call: imm is the callee's offset
+PSEUDO_KFUNC_CALL = 2    # a kernel function: imm is its BTF id
 
 STATS_RUN_TIME = 0
 

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from bpf.asm import (ALU64, AND, ARSH, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, K, R0,
-                     R1, R2, R3, R6, R8, R9, W, B, H, Insn, addi, alu64, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
+from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
+                     R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
                      movi, rshi, be)
 from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
 from bpf.cdecl import c_decl
@@ -19,7 +19,6 @@ from .program import STACK_CTX
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
 STACK_COMM = -192     # 16 bytes for comparisons (below the builder's slots)
-SIZES = {1: B, 2: H, 4: W, 8: DW}
 
 
 class PredicateError(ValueError):
@@ -53,7 +52,7 @@ def _compare_bytes(base: int, off: int, want: bytes, label_no: str) -> list:
             if len(want) - i >= n:
                 break
         val = int.from_bytes(want[i:i + n], "little")
-        out.append(ldx(SIZES[n], R0, base, off + i))
+        out.append(ldx(BYTES_SIZE[n], R0, base, off + i))
         if val >= 1 << 31:   # a jump's imm32 is sign-extended: 0x80000000 and up would never be equal
             out += [ld_imm64(R1, val), jmp(JNE, R0, R1, label_no, reg=True)]
         else:
@@ -257,7 +256,7 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
         size, signed = leaf.size, bool(getattr(leaf, "signed", False))
     else:
         raise PredicateError(f"--where {f.path}: cannot compare a {c_decl(leaf)}")
-    if size not in SIZES:
+    if size not in BYTES_SIZE:
         raise PredicateError(f"--where {f.path}: a {size}-byte field cannot be compared")
     value = _value(f.path, text, leaf)
 
@@ -268,7 +267,7 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
             b.emit(mov(R8, R9))
             if size < 8:
                 items.append(lshi(R8, 64 - 8 * size))
-                items.append(arsh(R8, 64 - 8 * size) if signed else rshi(R8, 64 - 8 * size))
+                items.append(arshi(R8, 64 - 8 * size) if signed else rshi(R8, 64 - 8 * size))
         elif f.bits is not None:
             bit_off, nbits = f.bits
             b.read(DW, R8, R9, bit_off // 8)
@@ -276,9 +275,9 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
             if nbits < 64:
                 items += [ld_imm64(R1, (1 << nbits) - 1), alu64(AND, R8, R1, reg=True)]
         else:
-            b.read(SIZES[size], R8, R9, f.off)
+            b.read(BYTES_SIZE[size], R8, R9, f.off)
             if signed and size < 8:
-                items += [lshi(R8, 64 - 8 * size), arsh(R8, 64 - 8 * size)]
+                items += [lshi(R8, 64 - 8 * size), arshi(R8, 64 - 8 * size)]
         if big_endian and size > 1 and f.bits is None:
             items.append(be(R8, 8 * size))   # network order in memory: compare as the number users write
         if op == "&":
@@ -287,10 +286,6 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
         ops = _OPS_SIGNED if signed else _OPS_UNSIGNED
         return items + [ld_imm64(R1, value), jmp(ops[op], R8, R1, "out", reg=True)]
     return emit
-
-
-def arsh(reg: int, n: int):
-    return Insn(ALU64 | ARSH | K, reg, 0, 0, n)
 
 
 def _value(path: str, text: str, leaf: Type) -> int:

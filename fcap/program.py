@@ -30,7 +30,6 @@ from bpf.asm import (
     SUB,
     B,
     H,
-    Insn,
     W,
     addi,
     alu64,
@@ -86,7 +85,6 @@ COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 # starts: where a linktype's bytes begin
 START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
 PACKET_OUTGOING = 4
-KFUNC_CALL = 2           # BPF_PSEUDO_KFUNC_CALL
 
 # stack slots
 STACK_KEY = -4           # u32 key (the point id) for the scratch and counter lookups
@@ -230,7 +228,7 @@ class Builder:
         if self.p.typed:
             self.emit(ldx(size, dst, base, off))
             return
-        nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
+        nbytes = asm.SIZE_BYTES[size]
         self.emit(mov(R1, FP), addi(R1, STACK_TMP), movi(R2, nbytes), mov(R3, base), addi(R3, off),
                   st(DW, FP, STACK_TMP, 0) if nbytes < 8 else [],
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK_TMP))
@@ -316,7 +314,7 @@ class Builder:
         if self.p.typed:
             self.emit(ldx(size, R0, base, off), stx(size, R7, meta_off, R0))
         else:
-            nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
+            nbytes = asm.SIZE_BYTES[size]
             self.emit(mov(R1, R7), addi(R1, meta_off), movi(R2, nbytes), mov(R3, base), addi(R3, off),
                       call(Helper.probe_read_kernel))
 
@@ -403,7 +401,7 @@ class Builder:
         if o.dynptr_kfunc and self.p.typed:
             # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
             self.emit(stx(DW, FP, STACK_N, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK_DYNPTR),
-                      Insn(asm.JMP | asm.CALL, 0, KFUNC_CALL, 0, o.dynptr_kfunc),
+                      asm.kfunc_call(o.dynptr_kfunc),
                       ldx(DW, R2, FP, STACK_N), jmp(JNE, R0, 0, "out"),
                       jmp(JGT, R8, HDR_MAX, "out"), mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
                       mov(R3, FP), addi(R3, STACK_DYNPTR), ldx(H, R4, R7, OFF_SKIP), movi(R5, 0),
@@ -444,14 +442,13 @@ class Builder:
 
     def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
         """A load past the copied bytes: bpf_dynptr_read from the skb (offset relative to the capture start)."""
-        nbytes = {B: 1, H: 2, W: 4}.get(size, size)
         # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
         # R6 is the buffer (scratch + PKT) while the filter runs; R7 may belong to the translator
         return [mov(R4, off_reg), ldx(H, R0, R6, OFF_HDR - PKT), alu64(SUB, R4, R0, reg=True),
                 jmp(JSLT, R4, 0, reject), ldx(H, R0, R6, OFF_SKIP - PKT), alu64(ADD, R4, R0, reg=True),
-                mov(R1, FP), addi(R1, STACK_SLOW), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK_DYNPTR),
+                mov(R1, FP), addi(R1, STACK_SLOW), movi(R2, size), mov(R3, FP), addi(R3, STACK_DYNPTR),
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
-                ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK_SLOW)]
+                ldx(asm.BYTES_SIZE[size], dst, FP, STACK_SLOW)]
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, MUL, R0, R1, R2, R3, R4, R5, R6, R7, R8,
-                     R9, SUB, B, H, Insn, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
+                     R9, SUB, B, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
                      rshi, st, stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
@@ -161,7 +161,7 @@ def _bytes(b, hdr: int) -> None:
            label("r_link_done"),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
            mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, cp.STACK_DYNPTR),
-           Insn(asm.JMP | asm.CALL, 0, cp.KFUNC_CALL, 0, m.dynptr_kfunc), asm.jmp(JNE, R0, 0, "r_unlock"),
+           asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, "r_unlock"),
            ldx(DW, R1, FP, STACK_RING_OFF), asm.jmp(JGT, R1, m.ring_size - 1, "r_unlock"),
            alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, cp.HDR_MAX, "r_unlock"),
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, cp.STACK_N), asm.jmp(JGT, R2, cp.COPY_MAX, "r_unlock"),
@@ -253,7 +253,7 @@ def _put(text: int, at: int, data: bytes, base: int = R7) -> list:
     out, i = [], 0
     while i < len(data):
         n = 4 if len(data) - i >= 4 else 2 if len(data) - i >= 2 else 1
-        out.append(st({4: W, 2: H, 1: B}[n], base, text + at + i, int.from_bytes(data[i:i + n], "little")))
+        out.append(st(asm.BYTES_SIZE[n], base, text + at + i, int.from_bytes(data[i:i + n], "little")))
         i += n
     return out
 

@@ -160,7 +160,7 @@ class Session:
             from bpf import asm
             items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
                      asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
-                     asm.Insn(asm.JMP | asm.CALL, 0, cprog.KFUNC_CALL, 0, f.id), asm.movi(asm.R0, 0), asm.exit_()]
+                     asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
                  attach_btf_id=point.btf_id, what="probe skb dynptr").close()
         return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
