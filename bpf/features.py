@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import os
 from typing import Callable
 
 from . import asm
@@ -30,12 +29,6 @@ def probe(feature: str, fn: Callable[[], None]) -> NotSupported | None:
     return _cache[feature]
 
 
-def require(feature: str, fn: Callable[[], None]) -> None:
-    err = probe(feature, fn)
-    if err is not None:
-        raise err
-
-
 def _explain(e: SyscallError) -> str:
     if e.errno == errno.EPERM:
         return "the kernel refuses them (EPERM)"
@@ -58,23 +51,12 @@ def tracing_program(attach: AttachType, btf_id: int, btf_obj_fd: int = 0, label:
     return probe(f"{what}", fn)
 
 
-def raw_tracepoint_program() -> NotSupported | None:
-    return probe("raw_tp programs", lambda: load(ProgType.RAW_TRACEPOINT, _ret0(), name="probe",
-                                                 what="probe raw_tp").close())
-
-
 def kprobe_program() -> NotSupported | None:
     def fn():
         if kprobe_pmu_type() is None:
             raise NotSupported("kprobe", "this kernel has no kprobes (CONFIG_KPROBES is off)")
         load(ProgType.KPROBE, _ret0(), name="probe", what="probe kprobe").close()
     return probe("kprobe", fn)
-
-
-def map_type(kind: MapType, key: int = 4, value: int = 4, entries: int = 1) -> NotSupported | None:
-    size = os.sysconf("SC_PAGE_SIZE") if kind == MapType.RINGBUF else entries
-    k, v = (0, 0) if kind == MapType.RINGBUF else (key, value)
-    return probe(f"{kind.name.lower()} maps", lambda: Map(kind, k, v, size, name="probe").close())
 
 
 def bpf_syscall() -> NotSupported | None:
@@ -92,6 +74,3 @@ def bpf_syscall() -> NotSupported | None:
             raise
     return probe("bpf()", fn)
 
-
-def clear_cache() -> None:
-    _cache.clear()

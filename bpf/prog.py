@@ -10,7 +10,7 @@ from typing import Iterable
 from . import asm
 from .errors import SyscallError, VerifierError
 from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
-from .uapi import AttachType, Cmd, ProgType
+from .uapi import BPF_OBJ_NAME_LEN, AttachType, Cmd, ProgType
 
 LOG_START = 64 * 1024
 LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
@@ -92,7 +92,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
         log = ctypes.create_string_buffer(size) if level else None
         attr = ProgLoadAttr(prog_type=prog_type, insn_cnt=len(code) // 8, insns=addr(buf), license=addr(lic),
                             log_level=level, log_size=size if level else 0, log_buf=addr(log),
-                            prog_name=name.encode()[:15], expected_attach_type=expected_attach_type,
+                            prog_name=name.encode()[:BPF_OBJ_NAME_LEN - 1], expected_attach_type=expected_attach_type,
                             attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd)
         fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
         text = log.value.decode(errors="replace") if log is not None else ""

@@ -8,7 +8,7 @@ import errno
 import os
 
 from .errors import SyscallError
-from .uapi import SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
+from .uapi import STATS_RUN_TIME, SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _syscall = _libc.syscall
@@ -187,7 +187,7 @@ def obj_info(fd: int, info: ctypes.Structure, op: str) -> ctypes.Structure:
     return info
 
 
-def enable_stats(kind: int = 0) -> FD:
+def enable_stats(kind: int = STATS_RUN_TIME) -> FD:
     """BPF_ENABLE_STATS: run-time stats on while the returned fd is open."""
     return FD(bpf(Cmd.ENABLE_STATS, EnableStatsAttr(type=kind), "enable BPF run-time stats"))
 
