@@ -110,7 +110,7 @@ class BTF:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise BTFError(f"read {path}", e.strerror or e) from e
+            raise BTFError(f"read {path}", e.strerror or e, e.errno) from e
         return cls.load(data, base, name or os.path.basename(path))
 
     @classmethod

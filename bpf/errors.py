@@ -56,10 +56,10 @@ class NotSupported(BPFError):
 
 
 class BTFError(BPFError):
-    """A BTF operation that failed: `op` says what was attempted, `cause` why."""
+    """A BTF operation that failed: `op` says what was attempted, `cause` why (`errno` when a read failed)."""
 
-    def __init__(self, op: str, cause: object):
-        super().__init__(op, cause)
+    def __init__(self, op: str, cause: object, errno: int | None = None):
+        super().__init__(op, cause, errno=errno)
         self.op, self.cause = op, cause
 
     def __str__(self) -> str:

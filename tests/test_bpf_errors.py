@@ -32,6 +32,9 @@ def test_errno_is_data():
     assert NotSupported("kprobe", "no kprobes").errno is None
     assert BTFError("parse x", "truncated").errno is None and str(BTFError("parse x", "truncated")) == \
         "parse x: truncated"
+    with pytest.raises(BTFError, match="read /nonexistent") as raised:
+        BTF.load_file("/nonexistent/btf")
+    assert raised.value.errno == errno.ENOENT
     assert AsmError("bad").errno is None and CBPFError("bad", 3).index == 3
 
 
