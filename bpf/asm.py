@@ -6,13 +6,15 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Iterable, Union
 
-from .uapi import PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, Helper
+from .errors import AsmError
+from .uapi import PSEUDO_CALL, PSEUDO_KFUNC_CALL, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, Helper
 
 # instruction classes
 LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
 # sizes
 W, H, B, DW = 0x00, 0x08, 0x10, 0x18
-SIZE_BYTES = {W: 4, H: 2, B: 1, DW: 8}
+SIZE_BYTES = {W: 4, H: 2, B: 1, DW: 8}                    # size code -> bytes
+BYTES_SIZE = {n: size for size, n in SIZE_BYTES.items()}   # bytes -> size code
 # modes
 IMM, ABS, IND, MEM, MEMSX, ATOMIC = 0x00, 0x20, 0x40, 0x60, 0x80, 0xC0
 # source
@@ -66,10 +68,6 @@ def _s32(v: int) -> int:
     return v - (1 << 32) if v & 0x80000000 else v
 
 
-class AsmError(ValueError):
-    """Bad instruction stream: unknown or duplicate label, jump out of range."""
-
-
 # ---- builders ---------------------------------------------------------------------------------
 
 def _alu(cls: int, op: int, dst: int, src: int | None, imm: int) -> Insn:
@@ -121,6 +119,16 @@ def rshi(dst: int, imm: int) -> Insn:
     return Insn(ALU64 | RSH | K, dst, 0, 0, imm)
 
 
+def arsh(dst: int, src: int) -> Insn:
+    """dst s>>= src (64-bit, sign-extending)."""
+    return Insn(ALU64 | ARSH | X, dst, src)
+
+
+def arshi(dst: int, imm: int) -> Insn:
+    """dst s>>= imm (64-bit, sign-extending)."""
+    return Insn(ALU64 | ARSH | K, dst, 0, 0, imm)
+
+
 def be(dst: int, bits: int) -> Insn:
     """Convert dst between host (little-endian) and big-endian order, zero-extending (bits 16/32/64)."""
     return Insn(ALU | END | TO_BE, dst, 0, 0, bits)
@@ -139,16 +147,6 @@ def stx(size: int, dst: int, off: int, src: int) -> Insn:
 def st(size: int, dst: int, off: int, imm: int) -> Insn:
     """*(size *)(dst + off) = imm"""
     return Insn(ST | MEM | size, dst, 0, off, imm)
-
-
-def kfunc_call(btf_id: int) -> Insn:
-    """Call the kernel function with BTF id `btf_id` (vmlinux)."""
-    return Insn(JMP | CALL, 0, 2, 0, btf_id)
-
-
-def xadd(size: int, dst: int, off: int, src: int) -> Insn:
-    """lock *(size *)(dst + off) += src"""
-    return Insn(STX | ATOMIC | size, dst, src, off, ADD)
 
 
 FETCH = 0x01
@@ -196,6 +194,11 @@ def ja(target: Target) -> Insn:
 
 def call(helper: int) -> Insn:
     return Insn(JMP | CALL, 0, 0, 0, int(helper))
+
+
+def kfunc_call(btf_id: int) -> Insn:
+    """Call the kernel function (kfunc) whose vmlinux BTF id is `btf_id`."""
+    return Insn(JMP | CALL, 0, PSEUDO_KFUNC_CALL, 0, btf_id)
 
 
 def exit_() -> Insn:
@@ -271,7 +274,8 @@ _ALU_SYM = {ADD: "+=", SUB: "-=", MUL: "*=", DIV: "/=", OR: "|=", AND: "&=", LSH
             MOD: "%=", XOR: "^=", MOV: "=", ARSH: "s>>="}
 _JMP_SYM = {JEQ: "==", JGT: ">", JGE: ">=", JSET: "&", JNE: "!=", JSGT: "s>", JSGE: "s>=", JLT: "<",
             JLE: "<=", JSLT: "s<", JSLE: "s<="}
-_SZ = {W: "u32", H: "u16", B: "u8", DW: "u64"}
+_SZ = {size: f"u{8 * n}" for size, n in SIZE_BYTES.items()}
+_CALLEE = {PSEUDO_CALL: "pc{:+d}", PSEUDO_KFUNC_CALL: "kfunc#{}"}  # by src_reg; 0: a helper
 
 
 def _helper_name(imm: int) -> str:
@@ -281,52 +285,69 @@ def _helper_name(imm: int) -> str:
         return f"helper#{imm}"
 
 
-def format_insn(ins: Insn) -> str:
-    cls, op = ins.op & 7, ins.op & 0xF0
-    d, s = f"r{ins.dst}", f"r{ins.src}"
-    if cls in (ALU, ALU64):
-        w = "" if cls == ALU64 else "w"
-        d, s = (f"w{ins.dst}", f"w{ins.src}") if w else (d, s)
-        if op == END:
-            return f"r{ins.dst} = {'be' if ins.op & X else 'le'}{ins.imm} r{ins.dst}"
-        if op == NEG:
-            return f"{d} = -{d}"
-        rhs = s if ins.op & X else (hex(ins.imm) if ins.imm >= 0 else str(ins.imm))
-        return f"{d} {_ALU_SYM.get(op, '?=')} {rhs}"
-    if cls in (JMP, JMP32):
-        if op == CALL:
-            return f"call {_helper_name(ins.imm)}" if ins.src == 0 else f"call pc{ins.imm:+d}"
-        if op == EXIT:
-            return "exit"
-        tgt = ins.target or f"{ins.off:+d}"
-        if op == JA:
-            return f"goto {tgt}"
-        if cls == JMP32:
-            d, s = f"w{ins.dst}", f"w{ins.src}"
-        rhs = s if ins.op & X else hex(ins.imm & 0xFFFFFFFF)
-        return f"if {d} {_JMP_SYM.get(op, '?')} {rhs} goto {tgt}"
-    size = ins.op & 0x18
-    mode = ins.op & 0xE0
-    if cls == LD and ins.imm64 is not None:
+def _fmt_alu(ins: Insn) -> str:
+    op, r = ins.op & 0xF0, "w" if ins.op & 7 == ALU else "r"
+    d = f"{r}{ins.dst}"
+    if op == END:
+        return f"r{ins.dst} = {'be' if ins.op & X else 'le'}{ins.imm} r{ins.dst}"
+    if op == NEG:
+        return f"{d} = -{d}"
+    rhs = f"{r}{ins.src}" if ins.op & X else (hex(ins.imm) if ins.imm >= 0 else str(ins.imm))
+    return f"{d} {_ALU_SYM.get(op, '?=')} {rhs}"
+
+
+def _fmt_jmp(ins: Insn) -> str:
+    op, r = ins.op & 0xF0, "w" if ins.op & 7 == JMP32 else "r"
+    if op == CALL:
+        callee = _helper_name(ins.imm) if ins.src == 0 else _CALLEE.get(ins.src, _CALLEE[PSEUDO_CALL]).format(ins.imm)
+        return f"call {callee}"
+    if op == EXIT:
+        return "exit"
+    tgt = ins.target or f"{ins.off:+d}"
+    if op == JA:
+        return f"goto {tgt}"
+    rhs = f"{r}{ins.src}" if ins.op & X else hex(ins.imm & 0xFFFFFFFF)
+    return f"if {r}{ins.dst} {_JMP_SYM.get(op, '?')} {rhs} goto {tgt}"
+
+
+def _fmt_ld(ins: Insn) -> str:
+    d, mode = f"r{ins.dst}", ins.op & 0xE0
+    if ins.imm64 is not None:
         if ins.src == PSEUDO_MAP_FD:
             return f"{d} = map[fd:{ins.imm64}]"
         if ins.src == PSEUDO_MAP_VALUE:
             return f"{d} = map[fd:{ins.imm64 & 0xFFFFFFFF}][0]+{ins.imm64 >> 32}"
         return f"{d} = {hex(ins.imm64)} ll"
-    if cls == LD and mode in (ABS, IND):
+    if mode in (ABS, IND):
         where = f"{ins.imm}" if mode == ABS else f"r{ins.src} + {ins.imm}"
-        return f"r0 = ntoh(*({_SZ[size]} *)skb[{where}])"
-    if cls == LDX:
-        return f"{d} = *({_SZ[size]} *)({s} {ins.off:+d})"
-    if cls == STX and mode == ATOMIC:
-        if ins.imm == ADD | FETCH:
-            return f"{s} = atomic_fetch_add(({_SZ[size]} *)({d} {ins.off:+d}), {s})"
-        return f"lock *({_SZ[size]} *)({d} {ins.off:+d}) += {s}"
-    if cls == STX:
-        return f"*({_SZ[size]} *)({d} {ins.off:+d}) = {s}"
-    if cls == ST:
-        return f"*({_SZ[size]} *)({d} {ins.off:+d}) = {hex(ins.imm)}"
+        return f"r0 = ntoh(*({_SZ[ins.op & 0x18]} *)skb[{where}])"
     return f"unknown op {ins.op:#04x}"
+
+
+def _fmt_ldx(ins: Insn) -> str:
+    return f"r{ins.dst} = *({_SZ[ins.op & 0x18]} *)(r{ins.src} {ins.off:+d})"
+
+
+def _fmt_st(ins: Insn) -> str:
+    return f"*({_SZ[ins.op & 0x18]} *)(r{ins.dst} {ins.off:+d}) = {hex(ins.imm)}"
+
+
+def _fmt_stx(ins: Insn) -> str:
+    mem, s = f"({_SZ[ins.op & 0x18]} *)(r{ins.dst} {ins.off:+d})", f"r{ins.src}"
+    if ins.op & 0xE0 != ATOMIC:
+        return f"*{mem} = {s}"
+    if ins.imm == ADD | FETCH:
+        return f"{s} = atomic_fetch_add({mem}, {s})"
+    return f"lock *{mem} += {s}"
+
+
+_FORMAT = {ALU: _fmt_alu, ALU64: _fmt_alu, JMP: _fmt_jmp, JMP32: _fmt_jmp, LD: _fmt_ld, LDX: _fmt_ldx, ST: _fmt_st,
+           STX: _fmt_stx}
+
+
+def format_insn(ins: Insn) -> str:
+    """One instruction in bpftool's syntax."""
+    return _FORMAT[ins.op & 7](ins)
 
 
 def disassemble(items: Iterable[Item] | bytes) -> str:

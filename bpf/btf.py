@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from enum import IntEnum
 from itertools import accumulate, compress
 
-from .btf_types import (INT_BOOL, INT_CHAR, INT_SIGNED, LINKAGE, Array, BTFError, Composite, Const, Datasec, DeclTag,
+from .btf_types import (INT_BOOL, INT_CHAR, INT_SIGNED, LINKAGE, Array, Composite, Const, Datasec, DeclTag,
                         Enum, Enum64, Float, Func, FuncProto, Fwd, Int, Member, Param, Ptr, Restrict, Struct, Type,
                         Typedef, TypeTag, Union, Var, VarSecinfo, Void, Volatile)
 from .cdecl import c_decl
+from .errors import BTFError
 
-# The reader's own names, then those of bpf.btf_types and bpf.cdecl: `from bpf.btf import ...` finds them all here.
+# The reader's own names, then those of bpf.btf_types, bpf.cdecl and BTFError: `from bpf.btf import ...` finds
+# them all here.
 __all__ = ["BTF", "KIND_NAMES", "SYSFS_BTF", "Kind", "BTFError", "c_decl",
            "INT_BOOL", "INT_CHAR", "INT_SIGNED", "LINKAGE", "Array", "Composite", "Const", "Datasec", "DeclTag", "Enum",
            "Enum64", "Float", "Func", "FuncProto", "Fwd", "Int", "Member", "Param", "Ptr", "Restrict", "Struct", "Type",
@@ -108,7 +110,7 @@ class BTF:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise BTFError(f"read {path}", e.strerror or e) from e
+            raise BTFError(f"read {path}", e.strerror or e, e.errno) from e
         return cls.load(data, base, name or os.path.basename(path))
 
     @classmethod

@@ -1,8 +1,10 @@
-"""BTF types as objects (and BTFError): a record's words read on access, the types it refers to resolved by id."""
+"""BTF types as objects: a record's words read on access, the types it refers to resolved by id."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from .errors import BTFError
 
 if TYPE_CHECKING:
     from .btf import BTF
@@ -10,17 +12,6 @@ if TYPE_CHECKING:
 INT_SIGNED, INT_CHAR, INT_BOOL = 1, 2, 4
 LINKAGE = {0: "static", 1: "global", 2: "extern"}
 _MAX_CHAIN = 256  # longer chains of type references are loops (of a corrupt blob)
-
-
-class BTFError(Exception):
-    """A BTF operation that failed: `op` says what was attempted, `cause` why."""
-
-    def __init__(self, op: str, cause: object):
-        super().__init__(op, cause)
-        self.op, self.cause = op, cause
-
-    def __str__(self) -> str:
-        return f"{self.op}: {self.cause}"
 
 
 class Type:
@@ -48,9 +39,6 @@ class Type:
     def strip(self) -> Type:
         """The type under any typedef/const/volatile/restrict/type_tag."""
         return self
-
-    def c_decl(self, name: str = "") -> str:
-        return _cdecl.c_decl(self, name)
 
 
 class Void(Type):
@@ -257,10 +245,6 @@ class Func(_Ref):
     linkage = property(lambda self: LINKAGE.get(self.vlen, "unknown"))
     proto = property(lambda self: self.target)
 
-    def c_prototype(self) -> str:
-        """E.g. `int ip_send_skb(struct net *net, struct sk_buff *skb)`."""
-        return _cdecl.c_decl(self)
-
 
 class Param(_Item):
     __slots__ = ()
@@ -319,7 +303,3 @@ class DeclTag(_Ref):
     __slots__, kind = (), "decl_tag"
     component_idx = property(lambda self: self._word(3) - (1 << 32) if self._word(3) >> 31 else self._word(3),
                              doc="-1: the tagged type itself; else the index of its member or parameter")
-
-
-# Last, as bpf.cdecl builds on the classes above: then either module may be imported first.
-from . import cdecl as _cdecl  # noqa: E402

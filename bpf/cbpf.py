@@ -7,16 +7,9 @@ from dataclasses import dataclass
 
 from . import asm
 from .asm import FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
+from .errors import CBPFError
 
 __all__ = ["MEMWORDS", "CBPFError", "PacketModel", "disassemble", "translate", "validate"]
-
-
-class CBPFError(ValueError):
-    """An invalid (or unsupported) cBPF program; `index` is the offending instruction, when there is one."""
-
-    def __init__(self, msg: str, index: int | None = None):
-        super().__init__(msg if index is None else f"cBPF instruction {index}: {msg}")
-        self.index = index
 
 
 SlowLoad = Callable[[int, int, int, str], list]

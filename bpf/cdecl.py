@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .btf_types import _MAX_CHAIN, Array, BTFError, Const, Func, FuncProto, Ptr, Restrict, Type, TypeTag, Var, Volatile
+from .btf_types import _MAX_CHAIN, Array, Const, Func, FuncProto, Ptr, Restrict, Type, TypeTag, Var, Volatile
+from .errors import BTFError
 
 if TYPE_CHECKING:
     from .btf import BTF
 
 
 def c_decl(t: Type, name: str = "") -> str:
-    """C declaration of `name` as type `t`: `struct sk_buff *skb`, `int (*fn)(int)`, `char name[16]`."""
+    """C declaration of `name` as type `t`: `struct sk_buff *skb`, `int (*fn)(int)`, `char name[16]`; of a FUNC or
+    VAR, named after it unless `name` is given: `int ip_send_skb(struct net *net, struct sk_buff *skb)`."""
     try:
         if isinstance(t, (Func, Var)):
             return _decl(t.btf, t.target_id, name or t.name)

@@ -1,14 +1,24 @@
-"""Typed errors of the BPF toolkit: each names the operation and the cause."""
+"""Typed errors of the BPF toolkit, under one root (BPFError): each names the operation and the cause."""
+
+from __future__ import annotations
 
 import errno as _errno
 import os
 
 
-class BPFError(OSError):
-    """A bpf()/perf_event_open() call failed: `op` is what was attempted, `errno` why."""
+class BPFError(Exception):
+    """Root of every error bpf/ raises. `errno` is the errno of the system call that failed, None if none did."""
+
+    def __init__(self, *args: object, errno: int | None = None):
+        super().__init__(*args)
+        self.errno = errno
+
+
+class SyscallError(BPFError, OSError):
+    """A bpf()/perf_event_open() call failed: `op` is what was attempted, `errno` why (also an OSError)."""
 
     def __init__(self, op: str, err: int, detail: str = ""):
-        super().__init__(err, os.strerror(err) if err else detail)
+        OSError.__init__(self, err, os.strerror(err) if err else detail)
         self.op = op
         self.detail = detail
 
@@ -21,8 +31,8 @@ class BPFError(OSError):
         return f"{msg}: {self.detail}" if self.detail else msg
 
 
-class VerifierError(BPFError):
-    """The verifier rejected a program; `log` holds the whole verifier log."""
+class VerifierError(SyscallError):
+    """The verifier rejected a program; `log` holds the whole verifier log, `detail` the line that says why."""
 
     def __init__(self, op: str, err: int, log: str):
         self.log = log
@@ -35,10 +45,34 @@ class VerifierError(BPFError):
         super().__init__(op, err, tail)
 
 
-class NotSupported(Exception):
-    """This kernel lacks a feature: `feature` is what was probed, `reason` why it is not there."""
+class NotSupported(BPFError):
+    """This kernel lacks a feature: `feature` is what was probed, `reason` why it is not there, `errno` the
+    refused call's errno (None when the probe needed no call to know)."""
 
-    def __init__(self, feature: str, reason: str):
-        super().__init__(f"{feature} not supported: {reason}")
+    def __init__(self, feature: str, reason: str, errno: int | None = None):
+        super().__init__(f"{feature} not supported: {reason}", errno=errno)
         self.feature = feature
         self.reason = reason
+
+
+class BTFError(BPFError):
+    """A BTF operation that failed: `op` says what was attempted, `cause` why (`errno` when a read failed)."""
+
+    def __init__(self, op: str, cause: object, errno: int | None = None):
+        super().__init__(op, cause, errno=errno)
+        self.op, self.cause = op, cause
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.cause}"
+
+
+class AsmError(BPFError, ValueError):
+    """Bad instruction stream: unknown or duplicate label, jump out of range, truncated bytes."""
+
+
+class CBPFError(BPFError, ValueError):
+    """An invalid (or unsupported) cBPF program; `index` is the offending instruction, when there is one."""
+
+    def __init__(self, msg: str, index: int | None = None):
+        super().__init__(msg if index is None else f"cBPF instruction {index}: {msg}")
+        self.index = index

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 
-from .errors import BPFError
+from .errors import SyscallError
 from .sys import FD, LinkCreateAttr, PerfEventAttr, RawTracepointAttr, addr, bpf, bpf_errno, perf_event_open
 from .uapi import PERF_FLAG_FD_CLOEXEC, AttachType, Cmd, PerfIoctl
 
@@ -63,7 +64,7 @@ def attach_kprobe(prog_fd: int, func: str, retprobe: bool = False) -> Link:
     what = f"{'kretprobe' if retprobe else 'kprobe'}/{func}"
     pmu = kprobe_pmu_type()
     if pmu is None:
-        raise BPFError(f"attach {what}", 2, "this kernel has no kprobe PMU (CONFIG_KPROBES off)")
+        raise SyscallError(f"attach {what}", errno.ENOENT, "this kernel has no kprobe PMU (CONFIG_KPROBES off)")
     name = ctypes.create_string_buffer(func.encode())
     attr = PerfEventAttr(type=pmu, config=1 if retprobe else 0, config1=addr(name), config2=0, sample_period=1)
     pfd = FD(perf_event_open(attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC, f"create {what}"))
@@ -76,7 +77,7 @@ def attach_kprobe(prog_fd: int, func: str, retprobe: bool = False) -> Link:
             fcntl.ioctl(pfd.fd, PerfIoctl.SET_BPF, prog_fd)
             fcntl.ioctl(pfd.fd, PerfIoctl.ENABLE, 0)
         except OSError as e:
-            raise BPFError(f"attach {what}", e.errno or err) from None
+            raise SyscallError(f"attach {what}", e.errno or err) from None
         return Link([pfd], what)
     except BaseException:
         pfd.close()

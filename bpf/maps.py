@@ -1,4 +1,4 @@
-"""BPF maps: array, per-CPU array, hash, ring buffer and perf event array (their fds and element access)."""
+"""BPF maps: array, per-CPU array and perf event array (their fds and element access)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import ctypes
 import errno
 import os
 
-from .errors import BPFError
+from .errors import SyscallError
 from .sys import FD, FDOwner, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
-from .uapi import Cmd, MapType, UpdateFlags
+from .uapi import BPF_OBJ_NAME_LEN, Cmd, MapType, UpdateFlags
 
 
 def possible_cpus() -> int:
@@ -45,7 +45,7 @@ class Map(FDOwner):
         self.key_size, self.value_size, self.max_entries = key_size, value_size, max_entries
         self.name = name
         attr = MapCreateAttr(map_type=self.type, key_size=key_size, value_size=value_size,
-                             max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
+                             max_entries=max_entries, map_flags=flags, map_name=name.encode()[:BPF_OBJ_NAME_LEN - 1])
         self.fd = FD(bpf(Cmd.MAP_CREATE, attr, f"create {self.type.name.lower()} map {name or ''}".strip()))
 
     @property
@@ -67,7 +67,7 @@ class Map(FDOwner):
         if ret < 0:
             if err == errno.ENOENT:
                 return None
-            raise BPFError(f"look up in map {self.name}", err)
+            raise SyscallError(f"look up in map {self.name}", err)
         return v.raw
 
     def update(self, key, value: bytes, flags: UpdateFlags = UpdateFlags.ANY) -> None:
@@ -97,11 +97,6 @@ class ArrayMap(Map):
         return mmap.mmap(self.fd.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-class HashMap(Map):
-    def __init__(self, key_size: int, value_size: int, max_entries: int, name: str = ""):
-        super().__init__(MapType.HASH, key_size, value_size, max_entries, 0, name)
-
-
 class PerCPUArrayMap(Map):
     """Values are one slot per possible CPU, each rounded up to 8 bytes."""
 
@@ -129,12 +124,3 @@ class PerfEventArrayMap(Map):
     def __init__(self, max_entries: int | None = None, name: str = ""):
         super().__init__(MapType.PERF_EVENT_ARRAY, 4, 4, max_entries or possible_cpus(), 0, name)
 
-
-class RingBufMap(Map):
-    """A BPF ring buffer of `size` bytes (a power of two, a multiple of the page size)."""
-
-    def __init__(self, size: int, name: str = ""):
-        page = os.sysconf("SC_PAGE_SIZE")
-        if size < page or size & (size - 1):
-            raise ValueError(f"ring buffer size {size} must be a power of two ≥ {page}")
-        super().__init__(MapType.RINGBUF, 0, 0, size, 0, name)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from . import asm
-from .errors import BPFError, VerifierError
+from .errors import SyscallError, VerifierError
 from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
-from .uapi import AttachType, Cmd, ProgType
+from .uapi import BPF_OBJ_NAME_LEN, AttachType, Cmd, ProgType
 
 LOG_START = 64 * 1024
 LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
@@ -81,7 +81,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "") -> Program:
     """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC)
-    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as BPFError."""
+    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError."""
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
     buf = ctypes.create_string_buffer(code, len(code))
@@ -92,7 +92,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
         log = ctypes.create_string_buffer(size) if level else None
         attr = ProgLoadAttr(prog_type=prog_type, insn_cnt=len(code) // 8, insns=addr(buf), license=addr(lic),
                             log_level=level, log_size=size if level else 0, log_buf=addr(log),
-                            prog_name=name.encode()[:15], expected_attach_type=expected_attach_type,
+                            prog_name=name.encode()[:BPF_OBJ_NAME_LEN - 1], expected_attach_type=expected_attach_type,
                             attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd)
         fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
         text = log.value.decode(errors="replace") if log is not None else ""
@@ -102,7 +102,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
     if fd >= 0:
         return Program(FD(fd), name, resolved, text)
     if err == errno.EPERM:  # a policy refusal: a log would say nothing more
-        raise BPFError(op, err)
+        raise SyscallError(op, err)
     size = LOG_START
     level = log_level or 1
     while True:
@@ -114,4 +114,4 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
             continue
         if text.strip():
             raise VerifierError(op, err2 if err2 != errno.ENOSPC else err, text)
-        raise BPFError(op, err)
+        raise SyscallError(op, err)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 
-from .errors import BPFError
-from .uapi import SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
+from .errors import SyscallError
+from .uapi import STATS_RUN_TIME, SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _syscall = _libc.syscall
@@ -99,10 +100,10 @@ def addr(obj) -> int:
 
 
 def bpf(cmd: Cmd, attr: ctypes.Structure, op: str) -> int:
-    """Call bpf(cmd, &attr, sizeof attr); raise BPFError(op, errno) on failure."""
+    """Call bpf(cmd, &attr, sizeof attr); raise SyscallError(op, errno) on failure."""
     ret = _syscall(SYS_BPF, ctypes.c_int(int(cmd)), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
     if ret < 0:
-        raise BPFError(op, ctypes.get_errno())
+        raise SyscallError(op, ctypes.get_errno())
     return ret
 
 
@@ -117,7 +118,7 @@ def perf_event_open(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int, flag
     ret = _syscall(SYS_PERF_EVENT_OPEN, ctypes.byref(attr), ctypes.c_int(pid), ctypes.c_int(cpu),
                    ctypes.c_int(group_fd), ctypes.c_ulong(flags))
     if ret < 0:
-        raise BPFError(op, ctypes.get_errno())
+        raise SyscallError(op, ctypes.get_errno())
     return ret
 
 
@@ -186,7 +187,7 @@ def obj_info(fd: int, info: ctypes.Structure, op: str) -> ctypes.Structure:
     return info
 
 
-def enable_stats(kind: int = 0) -> FD:
+def enable_stats(kind: int = STATS_RUN_TIME) -> FD:
     """BPF_ENABLE_STATS: run-time stats on while the returned fd is open."""
     return FD(bpf(Cmd.ENABLE_STATS, EnableStatsAttr(type=kind), "enable BPF run-time stats"))
 
@@ -199,13 +200,13 @@ def kernel_btf_objects() -> list[tuple[int, str]]:
         attr = GetIdAttr(start_id=start)
         ret, err = bpf_errno(Cmd.BTF_GET_NEXT_ID, attr)
         if ret < 0:
-            if err == 2:  # ENOENT: the end
+            if err == errno.ENOENT:  # the end
                 return out
-            raise BPFError("list BTF objects", err)
+            raise SyscallError("list BTF objects", err)
         start = attr.next_id
         try:
             fd = FD(bpf(Cmd.BTF_GET_FD_BY_ID, GetIdAttr(start_id=start), f"open BTF object {start}"))
-        except BPFError:
+        except SyscallError:
             continue
         with fd:
             name = ctypes.create_string_buffer(64)
@@ -219,4 +220,4 @@ def btf_fd_by_name(name: str) -> FD:
     for obj_id, obj_name in kernel_btf_objects():
         if obj_name == name:
             return FD(bpf(Cmd.BTF_GET_FD_BY_ID, GetIdAttr(start_id=obj_id), f"open BTF of {name}"))
-    raise BPFError(f"find kernel BTF object {name!r}", 2)
+    raise SyscallError(f"find kernel BTF object {name!r}", errno.ENOENT)

@@ -107,10 +107,6 @@ class Helper(IntEnum):
     ktime_get_tai_ns = 208
 
 
-class ProgFlags(IntFlag):
-    NONE = 0
-
-
 class MapFlags(IntFlag):
     NONE = 0
     NO_PREALLOC = 1 << 0
@@ -128,19 +124,12 @@ class UpdateFlags(IntEnum):
 # bpf_perf_event_output / bpf_skb_output flags
 F_INDEX_MASK = 0xFFFFFFFF
 F_CURRENT_CPU = F_INDEX_MASK
-F_CTXLEN_SHIFT = 32
-F_CTXLEN_MASK = 0xFFFFF << 32
 
-# bpf_ringbuf_output / submit flags
-RB_NO_WAKEUP = 1 << 0
-RB_FORCE_WAKEUP = 1 << 1
-RINGBUF_BUSY_BIT = 1 << 31
-RINGBUF_DISCARD_BIT = 1 << 30
-RINGBUF_HDR_SZ = 8
-
+# src_reg of ld_imm64 (what imm is) and of call (what is called)
 PSEUDO_MAP_FD = 1
 PSEUDO_MAP_VALUE = 2
-PSEUDO_CALL = 1
+PSEUDO_CALL = 1          # a BPF-to-BPF call: imm is the callee's offset
+PSEUDO_KFUNC_CALL = 2    # a kernel function: imm is its BTF id
 
 STATS_RUN_TIME = 0
 
@@ -154,7 +143,6 @@ class PerfType(IntEnum):
 PERF_COUNT_SW_BPF_OUTPUT = 10
 PERF_SAMPLE_RAW = 1 << 10
 PERF_FLAG_FD_CLOEXEC = 1 << 3
-PERF_ATTR_FLAG_DISABLED = 1 << 0
 PERF_ATTR_FLAG_WATERMARK = 1 << 14
 
 

@@ -5,13 +5,12 @@ scratch value's comment area; the skb's address and the length every packet."""
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DW, FP, JEQ, JGT, JNE, MUL, R0, R1, R2, R3, R4, R5, R7, R9, SUB, B, H, W, addi, alu64,
-                     andi, ja, label, ld_imm64, ldx, mov, movi, rshi, st, stx)
+from bpf.asm import (ADD, AND, BYTES_SIZE, DW, FP, JEQ, JGT, JNE, MUL, R0, R1, R2, R3, R4, R5, R7, R9, SUB, B, W,
+                     addi, alu64, andi, ja, label, ld_imm64, ldx, mov, movi, rshi, st, stx)
 
 from .layout import CAREA, COMMENT, KEY_WORDS, META, MID_MAX, STACK, TEXT_MID, TEXT_POS_MASK, TEXT_SKB
 
 DIV10 = 0xCCCCCCCD       # (v * DIV10) >> 35 == v // 10 for every u32 v
-_BPF_SIZE = {1: B, 2: H, 4: W, 8: DW}
 
 
 def text_offset(scratch_size: int) -> int:
@@ -48,12 +47,13 @@ def _cache_check(b, area: int) -> None:
     b.emit(CAREA.load(R0, R7, "valid", area), asm.jmp(JEQ, R0, 0, "c_miss"))
     at = key
     for off, n in KEY_WORDS:
-        b.emit(ldx(_BPF_SIZE[n], R0, R7, off), ldx(_BPF_SIZE[n], R1, R7, at), asm.jmp(JNE, R0, R1, "c_miss", reg=True))
+        size = BYTES_SIZE[n]
+        b.emit(ldx(size, R0, R7, off), ldx(size, R1, R7, at), asm.jmp(JNE, R0, R1, "c_miss", reg=True))
         at += n
     b.emit(ja("c_hit"), label("c_miss"))
     at = key
     for off, n in KEY_WORDS:
-        b.emit(ldx(_BPF_SIZE[n], R0, R7, off), stx(_BPF_SIZE[n], R7, at, R0))
+        b.emit(ldx(BYTES_SIZE[n], R0, R7, off), stx(BYTES_SIZE[n], R7, at, R0))
         at += n
     b.emit(CAREA.store_imm(R7, "valid", 1, area))
 
@@ -79,7 +79,7 @@ def _put(text: int, at: int, data: bytes, base: int = R7) -> list:
     out, i = [], 0
     while i < len(data):
         n = 4 if len(data) - i >= 4 else 2 if len(data) - i >= 2 else 1
-        out.append(st(_BPF_SIZE[n], base, text + at + i, int.from_bytes(data[i:i + n], "little")))
+        out.append(st(BYTES_SIZE[n], base, text + at + i, int.from_bytes(data[i:i + n], "little")))
         i += n
     return out
 

@@ -9,11 +9,10 @@ from collections import namedtuple
 from dataclasses import dataclass
 
 from bpf import asm
-from bpf.asm import DW, B, H, W
+from bpf.asm import BYTES_SIZE
 
 from .pcapfile import BT_EPB, EPB_FLAGS, EPB_PACKETID, FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT
 
-_BPF_SIZE = {1: B, 2: H, 4: W, 8: DW}
 
 
 class Layout:
@@ -48,15 +47,15 @@ class Layout:
     def load(self, dst: int, base: int, name: str, at: int = 0) -> asm.Insn:
         """dst = the field `name` of the structure at base + at."""
         off, width = self._at[name]
-        return asm.ldx(_BPF_SIZE[width], dst, base, at + off)
+        return asm.ldx(BYTES_SIZE[width], dst, base, at + off)
 
     def store(self, base: int, name: str, src: int, at: int = 0) -> asm.Insn:
         off, width = self._at[name]
-        return asm.stx(_BPF_SIZE[width], base, at + off, src)
+        return asm.stx(BYTES_SIZE[width], base, at + off, src)
 
     def store_imm(self, base: int, name: str, imm: int, at: int = 0) -> asm.Insn:
         off, width = self._at[name]
-        return asm.st(_BPF_SIZE[width], base, at + off, imm)
+        return asm.st(BYTES_SIZE[width], base, at + off, imm)
 
     def words(self, names: tuple) -> list[tuple[int, int]]:
         """(offset, bytes) loads of at most 8 aligned bytes that cover the named fields, adjacent ones merged."""

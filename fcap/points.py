@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
+from bpf.cdecl import c_decl
+
 from .errors import PointError
 
 SKB = "sk_buff"
 TP_PREFIX = "btf_trace_"
 KINDS = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
 FUNC_KINDS = ("fentry", "fexit", "kprobe")
-TP_KINDS = ("tp_btf", "raw_tp")
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Param:
     type: Type
 
     def c(self) -> str:
-        return self.type.c_decl(self.name)
+        return c_decl(self.type, self.name)
 
 
 @dataclass
@@ -36,7 +37,6 @@ class Point:
     skb_index: int             # which of them is the skb
     ret: Type | None = None    # return type (functions)
     id: int = 0                # this point's number in a capture (records carry it)
-    extras: dict = field(default_factory=dict)
 
     @property
     def spec(self) -> str:
@@ -62,7 +62,7 @@ class Point:
         return direction_of(self.name)
 
     def prototype(self) -> str:
-        return c_prototype(self.ret, self.name, self.params, tracepoint=not self.is_function)
+        return c_prototype(self.ret, self.name, self.params)
 
 
 def is_skb_ptr(t: Type) -> bool:
@@ -73,9 +73,9 @@ def is_skb_ptr(t: Type) -> bool:
     return target.kind == "struct" and target.name == SKB
 
 
-def c_prototype(ret: Type | None, name: str, params: list[Param], tracepoint: bool = False) -> str:
-    ret_c = ret.c_decl("") if ret is not None else "void"
-    args = ", ".join(p.c() if p.name else p.type.c_decl("") for p in params) or "void"
+def c_prototype(ret: Type | None, name: str, params: list[Param]) -> str:
+    ret_c = c_decl(ret) if ret is not None else "void"
+    args = ", ".join(p.c() if p.name else c_decl(p.type) for p in params) or "void"
     sep = "" if ret_c.endswith("*") else " "
     return f"{ret_c}{sep}{name}({args})"
 
@@ -248,11 +248,11 @@ def list_points(pattern: str | None = None) -> list[Listing]:
             seen.add(name)
             ps = [Param(p.name or ("skb" if is_skb_ptr(p.type) else ""), p.type) for p in params]
             out.append(Listing(f"tp_btf/{name}", "tp_btf", name, btf.name or "vmlinux",
-                               c_prototype(None, name, ps, tracepoint=True)))
+                               c_prototype(None, name, ps)))
     for btf in btfs:
         for func, _idx in btf.funcs_taking_pointer_to(SKB):
             name = func.name
             if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("fentry/" + name, pattern)):
                 continue
-            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", func.c_prototype()))
+            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", c_decl(func)))
     return out

@@ -6,10 +6,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from bpf.asm import (ALU64, AND, ARSH, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, K, R0,
-                     R1, R2, R3, R6, R8, R9, W, B, H, Insn, addi, alu64, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
+from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
+                     R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
                      movi, rshi, be)
 from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
+from bpf.cdecl import c_decl
 from bpf.uapi import Helper
 
 from .points import Point
@@ -18,7 +19,6 @@ from .errors import PredicateError
 
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
-SIZES = {1: B, 2: H, 4: W, 8: DW}
 
 
 def _drop_unless_equal(reg: int, value: int) -> list:
@@ -48,7 +48,7 @@ def _compare_bytes(base: int, off: int, want: bytes, label_no: str) -> list:
             if len(want) - i >= n:
                 break
         val = int.from_bytes(want[i:i + n], "little")
-        out.append(ldx(SIZES[n], R0, base, off + i))
+        out.append(ldx(BYTES_SIZE[n], R0, base, off + i))
         if val >= 1 << 31:   # a jump's imm32 is sign-extended: 0x80000000 and up would never be equal
             out += [ld_imm64(R1, val), jmp(JNE, R0, R1, label_no, reg=True)]
         else:
@@ -168,7 +168,7 @@ def where(point: Point, text: str) -> Predicate:
         t = t.strip()
         if st_.deref:
             if not isinstance(t, Ptr):
-                raise PredicateError(f"--where {path}: {walked} is not a pointer ({t.c_decl('')})")
+                raise PredicateError(f"--where {path}: {walked} is not a pointer ({c_decl(t)})")
             if in_object:
                 chain.append(off)
             t, off, in_object = t.target.strip(), 0, True
@@ -177,11 +177,11 @@ def where(point: Point, text: str) -> Predicate:
         elif isinstance(t, Ptr):
             raise PredicateError(f"--where {path}: {walked} is a pointer: use -> before {st_.name}")
         if not isinstance(t, Composite):
-            raise PredicateError(f"--where {path}: {walked} is not a struct or union ({t.c_decl('')})")
+            raise PredicateError(f"--where {path}: {walked} is not a struct or union ({c_decl(t)})")
         try:
             mem, bits = t.member(st_.name)
         except Exception:  # noqa: BLE001 - a BTFError: say it in the user's words
-            raise PredicateError(f"--where {path}: {t.c_decl('')} has no member {st_.name!r}") from None
+            raise PredicateError(f"--where {path}: {c_decl(t)} has no member {st_.name!r}") from None
         bits_at = (off * 8 + bits, mem.bitfield_size) if mem.bitfield_size else None
         off += bits // 8
         t = mem.type
@@ -251,8 +251,8 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
     elif isinstance(leaf, (Int, Enum, Enum64)):
         size, signed = leaf.size, bool(getattr(leaf, "signed", False))
     else:
-        raise PredicateError(f"--where {f.path}: cannot compare a {leaf.c_decl('')}")
-    if size not in SIZES:
+        raise PredicateError(f"--where {f.path}: cannot compare a {c_decl(leaf)}")
+    if size not in BYTES_SIZE:
         raise PredicateError(f"--where {f.path}: a {size}-byte field cannot be compared")
     value = _value(f.path, text, leaf)
 
@@ -263,7 +263,7 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
             b.emit(mov(R8, R9))
             if size < 8:
                 items.append(lshi(R8, 64 - 8 * size))
-                items.append(arsh(R8, 64 - 8 * size) if signed else rshi(R8, 64 - 8 * size))
+                items.append(arshi(R8, 64 - 8 * size) if signed else rshi(R8, 64 - 8 * size))
         elif f.bits is not None:
             bit_off, nbits = f.bits
             b.read(DW, R8, R9, bit_off // 8)
@@ -271,9 +271,9 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
             if nbits < 64:
                 items += [ld_imm64(R1, (1 << nbits) - 1), alu64(AND, R8, R1, reg=True)]
         else:
-            b.read(SIZES[size], R8, R9, f.off)
+            b.read(BYTES_SIZE[size], R8, R9, f.off)
             if signed and size < 8:
-                items += [lshi(R8, 64 - 8 * size), arsh(R8, 64 - 8 * size)]
+                items += [lshi(R8, 64 - 8 * size), arshi(R8, 64 - 8 * size)]
         if big_endian and size > 1 and f.bits is None:
             items.append(be(R8, 8 * size))   # network order in memory: compare as the number users write
         if op == "&":
@@ -284,10 +284,6 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
     return emit
 
 
-def arsh(reg: int, n: int):
-    return Insn(ALU64 | ARSH | K, reg, 0, 0, n)
-
-
 def _value(path: str, text: str, leaf: Type) -> int:
     if isinstance(leaf, (Enum, Enum64)) and text in leaf.values:
         return leaf.values[text] & 0xFFFFFFFFFFFFFFFF
@@ -296,6 +292,6 @@ def _value(path: str, text: str, leaf: Type) -> int:
     except ValueError:
         hint = ""
         if isinstance(leaf, (Enum, Enum64)):
-            hint = f" (names of {leaf.c_decl('')}: {', '.join(list(leaf.values)[:6])}, ...)"
+            hint = f" (names of {c_decl(leaf)}: {', '.join(list(leaf.values)[:6])}, ...)"
         raise PredicateError(f"--where {path}: {text!r} is not a number{hint}") from None
     return v & 0xFFFFFFFFFFFFFFFF

@@ -180,7 +180,7 @@ class Builder:
         if self.p.typed:
             self.emit(ldx(size, dst, base, off))
             return
-        nbytes = {B: 1, H: 2, W: 4, DW: 8}[size]
+        nbytes = asm.SIZE_BYTES[size]
         self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
                   st(DW, FP, STACK.tmp, 0) if nbytes < 8 else [],
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
@@ -395,14 +395,14 @@ class Builder:
 
     def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
         """A load past the copied bytes: bpf_dynptr_read from the skb (offset relative to the capture start)."""
-        nbytes = {B: 1, H: 2, W: 4}.get(size, size)
+        nbytes = asm.SIZE_BYTES.get(size, size)
         # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
         # R6 is the buffer (scratch + PKT) while the filter runs; R7 may belong to the translator
         return [mov(R4, off_reg), META.load(R0, R6, "hdr", -PKT), alu64(SUB, R4, R0, reg=True),
                 jmp(JSLT, R4, 0, reject), META.load(R0, R6, "skip", -PKT), alu64(ADD, R4, R0, reg=True),
                 mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
-                ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK.slow)]
+                ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,

@@ -258,8 +258,8 @@ class Session:
         name = f"fcap_{p.name}"[:15]
         if p.kind == "fentry" or p.kind == "fexit":
             refused = features.tracing_program(self._attach_type(p), p.btf_id, label=f"{p.kind} programs")
-            if refused is not None and "EPERM" in refused.reason:
-                raise CaptureError(_explain_refusal(p, BPFError("load", errno.EPERM)))
+            if refused is not None and refused.errno == errno.EPERM:
+                raise CaptureError(_explain_refusal(p, refused))
         if p.kind == "kprobe":
             refused = features.kprobe_program()
             if refused is not None:

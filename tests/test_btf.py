@@ -212,7 +212,7 @@ def test_c_decl(small):
     assert c_decl(t(ids["cchar_ptr"]), "name") == "const char *name"
     assert c_decl(t(ids["uint"]), "len") == "unsigned int len"
     assert c_decl(t(ids["fn"]), "fn") == "int (*fn)(int)"
-    assert t(ids["sk_buff"]).member("name")[0].type.c_decl("name") == "char name[16]"
+    assert c_decl(t(ids["sk_buff"]).member("name")[0].type, "name") == "char name[16]"
     assert c_decl(t(ids["skb_ptr"])) == "struct sk_buff *" and c_decl(t(ids["uint"])) == "unsigned int"
     assert c_decl(t(ids["color"]), "c") == "enum color c" and c_decl(t(ids["big"])) == "enum big"
     assert c_decl(t(ids["fwd_sock"]), "sk") == "struct sock sk" and c_decl(t(0)) == "void"
@@ -251,15 +251,14 @@ def test_prototypes(small):
     btf, ids = small
     f = btf.find("ip_send_skb", "func")
     assert isinstance(f, Func) and f.linkage == "global" and f.proto.ret.name == "int"
-    assert f.c_prototype() == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
+    assert c_decl(f) == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
     assert [(p.name, p.type.kind) for p in f.proto.params] == [("net", "ptr"), ("skb", "ptr")]
     printk = btf.find("printk")
     assert printk.proto.variadic and len(printk.proto.params) == 1
-    assert printk.c_prototype() == "int printk(const char *fmt, ...)"
+    assert c_decl(printk) == "int printk(const char *fmt, ...)"
     noargs = btf.find("noargs")
-    assert noargs.c_prototype() == "void *noargs(void)" and noargs.linkage == "static"
+    assert c_decl(noargs) == "void *noargs(void)" and noargs.linkage == "static"
     assert not noargs.proto.variadic and noargs.proto.params == []
-    assert c_decl(f) == f.c_prototype()
 
 
 def test_find(small):
@@ -319,7 +318,7 @@ def test_split():
     assert {f.name for f, _ in base.funcs_taking_pointer_to("sk_buff")} == {"ip_send_skb", "skb_cmp"}
     assert [f.name for f, _ in mod.funcs_taking_pointer_to("net_device")] == ["mod_xmit", "mod_other"]
     assert [n for n, _ in mod.typedefs_to_func_proto("btf_trace_")] == ["btf_trace_mod_tp"]
-    assert mod.find("mod_xmit").c_prototype() == "int mod_xmit(struct sk_buff *skb, struct net_device *dev)"
+    assert c_decl(mod.find("mod_xmit")) == "int mod_xmit(struct sk_buff *skb, struct net_device *dev)"
     assert mod.kind_of(dev) == "struct" and mod.kind_of(bids["sk_buff"]) == "struct" and mod.kind_of(0) == "void"
     with pytest.raises(BTFError, match="out of range"):
         mod.type(len(mod))
@@ -336,7 +335,7 @@ def test_split_first_string():
 def test_big_endian():
     e, ids = sample(">")
     btf = e.load()
-    assert btf.find("ip_send_skb").c_prototype() == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
+    assert c_decl(btf.find("ip_send_skb")) == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
     assert btf.find("sk_buff").member("fclone")[0].bitfield_size == 2
     assert btf.find("big").values["HUGE"] == 1 << 40
     assert {f.name for f, _ in btf.funcs_taking_pointer_to("sk_buff")} == {"ip_send_skb", "skb_cmp"}
@@ -440,7 +439,7 @@ def test_vmlinux_basics():
     assert btf is BTF.vmlinux() and btf.name == "vmlinux" and btf.base is None and len(btf) > 1000
     assert "vmlinux" not in BTF.module_names()
     f = btf.find("ip_send_skb", "func")
-    assert f.c_prototype() == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
+    assert c_decl(f) == "int ip_send_skb(struct net *net, struct sk_buff *skb)"
     skb = btf.find("sk_buff", "struct")
     for name in ("len", "data_len", "head", "data", "mac_header", "network_header", "protocol"):
         skb.member(name)

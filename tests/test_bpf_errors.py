@@ -1,0 +1,50 @@
+"""bpf/'s errors: one root (bpf.BPFError), errno kept as data, the stdlib bases existing handlers rely on."""
+
+import errno
+
+import pytest
+
+import bpf
+from bpf import features
+from bpf.btf import BTF
+from bpf.cbpf import CBPFError
+from bpf.errors import AsmError, BPFError, BTFError, NotSupported, SyscallError, VerifierError
+from bpf.uapi import AttachType
+
+
+def test_one_root():
+    assert bpf.BPFError is BPFError
+    for cls in (SyscallError, VerifierError, NotSupported, BTFError, AsmError, CBPFError):
+        assert issubclass(cls, BPFError)
+    assert issubclass(SyscallError, OSError) and issubclass(VerifierError, SyscallError)
+    assert issubclass(AsmError, ValueError) and issubclass(CBPFError, ValueError)
+
+
+def test_errno_is_data():
+    e = SyscallError("load program x", errno.EPERM)
+    assert e.errno == errno.EPERM and e.errname == "EPERM" and e.op == "load program x"
+    assert str(e) == "load program x: Operation not permitted (EPERM)"
+    assert str(SyscallError("attach kprobe/f", errno.ENOENT, "no PMU")).endswith("(ENOENT): no PMU")
+    v = VerifierError("load p", errno.EACCES, "0: (b7) r0 = 0\nR1 invalid mem access\nprocessed 2 insns\n")
+    assert v.errno == errno.EACCES and v.detail == "R1 invalid mem access" and "processed" in v.log
+    n = NotSupported("fentry programs", "the kernel refuses them (EPERM)", errno.EPERM)
+    assert n.errno == errno.EPERM and n.feature == "fentry programs" and "refuses" in n.reason
+    assert NotSupported("kprobe", "no kprobes").errno is None
+    assert BTFError("parse x", "truncated").errno is None and str(BTFError("parse x", "truncated")) == \
+        "parse x: truncated"
+    with pytest.raises(BTFError, match="read /nonexistent") as raised:
+        BTF.load_file("/nonexistent/btf")
+    assert raised.value.errno == errno.ENOENT
+    assert AsmError("bad").errno is None and CBPFError("bad", 3).index == 3
+
+
+def test_a_refused_probe_keeps_the_errno():
+    """features turns a refused load into NotSupported with the call's errno (here fentry: EPERM on this host)."""
+    f = BTF.vmlinux().find("ip_output", "func")
+    if f is None:
+        pytest.skip("ip_output is not in this kernel's BTF")
+    err = features.tracing_program(AttachType.TRACE_FENTRY, f.id, label="fentry programs")
+    if err is None:
+        pytest.skip("this kernel loads fentry programs")
+    assert isinstance(err, NotSupported) and isinstance(err.errno, int)
+    assert errno.errorcode[err.errno] in err.reason   # the text says it too, but the errno is what callers test
