@@ -402,7 +402,7 @@ def _run(session, args, out: _Output, count: int, command: list[str]) -> int:
                     writer.flush()
             else:
                 printer.packet(rec.ts_ns + offset, rec.data, lt.number, rec.orig_len,
-                               names[rec.point] if len(names) > 1 else None, rec)
+                               names[rec.point] if len(names) > 1 else None)
         except BrokenPipeError:
             broken = True
             return False
