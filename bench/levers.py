@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 
+from . import report
 from .capture import Result, Tool, run_one, tools
+from .suite import median
 from .traffic import Sender
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +34,21 @@ LEVERS = [
     ("b205f77", "pid/tid and comm read straight from current (get_current_task_btf) instead of two helpers"),
     ("5e52c11", "timestamp and metadata read after the filter (cheaper rejects; same work for a capture)"),
 ]
+
+
+def run(args, log) -> int:
+    """python -m bench --levers: measure every lever's revision, then print the table (args.no_write) or rewrite
+    it in args.out. Raises BenchError."""
+    payload, count, reps = 64, 300_000, (1 if args.quick else 3)
+    log(f"levers: {len(LEVERS)} revisions, {payload}-byte payloads, {count:,} datagrams, {reps} round(s)")
+    results, bpf = measure(payload, count, reps, log)
+    text = table(results, bpf, payload, count, reps)
+    if args.no_write:
+        print(text)
+    else:
+        report.write_section(args.out, text, BEGIN, END)
+        log(f"wrote the levers table into {args.out}")
+    return 0
 
 
 def checkout(rev: str, into: str) -> str:
@@ -79,8 +96,7 @@ def measure(payload: int, count: int, reps: int, log, levers=LEVERS) -> tuple[li
                 r = run_one(sender, t, payload, count // 2, 0, bpf_stats=True)
                 bpf[name] = r.bpf_ns_per_hit
                 log(f"  {name:<16} BPF {r.bpf_ns_per_hit or 0:.0f} ns/run")
-        from .__main__ import _median
-        return [_median(runs[nm]) for nm in names], bpf
+        return [median(runs[nm]) for nm in names], bpf
     finally:
         sender.close()
         shutil.rmtree(tmp, ignore_errors=True)

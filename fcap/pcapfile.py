@@ -17,13 +17,17 @@ PCAP_MAGIC_US = 0xA1B2C3D4
 PCAP_MAGIC_NS = 0xA1B23C4D
 PCAP_MAGIC_KUZNETZOV = 0xA1B2CD34  # Alexey Kuznetzov's patched tcpdump: 24-byte record headers
 
-BT_SHB = 0x0A0D0D0A
-BT_IDB = 0x00000001
+# pcapng block types
+BT_SHB = 0x0A0D0D0A  # Section Header Block (the same bytes in either byte order)
+BT_IDB = 0x00000001  # Interface Description Block
 BT_OPB = 0x00000002  # obsolete Packet Block
-BT_SPB = 0x00000003
-BT_EPB = 0x00000006
+BT_SPB = 0x00000003  # Simple Packet Block
+BT_ISB = 0x00000005  # Interface Statistics Block
+BT_EPB = 0x00000006  # Enhanced Packet Block
 BYTE_ORDER_MAGIC = 0x1A2B3C4D
+PCAPNG_MAJOR, PCAPNG_MINOR = 1, 0
 
+# pcapng option codes: any block, then per block type
 OPT_ENDOFOPT = 0
 OPT_COMMENT = 1
 SHB_HARDWARE = 2
@@ -43,6 +47,8 @@ _NS = 1_000_000_000
 _IOV_MAX = 1024
 _MAX_BLOCK = 1 << 28  # sanity bound on one pcapng block (libpcap's largest snaplen is 128 MiB)
 _MAX_CAPLEN = {231: 128 * 1024 * 1024, 249: 1024 * 1024, 279: 8 * 1024 * 1024}  # DBUS, USBPCAP, EBHSCR
+_SHB_TYPE = struct.pack("<I", BT_SHB)
+_BYTE_ORDERS = {struct.pack("<I", BYTE_ORDER_MAGIC): "<", struct.pack(">I", BYTE_ORDER_MAGIC): ">"}
 
 
 class Record(NamedTuple):
@@ -261,7 +267,7 @@ class PcapngWriter(Writer):
         opts = (_option(SHB_HARDWARE, uname.machine.encode())
                 + _option(SHB_OS, f"{uname.system} {uname.release}".encode())
                 + _option(SHB_USERAPPL, userappl.encode()) + _END_OF_OPTIONS)
-        self._w(_block(BT_SHB, struct.pack("=IHHq", BYTE_ORDER_MAGIC, 1, 0, -1) + opts))
+        self._w(_block(BT_SHB, struct.pack("=IHHq", BYTE_ORDER_MAGIC, PCAPNG_MAJOR, PCAPNG_MINOR, -1) + opts))
 
     def add_interface(self, name: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, description: str = "") -> int:
         if not 0 <= linktype <= 0xFFFF:
@@ -358,7 +364,7 @@ def read(fileobj: BinaryIO | str | os.PathLike) -> Iterator[Record]:
     head = fileobj.read(4) or b""
     if len(head) < 4:
         raise PcapFormatError(f"not a capture file: only {len(head)} bytes")
-    if head == b"\n\r\r\n":
+    if head == _SHB_TYPE:
         return _read_pcapng(fileobj, head)
     for endian in "<>":
         (magic,) = struct.unpack(endian + "I", head)
@@ -447,18 +453,20 @@ def _idb(body: bytes, e: str, where: str) -> _Iface:
         elif code == IF_TSRESOL:
             if len(value) != 1:
                 raise PcapFormatError(f"{where}: if_tsresol has length {len(value)}, not 1")
-            exp = value[0] & 0x7F
-            if value[0] & 0x80:  # 2^-exp seconds
-                iface.mul, iface.div, iface.shift = _NS, 1, exp
-            elif exp <= 9:
-                iface.mul, iface.div, iface.shift = 10 ** (9 - exp), 1, 0
-            else:
-                iface.mul, iface.div, iface.shift = 1, 10 ** (exp - 9), 0
+            iface.mul, iface.div, iface.shift = _tsresol(value[0])
         elif code == IF_TSOFFSET:
             if len(value) != 8:
                 raise PcapFormatError(f"{where}: if_tsoffset has length {len(value)}, not 8")
             iface.offset_ns = struct.unpack(e + "q", value)[0] * _NS
     return iface
+
+
+def _tsresol(v: int) -> tuple[int, int, int]:
+    """(mul, div, shift) that turn a timestamp of resolution if_tsresol=v into nanoseconds."""
+    exp = v & 0x7F
+    if v & 0x80:  # 2^-exp seconds
+        return _NS, 1, exp
+    return (10 ** (9 - exp), 1, 0) if exp <= 9 else (1, 10 ** (exp - 9), 0)
 
 
 def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple[int | None, str | None, int | None]:
@@ -474,76 +482,107 @@ def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple[int | None,
     return flags, comment, packet_id
 
 
+class _Section:
+    """What a pcapng section's blocks depend on: its byte order, its interfaces so far."""
+
+    __slots__ = ("e", "ifaces")
+
+    def __init__(self) -> None:
+        self.e, self.ifaces = "<", []
+
+
 def _read_pcapng(f: BinaryIO, head: bytes) -> Iterator[Record]:
-    e = "<"
-    ifaces: list[_Iface] = []
-    first = True
+    section = _Section()
     index = 0  # block number, for messages
-    while True:
-        if first:
-            h, first = head + _read_exact(f, 4, "pcapng block header"), False
-        else:
-            h = f.read(8) or b""
-            if len(h) < 8:
-                if h:
-                    raise PcapFormatError(f"truncated file: block {index} header has {len(h)} of 8 bytes")
-                return
+    h = head + _read_exact(f, 4, "pcapng block header")
+    while h:
         where = f"block {index}"
-        if h[:4] == b"\n\r\r\n":
-            bom = _read_exact(f, 4, f"{where} byte-order magic")
-            if bom == b"\x4d\x3c\x2b\x1a":
-                e = "<"
-            elif bom == b"\x1a\x2b\x3c\x4d":
-                e = ">"
-            else:
-                raise PcapFormatError(f"{where}: Section Header Block has a bad byte-order magic {bom.hex()}")
-            btype, total = struct.unpack(e + "II", h)
-            if not 28 <= total <= _MAX_BLOCK or total % 4:
-                raise PcapFormatError(f"{where}: Section Header Block has a bad length {total}")
-            rest = _read_exact(f, total - 12, f"{where} (Section Header Block)")
-            body = bom + rest[:-4]
-            major, minor = struct.unpack_from(e + "HH", body, 4)
-            if major != 1:
-                raise PcapFormatError(f"{where}: unsupported pcapng version {major}.{minor}")
-            ifaces = []  # a new section: interface ids start again
-        else:
-            btype, total = struct.unpack(e + "II", h)
-            if not 12 <= total <= _MAX_BLOCK or total % 4:
-                raise PcapFormatError(f"{where}: block type {btype:#x} has a bad length {total}")
-            rest = _read_exact(f, total - 8, f"{where} (type {btype:#x}, {total} bytes)")
-            body = rest[:-4]
-        (trailer,) = struct.unpack(e + "I", rest[-4:])
-        if trailer != total:
-            raise PcapFormatError(f"{where}: block length {total} in header but {trailer} in trailer")
+        btype, total, body = _read_block(f, h, section, where)
         index += 1
-        if btype == BT_IDB:
-            ifaces.append(_idb(body, e, where))
-        elif btype == BT_EPB or btype == BT_OPB:
-            name = "Enhanced Packet Block" if btype == BT_EPB else "Packet Block"
-            if len(body) < 20:
-                raise PcapFormatError(f"{where}: {name} of {total} bytes is too short")
-            if btype == BT_EPB:
-                iface_id, hi, lo, caplen, length = struct.unpack_from(e + "IIIII", body)
-            else:
-                iface_id, _drops, hi, lo, caplen, length = struct.unpack_from(e + "HHIIII", body)
-            if 20 + caplen > len(body):
-                raise PcapFormatError(f"{where}: {name} capture length {caplen} exceeds the block ({total} bytes)")
-            if iface_id >= len(ifaces):
-                raise PcapFormatError(f"{where}: packet on interface {iface_id}, "
-                                      f"but {len(ifaces)} interfaces are described")
-            iface = ifaces[iface_id]
-            flags, comment, packet_id = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
-            yield Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
-                         iface.name, flags, comment, packet_id)
-        elif btype == BT_SPB:
-            if len(body) < 4:
-                raise PcapFormatError(f"{where}: Simple Packet Block of {total} bytes is too short")
-            if not ifaces:
-                raise PcapFormatError(f"{where}: Simple Packet Block before any Interface Description Block")
-            iface = ifaces[0]
-            (length,) = struct.unpack_from(e + "I", body)
-            caplen = min(length, len(body) - 4)
-            if iface.snaplen:
-                caplen = min(caplen, iface.snaplen)
-            yield Record(0, body[4:4 + caplen], length, iface.linktype, 0, iface.name)
+        reader = _BLOCK_READERS.get(btype)
         # any other block (name resolution, statistics, decryption secrets, custom...) is skipped
+        rec = reader(section, btype, body, total, where) if reader else None
+        if rec is not None:
+            yield rec
+        h = f.read(8) or b""
+        if 0 < len(h) < 8:
+            raise PcapFormatError(f"truncated file: block {index} header has {len(h)} of 8 bytes")
+
+
+def _read_block(f: BinaryIO, h: bytes, section: _Section, where: str) -> tuple[int, int, bytes]:
+    """The block whose first 8 bytes are h: its type, total length and body (without type, lengths)."""
+    if h[:4] == _SHB_TYPE:
+        return _read_shb(f, h, section, where)
+    btype, total = struct.unpack(section.e + "II", h)
+    if not 12 <= total <= _MAX_BLOCK or total % 4:
+        raise PcapFormatError(f"{where}: block type {btype:#x} has a bad length {total}")
+    rest = _read_exact(f, total - 8, f"{where} (type {btype:#x}, {total} bytes)")
+    _check_trailer(rest, total, section.e, where)
+    return btype, total, rest[:-4]
+
+
+def _read_shb(f: BinaryIO, h: bytes, section: _Section, where: str) -> tuple[int, int, bytes]:
+    """A Section Header Block: its byte-order magic sets the section's byte order; interface ids start again."""
+    bom = _read_exact(f, 4, f"{where} byte-order magic")
+    if bom not in _BYTE_ORDERS:
+        raise PcapFormatError(f"{where}: Section Header Block has a bad byte-order magic {bom.hex()}")
+    e = _BYTE_ORDERS[bom]
+    btype, total = struct.unpack(e + "II", h)
+    if not 28 <= total <= _MAX_BLOCK or total % 4:
+        raise PcapFormatError(f"{where}: Section Header Block has a bad length {total}")
+    rest = _read_exact(f, total - 12, f"{where} (Section Header Block)")
+    body = bom + rest[:-4]
+    major, minor = struct.unpack_from(e + "HH", body, 4)
+    if major != PCAPNG_MAJOR:
+        raise PcapFormatError(f"{where}: unsupported pcapng version {major}.{minor}")
+    _check_trailer(rest, total, e, where)
+    section.e, section.ifaces = e, []
+    return btype, total, body
+
+
+def _check_trailer(rest: bytes, total: int, e: str, where: str) -> None:
+    (trailer,) = struct.unpack(e + "I", rest[-4:])
+    if trailer != total:
+        raise PcapFormatError(f"{where}: block length {total} in header but {trailer} in trailer")
+
+
+def _interface_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> None:
+    section.ifaces.append(_idb(body, section.e, where))
+
+
+def _packet_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> Record:
+    """An Enhanced Packet Block, or the obsolete Packet Block."""
+    e = section.e
+    name = "Enhanced Packet Block" if btype == BT_EPB else "Packet Block"
+    if len(body) < 20:
+        raise PcapFormatError(f"{where}: {name} of {total} bytes is too short")
+    if btype == BT_EPB:
+        iface_id, hi, lo, caplen, length = struct.unpack_from(e + "IIIII", body)
+    else:
+        iface_id, _drops, hi, lo, caplen, length = struct.unpack_from(e + "HHIIII", body)
+    if 20 + caplen > len(body):
+        raise PcapFormatError(f"{where}: {name} capture length {caplen} exceeds the block ({total} bytes)")
+    if iface_id >= len(section.ifaces):
+        raise PcapFormatError(f"{where}: packet on interface {iface_id}, "
+                              f"but {len(section.ifaces)} interfaces are described")
+    iface = section.ifaces[iface_id]
+    flags, comment, packet_id = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
+    return Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
+                  iface.name, flags, comment, packet_id)
+
+
+def _simple_packet_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> Record:
+    if len(body) < 4:
+        raise PcapFormatError(f"{where}: Simple Packet Block of {total} bytes is too short")
+    if not section.ifaces:
+        raise PcapFormatError(f"{where}: Simple Packet Block before any Interface Description Block")
+    iface = section.ifaces[0]
+    (length,) = struct.unpack_from(section.e + "I", body)
+    caplen = min(length, len(body) - 4)
+    if iface.snaplen:
+        caplen = min(caplen, iface.snaplen)
+    return Record(0, body[4:4 + caplen], length, iface.linktype, 0, iface.name)
+
+
+_BLOCK_READERS = {BT_IDB: _interface_block, BT_EPB: _packet_block, BT_OPB: _packet_block,
+                  BT_SPB: _simple_packet_block}

@@ -15,14 +15,10 @@ class Printer:
         self.decode = getattr(args, "verbose", 0) > 0
         self.precision = "nano" if getattr(args, "nano", False) else "micro"
 
-    def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None,
-               rec=None) -> None:
+    def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None) -> None:
+        """One packet's line (point, when given, after the timestamp), then its hex dump or scapy's decode."""
         from . import show
-        line = show.summary(ts_ns, data, linktype, orig_len, precision=self.precision)
-        if point:
-            ts, _, rest = line.partition(" ")
-            line = f"{ts} {point} {rest}"
-        parts = [line, "\n"]
+        parts = [show.summary(ts_ns, data, linktype, orig_len, point, precision=self.precision), "\n"]
         if self.hexascii:
             parts += [show.hexdump(data, ascii=True), "\n"]
         elif self.hex:
@@ -30,8 +26,9 @@ class Printer:
         if self.decode:
             try:
                 parts += [show.scapy_decode(data, linktype), "\n"]
-            except ImportError as e:
+            except ImportError as e:  # said once: the next packets get their lines only
                 parts += [f"  ({e})\n"]
+                self.decode = False
         self.out.write("".join(parts))
 
     def flush(self) -> None:

@@ -32,7 +32,8 @@ def format_time(ts_ns: int, precision: str = "micro", style: str = "local") -> s
 
 class Summarizer:
     """One line per packet as `tcpdump -nn` prints it, with tcpdump's relative TCP sequence numbers (unless
-    relative_seq=False, as -S). prefix (say "[ip_output]") goes between the timestamp and the packet."""
+    relative_seq=False, as -S). prefix (say "[ip_output]") goes between the timestamp and the packet, and first
+    on the lines of invalid packets, which tcpdump prints without a timestamp."""
 
     def __init__(self, precision: str = "micro", time_style: str = "local", relative_seq: bool = True) -> None:
         self.precision, self.time_style = precision, time_style
@@ -42,10 +43,11 @@ class Summarizer:
         if self.seqs is not None and len(self.seqs) > 100_000:
             self.seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
         text = describe(data, linktype, orig_len, self.seqs)
-        if text.startswith("[Invalid header:"):
-            return text  # tcpdump prints no timestamp for these
+        stampless = text.startswith("[Invalid header:")  # tcpdump prints no timestamp for these
         if prefix:
             text = f"{prefix} {text}"
+        if stampless:
+            return text
         stamp = format_time(ts_ns, self.precision, self.time_style)
         return f"{stamp} {text}" if stamp else text
 

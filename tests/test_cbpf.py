@@ -51,6 +51,7 @@ def test_reference_interpreter_matches_libpcap():
         for pkt in pkts:
             assert H.run_cbpf(prog, pkt) == p.filter(pkt), (e, pkt.hex())
             n += 1
+    assert n == len(REF_EXPRS) * len(pkts) > 0
     print(f"reference interpreter: {n} (expression, packet) pairs agree with libpcap")
 
 
@@ -329,6 +330,7 @@ def _differential(corpus: Corpus, capacity: int, slow: bool, stride: int = 1) ->
                 h.close()
     if failures:
         pytest.fail("translated filters disagree with libpcap:\n" + "\n".join(failures))
+    assert stats["programs"] > 0 and stats["pairs"] > 0, f"no program ran on a packet: {stats}"
     return stats
 
 
@@ -358,6 +360,7 @@ def test_kernel_matches_libpcap_with_slow_loads(corpus):
     t0 = time.monotonic()
     stats = _differential(corpus, capacity=96, slow=True, stride=2)
     _report("96-byte buffer + slow_load", stats, t0)
+    assert stats["programs"] >= 200, stats  # the same filters as the test above: no fewer ran
 
 
 @kernel
@@ -382,6 +385,7 @@ def test_one_program_per_expression_returns_the_verdict(corpus):
     finally:
         for h in cache.values():
             h.close()
+    assert len(cache) >= 100 and pairs >= 40 * len(cache), (len(cache), pairs)
     print(f"\none program per expression: {len(cache)} programs, {pairs} pairs, {time.monotonic() - t0:.1f} s")
 
 
@@ -479,6 +483,7 @@ def test_random_programs_match_reference(capacity, slow):
         finally:
             h.close()
     assert not failures, "\n".join(failures)
+    assert pairs == len(progs) * len(pkts), pairs  # every program ran on every packet
     print(f"\nrandom programs (capacity {capacity}, slow_load {slow}): {pairs} pairs agree")
 
 

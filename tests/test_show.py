@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import re
 import shutil
 import socket
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from fcap import show
 from fcap.pcapfile import PcapFormatError, PcapWriter, read
+from fcap.printer import Printer
 from fcap.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
 
 scapy = pytest.importorskip("scapy.all", reason="scapy builds the test packets")
@@ -413,3 +416,41 @@ def test_no_printing(capsys):
     Summarizer()(0, bytes(eth(UDP4)), 1, 106)
     hexdump(b"abc", True)
     assert capsys.readouterr() == ("", "")
+
+
+# ------------------------------------------------------------------------------------------ the command line's printer
+
+def printed(packets, point=None, **args) -> list[str]:
+    """Printer's lines for Ethernet (ts, data, orig_len) packets; args as the command line sets them."""
+    out = io.StringIO()
+    printer = Printer(argparse.Namespace(**args), out)
+    for ts, data, orig in packets:
+        printer.packet(ts, data, 1, orig, point)
+    return out.getvalue().splitlines()
+
+
+def test_printer_puts_the_point_after_the_timestamp():
+    udp = bytes(eth(UDP4))
+    lines = printed([(T0, udp, len(udp)), (T0, udp, 0), (T0, udp, len(udp) - 1)], "tp_btf/net_dev_queue")
+    assert lines == [f"{format_time(T0)} tp_btf/net_dev_queue IP 127.0.0.1.40000 > 127.0.0.1.9: UDP, length 64",
+                     "tp_btf/net_dev_queue [Invalid header: len==0]",  # tcpdump's text whole, without a timestamp
+                     "tp_btf/net_dev_queue [Invalid header: len(105) < caplen(106)]"]
+    assert printed([(T0, udp, 0)]) == ["[Invalid header: len==0]"]
+    assert printed([(T0, udp, len(udp))], nano=True) == [summary(T0, udp, 1, len(udp), precision="nano")]
+
+
+def test_printer_says_once_that_scapy_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scapy", None)
+    monkeypatch.setitem(sys.modules, "scapy.all", None)
+    udp = bytes(eth(UDP4))
+    lines = printed([(T0 + i, udp, len(udp)) for i in range(3)], verbose=1)
+    assert len(lines) == 4 and sum("pip install 'fcap[decode]'" in line for line in lines) == 1, lines
+    assert lines[1].startswith("  (decoding with scapy needs scapy")
+
+
+def test_printer_hex_and_decode():
+    udp = bytes(eth(UDP4))
+    assert printed([(T0, udp, len(udp))], hex=1)[1:] == hexdump(udp).splitlines()
+    assert printed([(T0, udp, len(udp))], hexascii=1)[1:] == hexdump(udp, True).splitlines()
+    text = "\n".join(printed([(T0, udp, len(udp))] * 2, verbose=1))
+    assert text.count("###[ Ethernet ]###") == 2
