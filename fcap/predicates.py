@@ -9,7 +9,7 @@ from typing import Callable
 from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
                      R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
                      movi, rshi, be)
-from bpf.btf import Array, Composite, Enum, Enum64, Int, Ptr, Type
+from bpf.btf import Array, BTFError, Composite, Enum, Enum64, Int, Ptr, Type
 from bpf.cdecl import c_decl
 from bpf.uapi import Helper
 
@@ -140,7 +140,17 @@ def where(point: Point, text: str) -> Predicate:
                              f"(operators: == != < <= > >= &)")
     path, op, value_text = m.group("path"), m.group("op"), m.group("value")
     steps = _parse_path(path)
-    root = steps[0].name
+    arg_index, t = _root(point, path, steps[0].name)
+    chain, off, bits_at, t = _walk(path, steps, t)
+    leaf = t.strip()
+    field = Field(point, path, arg_index, chain, off, bits_at, len(steps) == 1)
+    if isinstance(leaf, Array):
+        return _string_predicate(field, op, value_text, leaf)
+    return _number_predicate(field, op, value_text, leaf, big_endian=_is_big_endian(t))
+
+
+def _root(point: Point, path: str, root: str) -> tuple[int, Type]:
+    """The context argument a path starts from: (its index, its type); `return` at fexit is past the arguments."""
     names = [p.name for p in point.params]
     if root == "return":
         if point.kind != "fexit":
@@ -158,11 +168,16 @@ def where(point: Point, text: str) -> Predicate:
                              f"(arguments: {', '.join(n for n in names if n) or 'none'})")
     if point.kind == "kprobe" and arg_index >= 6:
         raise PredicateError(f"--where {path}: argument {arg_index + 1} is past the registers")
-    # walk the path through BTF: pointer loads on the way, then the leaf's offset (and bits) in the last object
+    return arg_index, t
+
+
+def _walk(path: str, steps: list[Step], t: Type) -> tuple[list[int], int, tuple[int, int] | None, Type]:
+    """Walk the path through BTF: the offsets of the pointers loaded on the way, then the leaf's offset (and its
+    bits) in the last object, and the leaf's type."""
     chain: list[int] = []
     off = 0
     bits_at: tuple[int, int] | None = None
-    walked = root
+    walked = steps[0].name
     in_object = False     # at the root, R9 holds the argument's value itself
     for st_ in steps[1:]:
         t = t.strip()
@@ -172,25 +187,23 @@ def where(point: Point, text: str) -> Predicate:
             if in_object:
                 chain.append(off)
             t, off, in_object = t.target.strip(), 0, True
-        elif not in_object:
+        elif not in_object or isinstance(t, Ptr):
             raise PredicateError(f"--where {path}: {walked} is a pointer: use -> before {st_.name}")
-        elif isinstance(t, Ptr):
-            raise PredicateError(f"--where {path}: {walked} is a pointer: use -> before {st_.name}")
-        if not isinstance(t, Composite):
-            raise PredicateError(f"--where {path}: {walked} is not a struct or union ({c_decl(t)})")
-        try:
-            mem, bits = t.member(st_.name)
-        except Exception:  # noqa: BLE001 - a BTFError: say it in the user's words
-            raise PredicateError(f"--where {path}: {c_decl(t)} has no member {st_.name!r}") from None
+        mem, bits = _member(path, t, st_.name, walked)
         bits_at = (off * 8 + bits, mem.bitfield_size) if mem.bitfield_size else None
         off += bits // 8
         t = mem.type
         walked += ("->" if st_.deref else ".") + st_.name
-    leaf = t.strip()
-    field = Field(point, path, arg_index, chain, off, bits_at, len(steps) == 1)
-    if isinstance(leaf, Array):
-        return _string_predicate(field, op, value_text, leaf)
-    return _number_predicate(field, op, value_text, leaf, big_endian=_is_big_endian(t))
+    return chain, off, bits_at, t
+
+
+def _member(path: str, t: Type, name: str, walked: str):
+    if not isinstance(t, Composite):
+        raise PredicateError(f"--where {path}: {walked} is not a struct or union ({c_decl(t)})")
+    try:
+        return t.member(name)
+    except BTFError:
+        raise PredicateError(f"--where {path}: {c_decl(t)} has no member {name!r}") from None
 
 
 @dataclass
