@@ -205,6 +205,21 @@ def test_predicate_and_filter_keep_the_intersection(lo_run):
 
 # ---- a veth pair into a namespace: ifname, ifindex, netns, strings, pkt_type --------------------------------
 
+def _classifier(v, port: int, peer_port: int, bport: int, local):
+    """Which of the test's groups a packet belongs to: req, rep, bcast, lo (None: another's)."""
+    def classify(p):
+        f = flow_of(p)
+        if f is None or f.proto != 17:
+            return None
+        groups = {(v.local, v.peer, port, peer_port): "req", (v.peer, v.local, peer_port, port): "rep"}
+        if (f.src, f.dst, f.sport, f.dport) in groups:
+            return groups[(f.src, f.dst, f.sport, f.dport)]
+        if (f.src, f.dst, f.sport) == (v.local, "255.255.255.255", bport):
+            return "bcast"
+        return "lo" if local.mine(p) else None
+    return classify
+
+
 def test_device_and_namespace_predicates(veth_ns, tmp_path):
     """veth a (this namespace) <-> b (namespace N): UDP echo requests go out a and come in on b, replies the
     other way, broadcasts (255.255.255.255 out of a) come in on b as PACKET_BROADCAST, and a sender inside N
@@ -246,18 +261,7 @@ def test_device_and_namespace_predicates(veth_ns, tmp_path):
         peer.close()
         local.close()
 
-    def classify(p):
-        f = flow_of(p)
-        if f is None or f.proto != 17:
-            return None
-        if (f.src, f.dst, f.sport, f.dport) == (v.local, v.peer, port, peer.udp_port):
-            return "req"
-        if (f.src, f.dst, f.sport, f.dport) == (v.peer, v.local, peer.udp_port, port):
-            return "rep"
-        if (f.src, f.dst, f.sport) == (v.local, "255.255.255.255", bport):
-            return "bcast"
-        return "lo" if local.mine(p) else None
-
+    classify = _classifier(v, port, peer.udp_port, bport, local)
     n = {"req": 3, "rep": 3, "bcast": 2, "lo": 4}
 
     def expect(cap: str, groups: set[str]) -> list:
