@@ -68,6 +68,8 @@ def wait_freed(ids: list[int], timeout: float) -> bool:
             if fd >= 0:
                 FD(fd).close()
                 still.append(i)
+            elif err == errno.EPERM:   # (privileges dropped: nothing to ask the kernel with)
+                return False
             elif err != errno.ENOENT:
                 still.append(i)
         left = still

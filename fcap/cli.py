@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help="bytes per packet (default 262144; 0 = default)")
     p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
     p.add_argument("-B", dest="buffer", metavar="KIB", help="buffer size in KiB (default 4096)")
+    p.add_argument("-Z", dest="user", metavar="USER",
+                   help="once attached and the output open, go on as USER (the output file is USER's)")
     p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")
     p.add_argument("-F", dest="filter_file", metavar="FILE", help="read the filter expression from FILE")
     p.add_argument("-d", dest="dump_filter", action="store_true",
@@ -218,8 +220,36 @@ def _quiet_stdout() -> None:
 # ---- capturing -------------------------------------------------------------------------------
 
 def cmd_capture(args, command: list[str]) -> int:
-    from .session import Config, Session
+    from .session import Session
+    cfg, count = _config(args)
+    user = None
+    if args.user:
+        from . import privileges
+        user = privileges.lookup(args.user)
+    session = Session(cfg)
+    try:
+        session.resolve()
+        # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
+        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
+        if fmt is not None:
+            session.cfg.record = fmt              # the programs lay out this format's record headers
+            session.cfg.file_ring = not count     # and where they can, write finished records themselves
+            session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
+        if args.dump_ebpf or args.dump_filter:
+            return _dump(session, args)
+        out = _start(session, args, fmt, user)
+    except FcapError as e:
+        session.close()
+        return _fail(str(e))
+    except OSError as e:
+        session.close()
+        return _fail(f"{e.filename or args.write}: {e.strerror}")
+    return _run(session, args, out, count, command)
 
+
+def _config(args):
+    """The session's configuration and the packet count, from the flags (UsageError on nonsense)."""
+    from .session import Config
     if not args.points:
         raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
     snaplen = _int(args.snaplen, "snaplen", 262144, 0) or 262144
@@ -233,41 +263,38 @@ def cmd_capture(args, command: list[str]) -> int:
             with open(args.filter_file) as f:
                 expr = " ".join(line.split("#", 1)[0].strip() for line in f).strip() or None
         except OSError as e:
-            return _fail(f"{args.filter_file}: {e.strerror}")
+            raise FcapError(f"{args.filter_file}: {e.strerror}") from None
     if args.linktype:
-        from .linktypes import UnknownLinkType, lookup
-        try:
-            lookup(args.linktype)
-        except UnknownLinkType as e:
-            return _fail(str(e))
-    cfg = Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr,
-                 buffer_kib=buffer_kib, immediate=args.immediate, predicates=_predicates(args))
-    session = Session(cfg)
+        from .linktypes import lookup
+        lookup(args.linktype)
+    return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
+                  immediate=args.immediate, predicates=_predicates(args)), count
+
+
+def _start(session, args, fmt: str | None, user):
+    """Load, open the output, attach, and (-Z) become USER; returns the output."""
     from .session import CaptureError
+    session.open()                            # load first: a refused program leaves no file behind
+    out = _open_output(args, session, fmt)
     try:
-        session.resolve()
-        # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
-        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        if fmt is not None:
-            session.cfg.record = fmt              # the programs lay out this format's record headers
-            session.cfg.file_ring = not count     # and where they can, write finished records themselves
-            session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
-        if args.dump_ebpf or args.dump_filter:
-            return _dump(session, args)
-        session.open()                            # load first: a refused program leaves no file behind
-        out = _open_output(args, session, fmt)
-        try:
-            session.attach()
-        except CaptureError:
-            _discard_output(args, out)
-            raise
-    except CaptureError as e:
-        session.close()
-        return _fail(str(e))
+        session.attach()
+    except CaptureError:
+        _discard_output(args, out)
+        raise
+    if user is not None:
+        _become(user, out)
+    return out
+
+
+def _become(user, out) -> None:
+    """-Z: the output is USER's, then the process is (an OSError is reported as the capture's error)."""
+    from . import privileges
+    try:
+        if out.writer is not None and not out.stream:
+            privileges.give_output(out.writer.fileno(), user)
+        privileges.drop_to(user)
     except OSError as e:
-        session.close()
-        return _fail(f"{e.filename or args.write}: {e.strerror}")
-    return _run(session, args, out, count, command)
+        raise FcapError(f"-Z {user.pw_name}: {e.strerror}") from None
 
 
 def _discard_output(args, out) -> None:

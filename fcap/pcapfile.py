@@ -139,6 +139,10 @@ class Writer:
         except OSError:
             pass
 
+    def fileno(self) -> int:
+        """The output's file descriptor, or -1 when it has none."""
+        return self._fileno()
+
     def _fileno(self) -> int:
         if self._fd is None:
             try:

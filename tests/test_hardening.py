@@ -165,3 +165,46 @@ def test_signals_during_start_up_never_leave_a_traceback(root):
             timer.cancel()
         assert p.returncode in (0, -signal.SIGINT), err.decode()
         assert b"Traceback" not in err, err.decode()
+
+
+# ---- -Z USER -------------------------------------------------------------------------------------------------------
+
+def _status_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def test_z_drops_to_the_user_and_the_file_is_theirs(sink, tmp_path):
+    """-Z nobody: attached as root, then running as nobody (uid, gid, groups, no capabilities); the capture goes
+    on, SIGINT prints the summary, the file belongs to nobody and holds every packet."""
+    import pwd
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no user nobody")
+    path = str(tmp_path / "z.pcapng")
+    fc = start_fcap(["-Z", "nobody", "-i", POINT, "-w", path, f"udp port {sink.port}"])
+    try:
+        st = _status_of(fc.pid)
+        deadline = time.monotonic() + 10
+        while st["Uid"].split()[0] != str(nobody.pw_uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            st = _status_of(fc.pid)
+        pays = _datagrams(10, 300)
+        send_udp("127.0.0.1", sink.port, pays, pace=0.001)
+        sink.wait(len(pays))
+        rc = fc.stop()
+    finally:
+        fc.kill()
+    assert st["Uid"].split() == [str(nobody.pw_uid)] * 4 and st["Gid"].split() == [str(nobody.pw_gid)] * 4, st
+    assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0, st
+    assert rc == 0, fc.stderr
+    assert "10 packets captured" in fc.stderr, fc.stderr
+    assert os.stat(path).st_uid == nobody.pw_uid
+    assert sorted(p.l3[28:] for p in read_packets(path)) == sorted(pays)
+
+
+def test_z_with_no_such_user_is_one_line(root):
+    r = run_fcap(["-Z", "no-such-user-fcap", "-i", POINT, "-w", "/dev/null"])
+    assert r.returncode != 0
+    _one_error_line(r.stderr.decode(), "fcap: -Z no-such-user-fcap: no such user")
