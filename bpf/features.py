@@ -6,11 +6,11 @@ import errno
 from typing import Callable
 
 from . import asm
-from .errors import NotSupported, SyscallError
+from .errors import NotSupported, SyscallError, VerifierError
 from .link import kprobe_pmu_type
 from .maps import Map
 from .prog import load
-from .uapi import AttachType, MapType, ProgType
+from .uapi import AttachType, Helper, MapType, ProgType
 
 _cache: dict[str, NotSupported | None] = {}
 
@@ -74,3 +74,45 @@ def bpf_syscall() -> NotSupported | None:
             raise
     return probe("bpf()", fn)
 
+
+# ---- helpers: may a program of a given type (at a given attach point) call this helper? -------------------
+
+# The first mainline kernel with each helper: only to name it in a refusal (the probe decides, never this table).
+HELPER_SINCE = {
+    Helper.map_lookup_elem: "3.19", Helper.ktime_get_ns: "4.1", Helper.get_smp_processor_id: "4.1",
+    Helper.get_current_pid_tgid: "4.2", Helper.get_current_comm: "4.2", Helper.perf_event_output: "4.4",
+    Helper.get_current_task: "4.8", Helper.skb_output: "5.5", Helper.probe_read_kernel: "5.5",
+    Helper.ringbuf_output: "5.8", Helper.ringbuf_reserve: "5.8", Helper.ringbuf_submit: "5.8",
+    Helper.ktime_get_boot_ns: "5.8", Helper.get_current_task_btf: "5.11", Helper.get_attach_cookie: "5.15",
+    Helper.get_func_arg: "5.17", Helper.get_func_ret: "5.17", Helper.get_func_arg_cnt: "5.17",
+    Helper.dynptr_read: "5.19", Helper.dynptr_write: "5.19", Helper.dynptr_data: "5.19",
+    Helper.ktime_get_tai_ns: "6.1",
+}
+
+
+def helper(h: Helper, prog_type: ProgType = ProgType.RAW_TRACEPOINT, attach: AttachType = AttachType.NONE,
+           btf_id: int = 0, btf_obj_fd: int = 0, label: str = "") -> NotSupported | None:
+    """May a program of prog_type (TRACING: of attach type `attach`, against BTF type `btf_id`) call helper h?
+    A tiny program calls it with zeroed arguments. The verifier refuses an unknown or disallowed helper
+    ("invalid func", "unknown func", "cannot use helper") before it looks at the arguments, so any other refusal
+    means callable (as libbpf's libbpf_probe_bpf_helper decides). Cached per helper and `label` (default: the
+    program kind)."""
+    kind = label or (f"{attach.name.lower()} programs" if prog_type == ProgType.TRACING
+                     else f"{prog_type.name.lower()} programs")
+    name = f"bpf_{h.name}"
+    since = HELPER_SINCE.get(h)
+
+    def fn():
+        insns = [asm.movi(r, 0) for r in (asm.R1, asm.R2, asm.R3, asm.R4, asm.R5)]
+        insns += [asm.call(h), asm.movi(asm.R0, 0), asm.exit_()]
+        try:
+            load(prog_type, insns, name="probe", expected_attach_type=attach, attach_btf_id=btf_id,
+                 attach_btf_obj_fd=btf_obj_fd, what=f"probe {name} in {kind}").close()
+        except VerifierError as e:
+            if "invalid func" in e.log:
+                raise NotSupported(name, f"this kernel has no {name} helper"
+                                         + (f" (Linux {since}+)" if since else "")) from None
+            if "unknown func" in e.log or "cannot use helper" in e.log:
+                raise NotSupported(name, f"{kind} may not call {name} on this kernel") from None
+            # known and allowed; the zeroed arguments were what the verifier did not like
+    return probe(f"{name} in {kind}", fn)

@@ -82,6 +82,7 @@ class Options:
     record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
     clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
     meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
+    task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -241,7 +242,7 @@ class Builder:
         f = self.f
         meta = self.o.meta
         self.emit(call(Helper.ktime_get_ns), META.store(R7, "ts", R0))
-        if meta and self.p.typed and f.task is not None:
+        if meta and self.p.typed and f.task is not None and self.o.task_btf:
             # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
             pid, tgid, comm = f.task
             self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),

@@ -15,7 +15,7 @@ from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
-from bpf.uapi import AttachType, MapFlags, ProgType
+from bpf.uapi import AttachType, Helper, MapFlags, ProgType
 
 from . import layout
 from . import program as cprog
@@ -145,7 +145,7 @@ class Session:
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
-                             meta=self.cfg.meta)
+                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point))
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -163,6 +163,23 @@ class Session:
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
                  attach_btf_id=point.btf_id, what="probe skb dynptr").close()
         return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+
+    def task_btf(self, point: Point) -> bool:
+        """Whether the point's program may call bpf_get_current_task_btf (5.11+) for pid/tid and comm."""
+        if not point.typed:
+            return False
+        obj_fd = None
+        try:
+            if point.btf.base is not None:
+                from bpf.sys import btf_fd_by_name
+                obj_fd = btf_fd_by_name(point.module)
+            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, self._attach_type(point),
+                                   point.btf_id, obj_fd.fd if obj_fd else 0, label=f"{point.kind} programs") is None
+        except BPFError:
+            return False
+        finally:
+            if obj_fd is not None:
+                obj_fd.close()
 
     @staticmethod
     def _attach_type(point: Point) -> AttachType:

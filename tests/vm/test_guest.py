@@ -22,7 +22,9 @@ def sh(*cmd, check=True):
 
 
 def test_kernel_is_the_one_asked_for():
-    assert os.uname().release.startswith(os.environ["FCAP_VM"] + ".")
+    name = os.environ["FCAP_VM"]
+    if name[:1].isdigit():   # "6.1"; "newest" is whatever Debian unstable ships
+        assert os.uname().release.startswith(name + ".")
     assert os.environ["FCAP_VM_KERNEL"] == os.uname().release
     assert os.path.exists("/sys/kernel/btf/vmlinux")
 
