@@ -22,6 +22,19 @@ def _datagrams(n: int, size: int = 1000) -> list[bytes]:
     return [tag + i.to_bytes(4, "big") + bytes(size - 12) for i in range(n)]
 
 
+def _send_until_it_ends(fc, port: int, rounds: int, n: int, size: int) -> int:
+    """Datagrams in rounds until fcap exits by itself (or the rounds run out); fcap's status."""
+    try:
+        for _ in range(rounds):
+            send_udp("127.0.0.1", port, _datagrams(n, size))
+            if fc.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        return fc.wait()
+    finally:
+        fc.kill()
+
+
 def _one_error_line(err: str, start: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("fcap: ")]
     assert len(lines) == 1 and lines[0].startswith(start), err
@@ -63,15 +76,7 @@ def test_disk_filling_up_keeps_every_whole_record(sink, small_tmpfs, name):
     tcpdump = need_tool("tcpdump", "reads the cut file back")
     path = os.path.join(small_tmpfs, name)
     fc = start_fcap(["-i", POINT, "-w", path, f"udp port {sink.port}"])
-    try:
-        for _ in range(40):
-            send_udp("127.0.0.1", sink.port, _datagrams(50, 1400))
-            if fc.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        rc = fc.wait()
-    finally:
-        fc.kill()
+    rc = _send_until_it_ends(fc, sink.port, 40, 50, 1400)
     assert rc == 1, fc.stderr
     _one_error_line(fc.stderr, f"fcap: {path}: No space left on device")
     kept = read_packets(path)   # raises on a partial record
@@ -88,14 +93,8 @@ def test_fifo_whose_reader_exits(sink, tmp_path):
     reader = subprocess.Popen(["head", "-c", "3000", fifo], stdout=subprocess.DEVNULL)
     fc = start_fcap(["-i", POINT, "-U", "-w", fifo, f"udp port {sink.port}"])
     try:
-        for _ in range(50):
-            send_udp("127.0.0.1", sink.port, _datagrams(5, 500))
-            if fc.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        rc = fc.wait()
+        rc = _send_until_it_ends(fc, sink.port, 50, 5, 500)
     finally:
-        fc.kill()
         reader.kill()
         reader.wait()
     assert rc == 1, fc.stderr
