@@ -145,18 +145,35 @@ def test_fifty_start_stop_cycles_leave_nothing(root):
     assert not left, f"left in the kernel: {left}"
 
 
+def _past_interpreter_start(pid: int, timeout: float = 10.0) -> None:
+    """Wait until fcap's own code runs: the interpreter installs its SIGINT handler (/proc shows SIGINT caught),
+    then fcap gives SIGINT back to the default action first thing (not caught)."""
+    deadline = time.monotonic() + timeout
+    caught_once = False
+    while time.monotonic() < deadline:
+        try:
+            caught = bool(int(_status_of(pid)["SigCgt"], 16) & 2)
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if caught_once and not caught:
+            return
+        caught_once |= caught
+        time.sleep(0.0005)
+
+
 def test_signals_during_start_up_never_leave_a_traceback(root):
     """SIGINT at random moments while fcap starts: it ends with status 0 or by the signal (as tcpdump), and
-    without a traceback. (From 0.15 s: before that the interpreter itself is starting, where any Python
-    program can be interrupted with a traceback.)"""
+    without a traceback. (From when fcap's code runs: before that the interpreter itself is starting, where any
+    Python program can be interrupted with a traceback, or lose the signal.)"""
     import random
     import signal
+    from netns import fcap_argv, subprocess_env
     rnd = random.Random(7)
     for _ in range(10):
-        from netns import fcap_argv, subprocess_env
         p = subprocess.Popen(fcap_argv() + ["-i", POINT, "-w", "/dev/null"], stderr=subprocess.PIPE,
                              env=subprocess_env())
-        timer = threading.Timer(rnd.uniform(0.15, 0.5), p.send_signal, (signal.SIGINT,))
+        _past_interpreter_start(p.pid)
+        timer = threading.Timer(rnd.uniform(0.0, 0.3), p.send_signal, (signal.SIGINT,))
         timer.start()
         try:
             _, err = p.communicate(timeout=30)
