@@ -245,6 +245,8 @@ def cmd_capture(args, command: list[str]) -> int:
     if args.user:
         from . import privileges
         user = privileges.lookup(args.user)
+        if rotation is not None:
+            _check_rotation_dir(args.write, rotation, user)
     session = Session(cfg)
     try:
         session.resolve()
@@ -301,6 +303,20 @@ def _rotation(args):
     if args.write == "-":
         raise UsageError("-C and -G write a series of files: give -w FILE, not stdout")
     return plan
+
+
+def _check_rotation_dir(path: str, rotation, user) -> None:
+    """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
+    cannot make files there."""
+    import time
+
+    from . import privileges
+    from .rotate import file_name
+    first = file_name(path, 0, 0, int(time.time()) if rotation.seconds else None)
+    directory = os.path.dirname(first) or "."
+    if not privileges.may_create_in(directory, user):
+        raise FcapError(f"-Z {user.pw_name}: cannot create files in {directory} (-C/-G make their files as "
+                        f"{user.pw_name})")
 
 
 def _start(session, args, fmt: str | None, user, rotation=None):

@@ -54,6 +54,11 @@ CAPTURE = ["-i", "tp_btf/net_dev_queue"]
     (CAPTURE + ["tcp", "port"], 1, ["tcp port", "syntax error"]),
     (CAPTURE + ["udp", "port", "99999"], 1, ["udp port 99999", "port"]),
     (CAPTURE + ["-F", "/nonexistent/filter"], 1, ["/nonexistent/filter", "No such file or directory"]),
+    (CAPTURE + ["-C", "1k", "-w", "x"], 2, ["invalid file size '1k'", "a whole number"]),   # (as tcpdump 4.99.3)
+    (CAPTURE + ["-C", "0", "-w", "x"], 2, ["invalid file size '0'", "at least 1"]),
+    (CAPTURE + ["-C", "1", "-W", "0", "-w", "x"], 2, ["invalid number of output files '0'"]),
+    (CAPTURE + ["-G", "-1", "-w", "x"], 2, ["invalid number of seconds '-1'"]),
+    (CAPTURE + ["-C", "1", "-w", "-"], 2, ["-C and -G", "-w FILE, not stdout"]),
     (["-w", "x.pcap"], 2, ["no capture point", "-i POINT"]),
     ([], 2, ["no capture point"]),
 ])

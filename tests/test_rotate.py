@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fcap.pcapfile import open_writer, read
-from netns import read_packets, send_udp, start_fcap
+from netns import fcap_argv, read_packets, send_udp, start_fcap, subprocess_env
 from fcap.rotate import Plan, RotatingWriter, file_name
 
 
@@ -363,3 +363,89 @@ def test_interval_and_size_rotation_together(sink, tmp_path, tcpdump):
     assert len(stamps) <= 2 and all(n[-1] in "012" for n in names), names
     seen = _payloads([str(tmp_path / n) for n in names])
     assert len(seen) == len(set(seen))
+
+
+# ---- -Z and write errors with rotation ------------------------------------------------------------------------
+
+@pytest.fixture
+def shared_dir():
+    """A directory under /tmp every user may create files in (tmp_path's ancestors are root's alone)."""
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="fcap-rot-")
+    os.chmod(d, 0o777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _nobody():
+    import pwd
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no user nobody")
+
+
+def test_z_makes_every_rotated_file_as_the_user(sink, shared_dir):
+    """-Z nobody -C 1: the first file is given to nobody, the later ones are made by nobody (as tcpdump's)."""
+    nobody = _nobody()
+    pays = _datagrams(2200)
+    fc = start_fcap(["-Z", "nobody", "-i", POINT, "-C", "1", "-w", os.path.join(shared_dir, "x.pcap"),
+                     f"udp port {sink.port}"])
+    try:
+        send_udp("127.0.0.1", sink.port, pays, pace=0.0002)
+        sink.wait(len(pays))
+        time.sleep(0.5)
+        rc = fc.stop()
+    finally:
+        fc.kill()
+    assert rc == 0, fc.stderr
+    names = sorted(os.listdir(shared_dir))
+    assert len(names) >= 3 and names[0] == "x.pcap", names
+    assert {os.stat(os.path.join(shared_dir, n)).st_uid for n in names} == {nobody.pw_uid}
+    seen = _payloads([os.path.join(shared_dir, n) for n in names])
+    assert sorted(seen) == sorted(pays)
+
+
+def test_z_where_the_user_cannot_make_files_is_one_line(root, tmp_path):
+    """-Z nobody -C 1 in a directory only root may write: refused at once, before anything is written."""
+    _nobody()
+    r = subprocess.run([*fcap_argv(), "-Z", "nobody", "-i", POINT, "-C", "1", "-w", str(tmp_path / "x")],
+                       capture_output=True, timeout=60, env=subprocess_env())
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err == f"fcap: -Z nobody: cannot create files in {tmp_path} (-C/-G make " \
+                                        "their files as nobody)\n", err
+    assert os.listdir(tmp_path) == []
+
+
+def test_disk_filling_up_in_the_second_file(sink, tmp_path):
+    """-C 1 on a 1.5 MB tmpfs: the second file fills it; one line naming that file, status 1, the summary, and
+    both files whole (tcpdump reads them) with every record that fitted."""
+    d = str(tmp_path / "mnt")
+    os.mkdir(d)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", d], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {r.stderr.strip()}")
+    try:
+        fc = start_fcap(["-i", POINT, "-C", "1", "-w", os.path.join(d, "x.pcap"), f"udp port {sink.port}"])
+        try:
+            for _ in range(40):
+                send_udp("127.0.0.1", sink.port, _datagrams(100), pace=0.0002)
+                if fc.p.poll() is not None:
+                    break
+            rc = fc.wait()
+        finally:
+            fc.kill()
+        assert rc == 1, fc.stderr
+        lines = [ln for ln in fc.stderr.splitlines() if ln.startswith("fcap: ")]
+        assert lines == [f"fcap: {d}/x.pcap1: No space left on device"], fc.stderr
+        assert "packets captured" in fc.stderr and "Traceback" not in fc.stderr, fc.stderr
+        assert sorted(os.listdir(d)) == ["x.pcap", "x.pcap1"]
+        for n in ("x.pcap", "x.pcap1"):
+            path = os.path.join(d, n)
+            _readable(path)
+            assert len(read_packets(path)) == len(_record_sizes(path)) > 100
+    finally:
+        subprocess.run(["umount", "-l", d], check=False)
