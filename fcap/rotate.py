@@ -174,34 +174,39 @@ def _first_past(buffers: list, fmt: str, room: int, total: int) -> int | None:
     """The offset of the first record in the batch that starts more than `room` bytes in (before it, the file is
     already larger than the limit); None when none does or the lengths make no sense (then nothing is cut)."""
     at_len, extra, smallest = _LENGTH[fmt]
-    starts, ends, pos = [], [], 0
-    for b in buffers:
-        starts.append(pos)
-        pos += len(b)
-        ends.append(pos)
-    at, i = 0, 0
-    while at < total:
-        if at > room:
-            return at
-        while ends[i] <= at:
-            i += 1
-        field = _read(buffers, starts, i, at + at_len, 4)
-        length = extra + _U32.unpack(field)[0] if field is not None else 0
-        if length < smallest:
-            return None
-        at += length
+    unpack = _U32.unpack_from
+    base = at = 0       # the batch offsets of buffers[i] and of the next record
+    for i, b in enumerate(buffers):
+        n = len(b)
+        end = base + n
+        while at < end:
+            if at > room:
+                return at
+            off = at - base + at_len
+            if off + 4 <= n:
+                length = extra + unpack(b, off)[0]
+            else:   # the length field straddles buffers (a ring's wrap, a block in parts)
+                field = _read(buffers, i, off, 4)
+                if field is None:
+                    return None
+                length = extra + _U32.unpack(field)[0]
+            if length < smallest:
+                return None
+            at += length
+        base = end
     return None
 
 
-def _read(buffers: list, starts: list[int], i: int, at: int, n: int) -> bytes | None:
-    """n bytes at offset `at` of the batch, from buffer i on (a field may straddle two buffers); None past its
-    end."""
+def _read(buffers: list, i: int, off: int, n: int) -> bytes | None:
+    """n bytes at offset `off` of buffer i, running on into the buffers after it; None past the batch's end."""
     out = b""
     while len(out) < n and i < len(buffers):
-        off = at + len(out) - starts[i]
         b = buffers[i]
         if off < len(b):
             out += bytes(b[off:off + n - len(out)])
+            off = 0
+        else:
+            off -= len(b)
         i += 1
     return out if len(out) == n else None
 
