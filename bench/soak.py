@@ -15,11 +15,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from . import report as bench_report
 from . import traffic
 from .capture import POINT, Result, _Child, _summary, fcap_argv
 from .traffic import SENDER_CPU, BenchError, Sender, pinned
 
 RSS_GROWTH_MAX_KB = 5 * 1024
+BEGIN, END = "<!-- bench:soak:begin -->", "<!-- bench:soak:end -->"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -66,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of traffic before the first sample")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md's Soak section with the figures")
     return ap
 
 
@@ -175,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.soak: no sample taken (the run was shorter than the warm-up)", file=sys.stderr)
         return 1
     sys.stdout.write(report(s))
+    if args.write:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        bench_report.write_section(os.path.join(ROOT, "BENCHMARKS.md"),
+                                   f"{BEGIN}\n\nMade by `python3 -m bench.soak --minutes {args.minutes:g} --rate "
+                                   f"{args.rate}` on {when}; {'passed' if s.ok else 'FAILED'} (captured + dropped = "
+                                   f"sent, RSS growth under {RSS_GROWTH_MAX_KB // 1024} MB, as many fds at the end)."
+                                   f"\n\n{report(s)}\n{END}", BEGIN, END)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(asdict(s) | {"rss_growth_kb": s.rss_growth_kb, "balanced": s.balanced}, f, indent=1)
