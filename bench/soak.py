@@ -149,8 +149,9 @@ def report(s: Soak) -> str:
     first, last = s.samples[0], s.samples[-1]
     lines = [
         f"- command: `{' '.join(os.path.basename(a) if i == 0 else a for i, a in enumerate(s.argv))}`",
-        f"- traffic: {s.rate:,} datagrams/s of {s.payload} bytes for {s.minutes:g} min (bench/sender.c, "
-        f"{s.sent:,} sent in {s.sender_s:.0f} s)",
+        f"- traffic: {s.rate:,} datagrams/s of {s.payload} bytes for {s.minutes:g} min asked (bench/sender.c, "
+        f"{s.sent:,} sent in {s.sender_s:.0f} s: {s.sent / max(s.sender_s, 1e-9):,.0f}/s on average; a sender that "
+        "falls behind its schedule sends as fast as it can until it is back on it)",
         f"- captured {s.captured:,} + dropped {s.dropped:,} = {(s.captured or 0) + (s.dropped or 0):,}; sent "
         f"{s.sent:,}: {'equal' if s.balanced else 'NOT equal'} (received by filter {s.received:,})",
         f"- RSS {first[1]:,} kB after {first[0]:.0f} s, {last[1]:,} kB at the end ({last[0]:.0f} s): "
