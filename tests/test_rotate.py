@@ -217,7 +217,8 @@ def _check_cut(paths: list[str], limit: int) -> None:
 
 def _capture_both(sink, tmp_path, flags: list[str], name: str, pays: list[bytes], extra: list[str] = ()):
     """fcap and tcpdump with the same rotation flags, into tmp_path/fcap and tmp_path/tcpdump, on the same
-    datagrams; returns (fcap's Proc, its directory, tcpdump's directory) once both have stopped."""
+    datagrams; returns (fcap's Proc, its directory, tcpdump's directory, whether tcpdump got every datagram) once
+    both have stopped (a slow machine, a guest under TCG, may make tcpdump drop some)."""
     from netns import start_tcpdump
     mine, theirs = tmp_path / "fcap", tmp_path / "tcpdump"
     mine.mkdir()
@@ -236,7 +237,7 @@ def _capture_both(sink, tmp_path, flags: list[str], name: str, pays: list[bytes]
     finally:
         td.stop()
         td.kill()
-    return fc, mine, theirs
+    return fc, mine, theirs, f"\n{len(pays)} packets captured" in "\n" + td.stderr
 
 
 def _listing(d) -> list[tuple[str, int]]:
@@ -252,12 +253,12 @@ def test_size_rotation_beside_tcpdump(sink, tmp_path, tcpdump, tshark, fmt, drai
     pays = _datagrams(2200)
     extra = ["-c", str(len(pays))] if drain == "perf buffer" else []
     name = f"x.{fmt}"
-    fc, mine, theirs = _capture_both(sink, tmp_path, ["-C", "1"], name, pays, extra)
+    fc, mine, theirs, complete = _capture_both(sink, tmp_path, ["-C", "1"], name, pays, extra)
     got = _listing(mine)
     want = _listing(theirs)
     paths = [str(mine / name)] + [str(mine / f"{name}{i}") for i in range(1, len(got))]
     assert sorted(os.path.basename(p) for p in paths) == [n for n, _ in got]
-    if fmt == "pcap":
+    if fmt == "pcap" and complete:
         assert got == want, "fcap's files differ from tcpdump's"
     else:
         assert len(got) >= len(want) >= 3
@@ -273,8 +274,12 @@ def test_ring_of_three_files_beside_tcpdump(sink, tmp_path, tcpdump, tshark):
     """-C 1 -W 3 on ~5 MB: exactly x0, x1, x2 as tcpdump leaves them (same sizes), the oldest overwritten,
     each file whole."""
     pays = _datagrams(3500)
-    fc, mine, theirs = _capture_both(sink, tmp_path, ["-C", "1", "-W", "3"], "x", pays, ["--format", "pcap"])
-    assert _listing(mine) == _listing(theirs) and [n for n, _ in _listing(mine)] == ["x0", "x1", "x2"]
+    fc, mine, theirs, complete = _capture_both(sink, tmp_path, ["-C", "1", "-W", "3"], "x", pays,
+                                               ["--format", "pcap"])
+    assert f"{len(pays)} packets captured" in fc.stderr, fc.stderr
+    assert [n for n, _ in _listing(mine)] == [n for n, _ in _listing(theirs)] == ["x0", "x1", "x2"]
+    if complete:   # the same packets: the same files
+        assert _listing(mine) == _listing(theirs)
     paths = [str(mine / n) for n in ("x0", "x1", "x2")]
     for p in paths:
         _readable(p)
