@@ -1,7 +1,7 @@
 /* The benchmark's traffic source: UDP datagrams to a sink socket on 127.0.0.1 with sendmmsg, as fast as it can
  * or at a given rate. Compiled at run time by bench (cc -O2) into a temporary directory; never committed.
  *
- *   sender PAYLOAD COUNT RATE_PPS [BATCH]      RATE_PPS 0 = full speed
+ *   sender PAYLOAD COUNT RATE_PPS [BATCH [DRAIN [PORT]]]      RATE_PPS 0 = full speed; PORT 0 = any free port
  *
  * The sink is a bound UDP socket this process never reads (so no ICMP port-unreachable comes back; datagrams
  * past its receive buffer are dropped by the kernel after every capture point). Each payload starts with the
@@ -37,11 +37,17 @@ int main(int argc, char **argv) {
     double rate = atof(argv[3]);
     int batch = argc > 4 ? atoi(argv[4]) : 32;
     int drain = argc > 5 ? atoi(argv[5]) : 1;
+    int port = argc > 6 ? atoi(argv[6]) : 0;
     if (size < 16 || size > 65000 || count < 1 || batch < 1 || batch > MAXBATCH) {
         fprintf(stderr, "sender: bad arguments\n");
         return 2;
     }
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (port < 0 || port > 65535) {
+        fprintf(stderr, "sender: bad port\n");
+        return 2;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons((uint16_t)port)};
     int sink = socket(AF_INET, SOCK_DGRAM, 0);
     int rcvbuf = drain ? 8 << 20 : 4096;
     setsockopt(sink, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf);

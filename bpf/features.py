@@ -10,7 +10,7 @@ from .errors import NotSupported, SyscallError, VerifierError
 from .link import kprobe_pmu_type
 from .maps import Map
 from .prog import load
-from .uapi import AttachType, Helper, MapType, ProgType
+from .uapi import AttachType, Capability, Helper, MapType, ProgType
 
 _cache: dict[str, NotSupported | None] = {}
 
@@ -66,13 +66,50 @@ def bpf_syscall() -> NotSupported | None:
             Map(MapType.ARRAY, 4, 4, 1, name="probe").close()
         except SyscallError as e:
             if e.errno == errno.EPERM:
-                raise NotSupported("bpf()", "operation not permitted: run as root (or with CAP_BPF and CAP_PERFMON)",
-                                   e.errno) from None
+                why = privilege_problem() or "run as root (or with CAP_BPF and CAP_PERFMON)"
+                raise NotSupported("bpf()", f"operation not permitted: {why}", e.errno) from None
             if e.errno == errno.ENOSYS:
                 raise NotSupported("bpf()", "this kernel has no bpf() system call (CONFIG_BPF_SYSCALL off)",
                                    e.errno) from None
             raise
     return probe("bpf()", fn)
+
+
+def privilege_problem() -> str | None:
+    """What this process visibly lacks for BPF tracing, to explain an EPERM: its user namespace is not the initial
+    one (capabilities there do not count for bpf()), or CAP_BPF / CAP_PERFMON (without CAP_SYS_ADMIN) are not in
+    its effective set. None when neither shows a cause (then the kernel's own policy refused)."""
+    if in_user_namespace():
+        return ("this process is in a user namespace, whose capabilities do not count for BPF: run it as root "
+                "in the initial user namespace")
+    missing = missing_capabilities()
+    if not missing:
+        return None
+    has = [f"CAP_{c.name}" for c in (Capability.BPF, Capability.PERFMON) if f"CAP_{c.name}" not in missing]
+    return (f"this process lacks {' and '.join(missing)}{f' (it has {has[0]})' if has else ''}: run it as root or "
+            "with CAP_BPF and CAP_PERFMON")
+
+
+def missing_capabilities() -> list[str]:
+    """CAP_BPF and CAP_PERFMON when not in this process's effective set (none with CAP_SYS_ADMIN)."""
+    try:
+        with open("/proc/self/status") as f:
+            eff = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return []
+    if eff >> Capability.SYS_ADMIN & 1:
+        return []
+    return [f"CAP_{c.name}" for c in (Capability.BPF, Capability.PERFMON) if not eff >> c & 1]
+
+
+def in_user_namespace() -> bool:
+    """Whether this process is in a user namespace other than the initial one (whose uid_map is the identity
+    over every uid)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False
 
 
 # ---- helpers: may a program of a given type (at a given attach point) call this helper? -------------------

@@ -158,3 +158,12 @@ class PerfIoctl(IntEnum):
 
 
 BPF_OBJ_NAME_LEN = 16
+
+
+class Capability(IntEnum):
+    """The capabilities BPF tracing needs (linux/capability.h): CAP_BPF and CAP_PERFMON (5.8+), or CAP_SYS_ADMIN
+    which stands for both."""
+
+    SYS_ADMIN = 21
+    PERFMON = 38
+    BPF = 39

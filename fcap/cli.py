@@ -29,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", dest="points", action="append", metavar="POINT", help="capture point (repeatable)")
     p.add_argument("-w", dest="write", metavar="FILE", help="write packets to FILE (- for stdout)")
+    p.add_argument("-C", dest="file_size", metavar="SIZE",
+                   help="with -w: a new file when the current one is larger than SIZE million bytes (FILE, FILE1, ...)")
+    p.add_argument("-G", dest="seconds", metavar="SECONDS",
+                   help="with -w: a new file every SECONDS, FILE's %%-escapes through strftime (local time)")
+    p.add_argument("-W", dest="files", metavar="N",
+                   help="with -C: a ring of N files (FILE0 ... names padded); with -G: stop after N files")
     p.add_argument("-r", dest="read", metavar="FILE", help="read packets from a pcap/pcapng FILE and print them")
     p.add_argument("-y", dest="linktype", metavar="TYPE", help="link-type: EN10MB, RAW, IPV4, IPV6, LINUX_SLL2")
     p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help="bytes per packet (default 262144; 0 = default)")
@@ -72,6 +78,18 @@ def _int(value: str | None, flag: str, default: int, lo: int = 0) -> int:
         raise UsageError(f"invalid {flag} '{value}': not a number") from None
     if n < lo:
         raise UsageError(f"invalid {flag} '{value}': must be at least {lo}")
+    return n
+
+
+def _decimal(value: str | None, what: str, lo: int) -> int:
+    """A flag's decimal integer as tcpdump's -C/-G/-W take it (0 when the flag is not given)."""
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError(f"invalid {what} '{value}': a whole number")
+    n = int(value)
+    if n < lo:
+        raise UsageError(f"invalid {what} '{value}': must be at least {lo}")
     return n
 
 
@@ -222,10 +240,13 @@ def _quiet_stdout() -> None:
 def cmd_capture(args, command: list[str]) -> int:
     from .session import Session
     cfg, count = _config(args)
+    rotation = _rotation(args)
     user = None
     if args.user:
         from . import privileges
         user = privileges.lookup(args.user)
+        if rotation is not None:
+            _check_rotation_dir(args.write, rotation, user)
     session = Session(cfg)
     try:
         session.resolve()
@@ -237,7 +258,7 @@ def cmd_capture(args, command: list[str]) -> int:
             session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
-        out = _start(session, args, fmt, user)
+        out = _start(session, args, fmt, user, rotation)
     except FcapError as e:
         session.close()
         return _fail(str(e))
@@ -271,11 +292,38 @@ def _config(args):
                   immediate=args.immediate, predicates=_predicates(args)), count
 
 
-def _start(session, args, fmt: str | None, user):
+def _rotation(args):
+    """-C (millions of bytes), -G, -W as tcpdump 4.99 takes them: the plan, or None without one or without a
+    -w FILE (tcpdump ignores them then)."""
+    from .rotate import MILLION, Plan
+    plan = Plan(_decimal(args.file_size, "file size", 1) * MILLION, _decimal(args.seconds, "number of seconds", 0),
+                _decimal(args.files, "number of output files", 1))
+    if not plan.active or args.write is None:
+        return None
+    if args.write == "-":
+        raise UsageError("-C and -G write a series of files: give -w FILE, not stdout")
+    return plan
+
+
+def _check_rotation_dir(path: str, rotation, user) -> None:
+    """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
+    cannot make files there."""
+    import time
+
+    from . import privileges
+    from .rotate import file_name
+    first = file_name(path, 0, 0, int(time.time()) if rotation.seconds else None)
+    directory = os.path.dirname(first) or "."
+    if not privileges.may_create_in(directory, user):
+        raise FcapError(f"-Z {user.pw_name}: cannot create files in {directory} (-C/-G make their files as "
+                        f"{user.pw_name})")
+
+
+def _start(session, args, fmt: str | None, user, rotation=None):
     """Load, open the output, attach, and (-Z) become USER; returns the output."""
     from .session import CaptureError
     session.open()                            # load first: a refused program leaves no file behind
-    out = _open_output(args, session, fmt)
+    out = _open_output(args, session, fmt, rotation)
     try:
         session.attach()
     except CaptureError:
@@ -303,7 +351,7 @@ def _discard_output(args, out) -> None:
         if out.writer is not None:
             out.writer.close()
         if args.write and args.write != "-":
-            os.unlink(args.write)
+            os.unlink(out.path)
     except OSError:
         pass
 
@@ -363,24 +411,32 @@ def _output_format(args, session) -> str | None:
     return fmt
 
 
-def _open_output(args, session, fmt: str | None):
+def _open_output(args, session, fmt: str | None, rotation=None):
     from .loop import Output
-    from .pcapfile import open_writer
     from .printer import Printer
     if fmt is None:
         return Output(printer=Printer(args, sys.stdout))
+
+    def start(f):
+        """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
+        from .pcapfile import open_writer
+        writer = open_writer(f, fmt)
+        lt = session.linktype
+        for p in session.points:
+            if fmt == "pcap" and p.id > 0:
+                break
+            writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
+        return writer
+    if rotation is not None:
+        from .rotate import RotatingWriter
+        writer = RotatingWriter(args.write, rotation, fmt, start)
+        return Output(writer=writer, path=writer.path, clock=writer.tick if rotation.seconds else None)
     to_stdout = _to_stdout(args)
     if to_stdout:
         f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
     else:
         f = open(args.write, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
-    writer = open_writer(f, fmt)
-    lt = session.linktype
-    for p in session.points:
-        if fmt == "pcap" and p.id > 0:
-            break
-        writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
-    return Output(writer=writer, stream=to_stdout, path="stdout" if to_stdout else args.write)
+    return Output(writer=start(f), stream=to_stdout, path="stdout" if to_stdout else args.write)
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:
@@ -393,6 +449,8 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
         status = loop.run()
     except CommandError as e:
         return _fail(str(e))
+    if loop.files_done:     # (tcpdump's line, before the summary)
+        write_stderr(f"Maximum file limit reached: {out.writer.plan.files}\n")
     if loop.error is not None:
         _fail(loop.error_line())
     if loop.broken:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 from .layout import EPB_DIRECTION, format_comment
 from .errors import CommandError
@@ -19,6 +20,7 @@ class Output:
     printer: object = None
     stream: bool = False
     path: str = ""            # what the user named (-w FILE), for error lines
+    clock: Callable[[], bool] | None = None   # -G: called at each poll; True once -W's last file is done
 
 
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
@@ -39,6 +41,7 @@ class CaptureLoop:
         self.error: OSError | None = None   # the output could not be written: the capture ended there
         self.written = 0
         self.command_ended = False   # the command's exit ended the capture
+        self.files_done = False      # -G -W: the last file's interval is over
         points = session.points
         self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
@@ -95,7 +98,8 @@ class CaptureLoop:
 
     def error_line(self) -> str:
         e = self.error
-        return f"{self.out.path}: {e.strerror or e}" if e is not None else ""
+        path = getattr(self.out.writer, "path", "") or self.out.path   # (a rotating writer: the file at fault)
+        return f"{path}: {e.strerror or e}" if e is not None else ""
 
     def _options(self, rec) -> tuple:
         """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
@@ -122,9 +126,21 @@ class CaptureLoop:
             except OSError as e:
                 self._write_failed(e)
                 return True
+        if self.out.clock is not None and self._tick():
+            return True
         if self.proc is not None and self.proc.poll() is not None:
             self.command_ended = True
         return self.command_ended
+
+    def _tick(self) -> bool:
+        """-G's clock: the next file when it is time; True when the capture ends here (-W's last file, an error
+        opening the next one)."""
+        try:
+            self.files_done = self.out.clock()
+        except OSError as e:
+            self._write_failed(e)
+            return True
+        return self.files_done
 
     def _close(self) -> None:
         """Detach and free the programs, then close the output (the file keeps every record drained)."""

@@ -28,3 +28,17 @@ def drop_to(user: pwd.struct_passwd) -> None:
     os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
     os.setgid(user.pw_gid)
     os.setuid(user.pw_uid)
+
+
+def may_create_in(directory: str, user: pwd.struct_passwd) -> bool:
+    """Whether USER may create files in DIRECTORY (-C/-G make their later files as USER): asked of the kernel by
+    a child that becomes USER, so that every ancestor, ACL and group counts."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drop_to(user)
+            os._exit(0 if os.access(directory, os.W_OK | os.X_OK) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

@@ -63,6 +63,9 @@ def default_linktype(points: list[Point]) -> LinkType:
 
 def _explain_refusal(point: Point, e: BPFError) -> str:
     kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
+    problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
+    if problem:
+        return f"{point.spec}: the kernel refused the program ({errno.errorcode[e.errno]}): {problem}"
     if e.errno == errno.EPERM:
         return (f"{point.spec}: this kernel refuses {kinds} programs (EPERM); "
                 f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")

@@ -54,6 +54,11 @@ CAPTURE = ["-i", "tp_btf/net_dev_queue"]
     (CAPTURE + ["tcp", "port"], 1, ["tcp port", "syntax error"]),
     (CAPTURE + ["udp", "port", "99999"], 1, ["udp port 99999", "port"]),
     (CAPTURE + ["-F", "/nonexistent/filter"], 1, ["/nonexistent/filter", "No such file or directory"]),
+    (CAPTURE + ["-C", "1k", "-w", "x"], 2, ["invalid file size '1k'", "a whole number"]),   # (as tcpdump 4.99.3)
+    (CAPTURE + ["-C", "0", "-w", "x"], 2, ["invalid file size '0'", "at least 1"]),
+    (CAPTURE + ["-C", "1", "-W", "0", "-w", "x"], 2, ["invalid number of output files '0'"]),
+    (CAPTURE + ["-G", "-1", "-w", "x"], 2, ["invalid number of seconds '-1'"]),
+    (CAPTURE + ["-C", "1", "-w", "-"], 2, ["-C and -G", "-w FILE, not stdout"]),
     (["-w", "x.pcap"], 2, ["no capture point", "-i POINT"]),
     ([], 2, ["no capture point"]),
 ])
@@ -168,6 +173,87 @@ def test_bare_function_uses_the_best_hook_or_says_why_not(root):
         pytest.skip("this kernel allows fentry or kprobe: a bare function name attaches")
     line = one_line_error(run_fcap(["-i", "ip_output", "-w", "/dev/null"]))
     assert "ip_output" in line and "tp_btf/net_dev_queue" in line, line
+
+
+# ---- privilege edges: what is missing, in one line -----------------------------------------------------------
+
+def _send_cmd(port: int) -> list[str]:
+    """A command (after --) that sends a few datagrams to 127.0.0.1:port, without privileges of its own."""
+    return ["--", sys.executable, "-c", "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            f"[s.sendto(b'x' * 10, ('127.0.0.1', {port})) for _ in range(5)]"]
+
+
+def _with_caps(caps: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """fcap ARGV as root whose capabilities are changed by setpriv's CAPS (e.g. "-bpf,-sys_admin")."""
+    need_tool("setpriv", "changes the capabilities fcap runs with")
+    r = subprocess.run(["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *fcap_argv(), *argv],
+                       capture_output=True, timeout=60, env=subprocess_env())
+    if r.returncode != 0 and r.stderr.startswith(b"setpriv:"):
+        pytest.skip(f"setpriv cannot set {caps} here: {r.stderr.decode().strip()}")
+    return r
+
+
+@pytest.mark.parametrize("caps,lacks,has", [
+    ("-bpf,-sys_admin", "CAP_BPF", "CAP_PERFMON"),
+    ("-perfmon,-sys_admin", "CAP_PERFMON", "CAP_BPF"),
+])
+def test_one_capability_missing_is_named(root, caps, lacks, has):
+    """Root without CAP_BPF (CAP_PERFMON kept), or without CAP_PERFMON (CAP_BPF kept), CAP_SYS_ADMIN gone
+    (it stands for both): the line names the missing one and the one it has."""
+    line = one_line_error(_with_caps(caps, CAPTURE + ["-w", "/dev/null"]))
+    assert f"lacks {lacks} (it has {has})" in line and "root" in line, line
+    assert "refuses tp_btf programs" not in line, line   # (not the kernel's policy: a capability)
+
+
+def test_cap_bpf_and_cap_perfmon_are_enough(root):
+    """With CAP_BPF and CAP_PERFMON alone (no CAP_SYS_ADMIN, no other capability) the capture runs."""
+    from netns import free_port
+    port = free_port()
+    r = _with_caps("-all,+bpf,+perfmon", CAPTURE + ["-c", "1", "-w", "/dev/null", f"udp port {port}",
+                                                    *_send_cmd(port)])
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "1 packet captured" in err, err
+
+
+def test_in_a_user_namespace(root):
+    """Root inside a new user namespace (unshare -U -r) has every capability there, none for bpf(): one line
+    saying so."""
+    need_tool("unshare", "makes a user namespace")
+    r = subprocess.run(["unshare", "--user", "--map-root-user", *fcap_argv(), *CAPTURE, "-w", "/dev/null"],
+                       capture_output=True, timeout=60, env=subprocess_env())
+    if r.returncode != 0 and r.stderr.startswith(b"unshare:"):
+        pytest.skip(f"cannot make a user namespace here: {r.stderr.decode().strip()}")
+    line = one_line_error(r)
+    assert "user namespace" in line and "initial user namespace" in line, line
+
+
+def _with_btf_mount(script: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """fcap ARGV in a private mount namespace after the shell SCRIPT changed /sys/kernel/btf there."""
+    need_tool("unshare", "changes /sys/kernel/btf in a private mount namespace")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{script} && exec "$@"',
+                        "sh", *fcap_argv(), *argv], capture_output=True, timeout=60, env=subprocess_env())
+    if r.returncode != 0 and b"mount" in r.stderr and b"fcap" not in r.stderr:
+        pytest.skip(f"cannot change /sys/kernel/btf here: {r.stderr.decode().strip()}")
+    return r
+
+
+def test_read_only_btf_is_enough(root):
+    """/sys/kernel/btf mounted read-only: fcap only reads it, and captures."""
+    from netns import free_port
+    port = free_port()
+    r = _with_btf_mount("mount --bind /sys/kernel/btf /sys/kernel/btf && "
+                        "mount -o remount,bind,ro /sys/kernel/btf && "
+                        "grep -q ' /sys/kernel/btf sysfs ro[ ,]' /proc/self/mounts",
+                        CAPTURE + ["-c", "1", "-w", "/dev/null", f"udp port {port}", *_send_cmd(port)])
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "1 packet captured" in err, err
+
+
+def test_empty_btf_is_one_line(root):
+    """/sys/kernel/btf/vmlinux empty (/dev/null bound over it): one line about the kernel's BTF."""
+    line = one_line_error(_with_btf_mount("mount --bind /dev/null /sys/kernel/btf/vmlinux",
+                                          CAPTURE + ["-w", "/dev/null"]))
+    assert "BTF" in line and "vmlinux" in line, line
 
 
 # ---- list-devices, info, --dump-ebpf ----------------------------------------------------------------------------
