@@ -192,7 +192,8 @@ def cmd_info(argv: list[str]) -> int:
 # ---- reading files ---------------------------------------------------------------------------
 
 def cmd_read(args) -> int:
-    from .pcapfile import PcapFormatError, read
+    from .errors import PcapFormatError
+    from .pcapread import read
     from .printer import Printer
     printer = Printer(args, sys.stdout)
     try:

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fcap import show
-from fcap.pcapfile import PcapFormatError, PcapWriter, read
+from fcap.errors import PcapFormatError
+from fcap.pcapfile import PcapWriter
+from fcap.pcapread import read
 from fcap.printer import Printer
 from fcap.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
 
