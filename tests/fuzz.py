@@ -10,7 +10,7 @@ inserted, deleted and repeated ranges) and checks the contract:
   and fcap on top of it (list-devices, capture points resolved, capture programs built) raise BTFError or
   fcap's errors only, and never hang.
 
-tests/test_fuzz.py runs each target for a bounded number of examples (FCAP_FUZZ_EXAMPLES, default 60). Longer:
+tests/test_fuzz.py runs each target for a bounded number of examples (FCAP_FUZZ_EXAMPLES, default 150). Longer:
 
     python3 -m tests.fuzz --minutes 10 [--target capture|btf]
 
@@ -53,7 +53,8 @@ FAILURE = Path(tempfile.gettempdir()) / "fcap-fuzz-failure.bin"
 HANG_S = 20
 INTERESTING = (0, 1, 3, 4, 7, 8, 12, 16, 28, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000,
                0xFFFFFFF0, 0xFFFFFFFF)
-PRINT_FLAGS = ([], ["-x"], ["-X"], ["--nano"], ["-q"])
+PRINT_FLAGS = ([], ["-e"], ["-A"], ["-x"], ["-X"], ["-xx"], ["-XX"], ["-AA"], ["-S"], ["-t"], ["-tt"], ["-ttt"],
+               ["-tttt"], ["-ttttt"], ["--nano", "-e", "-ttt"], ["--count"], ["-c", "2"], ["-e", "-A", "-S", "-K"])
 
 last_input = b""
 examples = {"capture": 0, "btf": 0}
