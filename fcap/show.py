@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NamedTuple
 
@@ -166,8 +167,14 @@ def scapy_decode(data: bytes, linktype: int) -> str:
         from scapy import all as scapy  # noqa: PLC0415 - optional, and slow to import
     except ImportError as e:
         raise ScapyMissing(f"decoding with scapy needs scapy: pip install 'fcap[decode]' ({e})") from e
+    logging.getLogger("scapy").setLevel(logging.ERROR)   # (its warnings about odd packets are not ours to print)
     if linktype == 101:
         cls = scapy.IPv6 if data[:1] and data[0] >> 4 == 6 else scapy.IP
     else:
         cls = getattr(scapy, _SCAPY_LAYERS.get(linktype, ""), None) or scapy.conf.l2types.get(linktype)
-    return (cls or scapy.conf.raw_layer)(bytes(data)).show(dump=True)
+    cls = cls or scapy.conf.raw_layer
+    try:
+        return cls(bytes(data)).show(dump=True)
+    except Exception as e:  # noqa: BLE001 - scapy's dissectors fail on truncated packets in many ways
+        return (f"  (scapy cannot decode this as {cls.__name__}: {type(e).__name__}: {e})\n"
+                + scapy.conf.raw_layer(bytes(data)).show(dump=True))

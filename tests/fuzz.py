@@ -54,7 +54,8 @@ HANG_S = 20
 INTERESTING = (0, 1, 3, 4, 7, 8, 12, 16, 28, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000,
                0xFFFFFFF0, 0xFFFFFFFF)
 PRINT_FLAGS = ([], ["-e"], ["-A"], ["-x"], ["-X"], ["-xx"], ["-XX"], ["-AA"], ["-S"], ["-t"], ["-tt"], ["-ttt"],
-               ["-tttt"], ["-ttttt"], ["--nano", "-e", "-ttt"], ["--count"], ["-c", "2"], ["-e", "-A", "-S", "-K"])
+               ["-tttt"], ["-ttttt"], ["--nano", "-e", "-ttt"], ["--count"], ["-c", "2"], ["-e", "-A", "-S", "-K"],
+               ["-v"])
 
 last_input = b""
 examples = {"capture": 0, "btf": 0}

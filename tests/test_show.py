@@ -439,6 +439,16 @@ def test_scapy_decode():
     assert "cooked" in scapy_decode(bytes(CookedLinuxV2(proto=0x800) / UDP4), 276).lower()
 
 
+def test_scapy_decode_of_cut_packets_never_raises(capsys):
+    """scapy's dissectors raise on many cut packets (struct.error, IndexError): the decode says so in one line
+    and shows the bytes; scapy's own warnings are not printed."""
+    for blob, linktype, cls in ((b"\x02", 1, "Ether"), (b"\x30", 229, "IPv6"), (b"\x45\x00", 101, "IP")):
+        text = scapy_decode(blob, linktype)
+        assert text.startswith(f"  (scapy cannot decode this as {cls}: error: ") and "###[ Raw ]###" in text, text
+    assert "###[ IP ]###" in scapy_decode(bytes(eth(SYN))[:40], 1)
+    assert capsys.readouterr().err == ""
+
+
 def test_scapy_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "scapy", None)
     monkeypatch.setitem(sys.modules, "scapy.all", None)
