@@ -42,7 +42,9 @@ class Type:
 
 
 class Void(Type):
-    __slots__, kind = (), "void"
+    """Type id 0: no record behind it."""
+
+    __slots__, kind, vlen, kind_flag = (), "void", 0, False
 
 
 class _Sized(Type):

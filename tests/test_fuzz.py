@@ -58,3 +58,14 @@ def test_btf_loops_are_btf_errors():
 
 def test_wide_struct_of_65535_members():
     fuzz.check_btf(fuzz.hostile_btf_blobs(65535)["wide struct"])
+
+
+def test_void_has_no_record():
+    """Found by the long run: void's vlen and kind_flag read the first record's words (none in an empty type
+    section: IndexError)."""
+    import struct
+    strs = b"\0int\0"
+    empty = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, 0, 0, len(strs)) + strs
+    void = BTF.load(empty).type(0)
+    assert (void.vlen, void.kind_flag, void.kind) == (0, False, "void")
+    fuzz.check_btf(empty)
