@@ -42,7 +42,9 @@ class Type:
 
 
 class Void(Type):
-    __slots__, kind = (), "void"
+    """Type id 0: no record behind it."""
+
+    __slots__, kind, vlen, kind_flag = (), "void", 0, False
 
 
 class _Sized(Type):
@@ -76,9 +78,24 @@ class Ptr(_Ref):
     __slots__, kind, size = (), "ptr", 8
 
 
+def _size_of(t: Type) -> int:
+    """The size of a type through arrays, modifiers and variables, without recursion (a corrupt blob can make
+    an array of itself)."""
+    n = 1
+    for _ in range(_MAX_CHAIN):
+        if isinstance(t, Array):
+            n *= t.nelems
+            t = t.elem
+        elif isinstance(t, (_Modifier, Var)):
+            t = t.target
+        else:
+            return n * t.size
+    raise BTFError(f"size of {t.kind} [{t.id}] {t.name}".rstrip(), "loop of type references")
+
+
 class _Modifier(_Ref):
     __slots__ = ()
-    size = property(lambda self: self.strip().size)
+    size = property(_size_of)
 
     def strip(self) -> Type:
         t = self.target
@@ -116,7 +133,7 @@ class Array(Type):
     nelems = property(lambda self: self._word(5))
     elem = property(lambda self: self.btf.type(self.elem_id))
     index = property(lambda self: self.btf.type(self.index_id))
-    size = property(lambda self: self.elem.size * self.nelems)
+    size = property(_size_of)
 
 
 class _Item:
@@ -280,7 +297,7 @@ class FuncProto(Type):
 class Var(_Ref):
     __slots__, kind = (), "var"
     linkage = property(lambda self: LINKAGE.get(self._word(3), "unknown"))
-    size = property(lambda self: self.target.size)
+    size = property(_size_of)
 
 
 class VarSecinfo(_Item):

@@ -53,6 +53,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", dest="quiet", action="store_true", help="no 'listening on' / summary lines")
     p.add_argument("-v", dest="verbose", action="count", default=0, help="decode each packet with scapy")
     p.add_argument("--nano", action="store_true", help="nanosecond timestamps in printed lines")
+    p.add_argument("-e", dest="link_header", action="count", default=0, help="print the link-level header")
+    p.add_argument("-A", dest="ascii", action="count", default=0,
+                   help="print each packet in ASCII (-AA: with its link-level header)")
+    p.add_argument("-t", dest="time", action="count", default=0,
+                   help="-t no time, -tt seconds since 1970, -ttt since the packet before, -tttt date and time, "
+                        "-ttttt since the first packet")
+    p.add_argument("-l", dest="line_buffered", action="store_true", help="flush each printed packet (| grep)")
+    p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
+    p.add_argument("-K", dest="no_checksums", action="store_true",
+                   help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
+    p.add_argument("--count", dest="count_only", action="store_true",
+                   help="count packets instead of printing them (with -r: print 'N packets')")
+    p.add_argument("-L", dest="list_linktypes", action="store_true", help="list the link types of each -i point")
+    p.add_argument("-Q", dest="direction", metavar="in|out|inout",
+                   help="only packets going in, or out (from the point's direction or the skb's packet type)")
     p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
     g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
@@ -111,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(opts)
         if args.list:
             return cmd_list(args.expression)
+        if args.list_linktypes:
+            return cmd_linktypes(args)
         if args.read:
             return cmd_read(args)
         return cmd_capture(args, command)
@@ -210,16 +227,50 @@ def cmd_info(argv: list[str]) -> int:
 # ---- reading files ---------------------------------------------------------------------------
 
 def cmd_read(args) -> int:
-    from .pcapfile import PcapFormatError, read
+    from .errors import PcapFormatError
+    from .pcapread import read
     from .printer import Printer
+    limit = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
     printer = Printer(args, sys.stdout)
     try:
-        for rec in read(args.read):
+        for rec in read(sys.stdin.buffer if args.read == "-" else args.read):
             printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
-    except FileNotFoundError:
-        return _fail(f"{args.read}: No such file or directory")
-    except PcapFormatError as e:
-        return _fail(f"{args.read}: {e}")
+            if printer.counted == limit:
+                break
+        if args.count_only:
+            sys.stdout.write(printer.count_line())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    except (OSError, PcapFormatError) as e:
+        try:
+            sys.stdout.flush()     # the packets before the damage, then what is wrong
+        except BrokenPipeError:
+            _quiet_stdout()
+        return _fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
+    return 0
+
+
+def cmd_linktypes(args) -> int:
+    """-L: the link types each -i point can give, as tcpdump -L lists a device's."""
+    from .points import resolve
+    from .session import START_FOR, default_linktype
+    from .linktypes import lookup
+    if not args.points:
+        raise UsageError("-L lists the link types of a capture point: give -i POINT")
+    printable = (0, 1, 101, 108, 113, 228, 229, 276)
+    out = []
+    for spec in args.points:
+        point = resolve(spec)
+        first = default_linktype([point]).name
+        out.append(f"Data link types for {point.spec} (use option -y to set):\n")
+        for name in [first] + [n for n in START_FOR if n != first]:
+            lt = lookup(name)
+            note = "" if lt.number in printable else " (printing not supported)"
+            out.append(f"  {lt.name} ({lt.description}){note}\n")
+    try:
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
     except BrokenPipeError:
         _quiet_stdout()
     return 0
@@ -288,6 +339,8 @@ def _config(args):
     if args.linktype:
         from .linktypes import lookup
         lookup(args.linktype)
+    if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
+        raise UsageError(f"unknown capture direction `{args.direction}'")
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args)), count
 
@@ -380,6 +433,8 @@ def _predicates(args) -> list:
         raise UsageError(str(e)) from None
     for text in args.where:
         out.append(lambda point, text=text: pr.where(point, text))
+    if args.direction is not None and args.direction.lower() != "inout":
+        out.insert(0, pr.direction(args.direction.lower()))
     return out
 
 
@@ -395,8 +450,16 @@ def _dump(session, args) -> int:
     return 0
 
 
+# flags that only change printed lines: given one, a user wants lines even on a pipe (as tcpdump prints them)
+_TEXT_FLAGS = ("line_buffered", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
+               "absolute_seq", "nano")
+
+
 def _to_stdout(args) -> bool:
-    return args.write == "-" or (args.write is None and not sys.stdout.isatty())
+    """Whether packets go to stdout as a capture file: -w -, or no -w, stdout not a terminal and no text flag."""
+    if args.write is not None:
+        return args.write == "-"
+    return not sys.stdout.isatty() and not any(getattr(args, f) for f in _TEXT_FLAGS)
 
 
 def _output_format(args, session) -> str | None:

@@ -9,7 +9,8 @@ from .errors import FcapError
 
 @dataclass(frozen=True)
 class LinkType:
-    """One link-layer header type as pcap/pcapng files record it (LINKTYPE_* numbering)."""
+    """One link-layer header type as pcap/pcapng files record it (LINKTYPE_* numbering), described as libpcap
+    describes it (what tcpdump prints after the name)."""
 
     name: str  # tcpdump/libpcap name without prefix, e.g. "EN10MB"
     number: int  # LINKTYPE_* value written in pcap/pcapng files
@@ -29,47 +30,47 @@ class UnknownLinkType(FcapError):
 
 
 _TABLE = (
-    LinkType("NULL", 0, "BSD loopback (host-order address family)"),
+    LinkType("NULL", 0, "BSD loopback"),
     LinkType("EN10MB", 1, "Ethernet"),
     LinkType("AX25", 3, "AX.25 amateur radio"),
-    LinkType("IEEE802", 6, "IEEE 802.5 Token Ring"),
-    LinkType("ARCNET", 7, "ARCNET"),
+    LinkType("IEEE802", 6, "Token ring"),
+    LinkType("ARCNET", 7, "BSD ARCNET"),
     LinkType("SLIP", 8, "SLIP"),
     LinkType("PPP", 9, "PPP"),
     LinkType("FDDI", 10, "FDDI"),
-    LinkType("PPP_SERIAL", 50, "PPP in HDLC-like framing"),
+    LinkType("PPP_SERIAL", 50, "PPP over serial"),
     LinkType("PPP_ETHER", 51, "PPPoE"),
-    LinkType("ATM_RFC1483", 100, "RFC 1483 LLC/SNAP-encapsulated ATM"),
-    LinkType("RAW", 101, "Raw IPv4/IPv6"),
+    LinkType("ATM_RFC1483", 100, "RFC 1483 LLC-encapsulated ATM"),
+    LinkType("RAW", 101, "Raw IP"),
     LinkType("C_HDLC", 104, "Cisco HDLC"),
-    LinkType("IEEE802_11", 105, "IEEE 802.11 wireless"),
+    LinkType("IEEE802_11", 105, "802.11"),
     LinkType("FRELAY", 107, "Frame Relay"),
-    LinkType("LOOP", 108, "OpenBSD loopback (network-order address family)"),
+    LinkType("LOOP", 108, "OpenBSD loopback"),
     LinkType("ENC", 109, "OpenBSD encapsulated IP"),
-    LinkType("LINUX_SLL", 113, "Linux cooked capture v1"),
-    LinkType("PFLOG", 117, "OpenBSD pflog"),
+    LinkType("LINUX_SLL", 113, "Linux cooked v1"),
+    LinkType("PFLOG", 117, "OpenBSD pflog file"),
     LinkType("PRISM_HEADER", 119, "802.11 plus Prism header"),
     LinkType("IP_OVER_FC", 122, "RFC 2625 IP-over-Fibre Channel"),
-    LinkType("SUNATM", 123, "SunATM"),
+    LinkType("SUNATM", 123, "Sun raw ATM"),
     LinkType("IEEE802_11_RADIO", 127, "802.11 plus radiotap header"),
     LinkType("ARCNET_LINUX", 129, "Linux ARCNET"),
-    LinkType("IEEE802_11_RADIO_AVS", 163, "802.11 plus AVS header"),
+    LinkType("IEEE802_11_RADIO_AVS", 163, "802.11 plus AVS radio information header"),
     LinkType("BLUETOOTH_HCI_H4", 187, "Bluetooth HCI UART transport layer"),
     LinkType("USB_LINUX", 189, "USB with Linux header"),
     LinkType("PPI", 192, "Per-Packet Information"),
     LinkType("IEEE802_15_4_WITHFCS", 195, "IEEE 802.15.4 with FCS"),
-    LinkType("BLUETOOTH_HCI_H4_WITH_PHDR", 201, "Bluetooth HCI UART with direction pseudo-header"),
+    LinkType("BLUETOOTH_HCI_H4_WITH_PHDR", 201, "Bluetooth HCI UART transport layer plus pseudo-header"),
     LinkType("USB_LINUX_MMAPPED", 220, "USB with padded Linux header"),
-    LinkType("CAN_SOCKETCAN", 227, "Linux SocketCAN"),
+    LinkType("CAN_SOCKETCAN", 227, "CAN-bus with SocketCAN headers"),
     LinkType("IPV4", 228, "Raw IPv4"),
     LinkType("IPV6", 229, "Raw IPv6"),
     LinkType("IEEE802_15_4_NOFCS", 230, "IEEE 802.15.4 without FCS"),
-    LinkType("NFLOG", 239, "Linux netfilter log"),
+    LinkType("NFLOG", 239, "Linux netfilter log messages"),
     LinkType("USBPCAP", 249, "USB with USBPcap header"),
     LinkType("NETLINK", 253, "Linux netlink"),
     LinkType("VSOCK", 271, "Linux vsock"),
     LinkType("ETHERNET_MPACKET", 274, "802.3br mPackets"),
-    LinkType("LINUX_SLL2", 276, "Linux cooked capture v2"),
+    LinkType("LINUX_SLL2", 276, "Linux cooked v2"),
 )
 
 _BY_NAME = {lt.name: lt for lt in _TABLE}

@@ -62,7 +62,10 @@ class Point:
         return direction_of(self.name)
 
     def prototype(self) -> str:
-        return c_prototype(self.ret, self.name, self.params)
+        try:
+            return c_prototype(self.ret, self.name, self.params)
+        except BTFError as e:
+            raise PointError(f"{self.kind}/{self.name}: cannot read the kernel's BTF: {e}") from None
 
 
 def is_skb_ptr(t: Type) -> bool:

@@ -110,6 +110,26 @@ def netns(inum: int) -> Predicate:
     return emit
 
 
+def direction(want: str) -> Callable[[Point], Predicate]:
+    """-Q in|out as a factory of per-point predicates. A packet goes out at a transmit point (whatever its
+    pkt_type: one the host sends is PACKET_HOST there); elsewhere it goes out when its pkt_type is
+    PACKET_OUTGOING (as AF_PACKET marks what it sees sent), else in: what the LINUX_SLL2 header says."""
+    from .program import PACKET_OUTGOING
+
+    def make(point: Point) -> Predicate:
+        def emit(b) -> list:
+            if point.direction == "out":
+                b.emit(movi(R8, PACKET_OUTGOING))   # (the verifier then knows which way the test goes)
+            else:
+                b.read(BYTES_SIZE[1], R8, R6, b.f.pkt_type_byte)
+                if b.f.pkt_type_shift:
+                    b.emit(rshi(R8, b.f.pkt_type_shift))
+                b.emit(alu64(AND, R8, b.f.pkt_type_mask))
+            return [jmp(JNE if want == "out" else JEQ, R8, PACKET_OUTGOING, "out")]
+        return emit
+    return make
+
+
 # ---- --where 'PATH OP VALUE' -------------------------------------------------------------------
 
 _WHERE = re.compile(r"^\s*(?P<path>[A-Za-z_][\w]*(?:\s*(?:->|\.)\s*[A-Za-z_]\w*)*)\s*"

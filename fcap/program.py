@@ -47,7 +47,7 @@ from bpf.asm import (
     st,
     stx,
 )
-from bpf.btf import BTF
+from bpf.btf import BTF, BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import ringrec
@@ -486,4 +486,7 @@ class Builder:
 
 def build(point: Point, opts: Options, maps: Maps) -> list:
     """The instructions (with labels) of the capture program for `point`."""
-    return Builder(point, opts, maps).build()
+    try:
+        return Builder(point, opts, maps).build()
+    except BTFError as e:   # a kernel's BTF without what the program reads (or a corrupt one)
+        raise ProgramError(f"{point.kind}/{point.name}: cannot read the kernel's BTF: {e}") from None

@@ -326,7 +326,7 @@ LINKTYPE_EN10MB, LINKTYPE_RAW, LINKTYPE_LINUX_SLL2 = 1, 101, 276
 
 def read_packets(path) -> list[Pkt]:
     """Every packet of a pcap/pcapng file (fcap's own reader), with the link header taken off."""
-    from fcap.pcapfile import read
+    from fcap.pcapread import read
     out = []
     for r in read(path):
         off = {LINKTYPE_EN10MB: ETH_HLEN, LINKTYPE_RAW: 0, LINKTYPE_LINUX_SLL2: 20}.get(r.linktype)

@@ -54,7 +54,7 @@ def _traffic(tag: bytes) -> int:
 
 
 def _packets(path: str, tag: bytes) -> dict:
-    from fcap.pcapfile import read
+    from fcap.pcapread import read
     return {(r.packet_id, bytes(r.data)): r for r in read(path) if tag in r.data}
 
 
@@ -74,7 +74,7 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
             p.stop()
     assert a.p.returncode == 0 and b.p.returncode == 0, a.stderr + b.stderr
     if fmt == "pcap":   # no packet ids in pcap: match on the bytes (each datagram's are unique)
-        from fcap.pcapfile import read
+        from fcap.pcapread import read
         ours = sorted((bytes(r.data), r.orig_len) for r in read(ring) if tag in r.data)
         theirs = sorted((bytes(r.data), r.orig_len) for r in read(perf) if tag in r.data)
         assert len(ours) == sent and ours == theirs
@@ -94,7 +94,8 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
 def test_ring_pcapng_blocks_as_the_writer_makes_them(tmp_path):
     """Every block the program laid out is byte for byte what PcapngWriter.write makes of the same record."""
     _ring_available()
-    from fcap.pcapfile import PcapngWriter, read
+    from fcap.pcapfile import PcapngWriter
+    from fcap.pcapread import read
     path = str(tmp_path / "ring.pcapng")
     a = start_fcap(["-i", POINT, "-s", "200", "-w", path])
     try:
@@ -124,7 +125,7 @@ def test_ring_wraps_and_counts_exactly(tmp_path):
     """A 64 KiB ring per CPU (-B 128 on two CPUs) wraps many times and overflows: every record in the file is
     whole, and captured + dropped == received, captured == records in the file."""
     _ring_available()
-    from fcap.pcapfile import read
+    from fcap.pcapread import read
     path = str(tmp_path / "small.pcapng")
     a = start_fcap(["-i", POINT, "-B", "128", "-w", path])
     tag = os.urandom(8)

@@ -19,18 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fcap import linktypes
-from fcap.errors import FcapError
-from fcap.pcapfile import (
-    FLAG_INBOUND,
-    FLAG_OUTBOUND,
-    PcapFormatError,
-    PcapngWriter,
-    PcapWriter,
-    Record,
-    format_for_path,
-    open_writer,
-    read,
-)
+from fcap.errors import FcapError, PcapFormatError
+from fcap.pcapfile import FLAG_INBOUND, FLAG_OUTBOUND, PcapngWriter, PcapWriter, format_for_path, open_writer
+from fcap.pcapread import Record, read
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "tcpdump-tests"
 if not CORPUS.is_dir():
@@ -460,7 +451,7 @@ BAD = {
     "caplen beyond block": shb("<") + idb("<", 1) + block("<", 6, struct.pack("<IIIII", 0, 0, 0, 99, 99) + b"ab\0\0"),
     "short EPB": shb("<") + idb("<", 1) + block("<", 6, bytes(8)),
     "short IDB": shb("<") + block("<", 1, bytes(4)),
-    "option overrun": shb("<") + idb("<", 1) + epb("<", 0, 0, b"x", options=struct.pack("<HH", 1, 200)),
+    "IDB option overrun": shb("<") + idb("<", 1, struct.pack("<HH", 2, 200)),
     "tsresol length": shb("<") + idb("<", 1, opt("<", 9, b"\x06\x06")),
     "SPB before IDB": shb("<") + block("<", 3, struct.pack("<I", 1) + b"x\0\0\0"),
 }
@@ -482,8 +473,14 @@ def test_records_before_damage_are_yielded():
 
 
 def test_header_checked_before_iteration():
-    with pytest.raises(PcapFormatError, match="magic"):
+    with pytest.raises(PcapFormatError, match="unknown file format"):
         read(io.BytesIO(b"not a capture file"))
+
+
+def test_packet_options_past_their_block_end_the_options_only():
+    """libpcap reads no packet options and tcpdump prints such a packet: so do we, with the options before it."""
+    blob = shb("<") + idb("<", 1) + epb("<", 0, 0, b"x", options=opt("<", 1, b"ok") + struct.pack("<HH", 1, 200))
+    assert records_of(blob) == [Record(0, b"x", 1, 1, 0, None, None, "ok")]
 
 
 @settings(max_examples=300, deadline=None)

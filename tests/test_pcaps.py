@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fcap.pcapfile import read
+from fcap.pcapread import read
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
 

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fcap import show
-from fcap.pcapfile import PcapFormatError, PcapWriter, read
+from fcap.errors import PcapFormatError
+from fcap.pcapfile import PcapWriter
+from fcap.pcapread import read
 from fcap.printer import Printer
 from fcap.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
 
@@ -53,6 +55,45 @@ def tcpdump_lines(path: Path, *flags: str) -> list[str]:
                        timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     return [line.rstrip() for line in p.stdout.splitlines() if line and not line.startswith(("\t", " "))]
+
+
+_PACKET_NUMBER = re.compile(r"^ *(\d+)  ", re.MULTILINE)
+
+
+def tcpdump_packets(path: Path, *flags: str) -> list[str]:
+    """Everything tcpdump prints for each packet (its line, then any dump), told apart with -# (numbers)."""
+    p = subprocess.run([TCPDUMP, "-nn", "-#", *flags, "-r", str(path)], capture_output=True, text=True,
+                       errors="replace", timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    marks = list(_PACKET_NUMBER.finditer(p.stdout))
+    ends = [m.start() for m in marks[1:]] + [len(p.stdout)]
+    return [p.stdout[m.end():end] for m, end in zip(marks, ends)]
+
+
+def printed_packets(recs, linktype: int, *flags: str) -> list[str]:
+    """Everything fcap -r prints for each packet with the same flags (parsed by fcap's own parser)."""
+    from fcap.cli import _parser
+    args = _parser().parse_args([*flags, "-r", "-"])
+    out = io.StringIO()
+    printer = Printer(args, out)
+    chunks = []
+    for ts, data, orig in recs:
+        out.seek(0)
+        out.truncate()
+        printer.packet(ts, data, linktype, orig)
+        chunks.append(out.getvalue())
+    return chunks
+
+
+def compare_printed(tmp_path: Path, linktype: int, packets, *flags: str) -> None:
+    """fcap's output for each packet with these flags is tcpdump's, line for line (dumps included)."""
+    path = tmp_path / "p.pcap"
+    recs = write_pcap(path, linktype, packets)
+    theirs, ours = tcpdump_packets(path, *flags), printed_packets(recs, linktype, *flags)
+    assert len(theirs) == len(ours)
+    diffs = [f"#{i} {flags}\n  tcpdump: {t!r}\n  fcap:    {o!r}"
+             for i, (t, o) in enumerate(zip(theirs, ours)) if t != o]
+    assert not diffs, "\n".join(diffs[:10])
 
 
 def compare(tmp_path: Path, linktype: int, packets, flags=("--nano", "-tt"), **summarizer) -> None:
@@ -398,6 +439,16 @@ def test_scapy_decode():
     assert "cooked" in scapy_decode(bytes(CookedLinuxV2(proto=0x800) / UDP4), 276).lower()
 
 
+def test_scapy_decode_of_cut_packets_never_raises(capsys):
+    """scapy's dissectors raise on many cut packets (struct.error, IndexError): the decode says so in one line
+    and shows the bytes; scapy's own warnings are not printed."""
+    for blob, linktype, cls in ((b"\x02", 1, "Ether"), (b"\x30", 229, "IPv6"), (b"\x45\x00", 101, "IP")):
+        text = scapy_decode(blob, linktype)
+        assert text.startswith(f"  (scapy cannot decode this as {cls}: error: ") and "###[ Raw ]###" in text, text
+    assert "###[ IP ]###" in scapy_decode(bytes(eth(SYN))[:40], 1)
+    assert capsys.readouterr().err == ""
+
+
 def test_scapy_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "scapy", None)
     monkeypatch.setitem(sys.modules, "scapy.all", None)
@@ -450,7 +501,9 @@ def test_printer_says_once_that_scapy_is_missing(monkeypatch):
 
 def test_printer_hex_and_decode():
     udp = bytes(eth(UDP4))
-    assert printed([(T0, udp, len(udp))], hex=1)[1:] == hexdump(udp).splitlines()
-    assert printed([(T0, udp, len(udp))], hexascii=1)[1:] == hexdump(udp, True).splitlines()
+    assert printed([(T0, udp, len(udp))], hex=1)[1:] == hexdump(udp[14:]).splitlines()   # -x: past the link header
+    assert printed([(T0, udp, len(udp))], hex=2)[1:] == hexdump(udp).splitlines()        # -xx: all of it
+    assert printed([(T0, udp, len(udp))], hexascii=1)[1:] == hexdump(udp[14:], True).splitlines()
+    assert printed([(T0, udp, len(udp))], hexascii=1, hex=1, ascii=1) == printed([(T0, udp, len(udp))], hexascii=1)
     text = "\n".join(printed([(T0, udp, len(udp))] * 2, verbose=1))
     assert text.count("###[ Ethernet ]###") == 2

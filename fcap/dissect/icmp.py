@@ -27,6 +27,7 @@ _ICMP6 = {1: "destination unreachable", 2: "packet too big", 3: "time exceeded i
 _UNREACH6 = {0: "unreachable route", 1: " unreachable prohibited", 2: "beyond scope", 3: "unreachable address",
              4: "unreachable port"}
 _PARAMPROB6 = {0: "erroneous", 1: "next header", 2: "option", 3: "incomplete header chain"}
+_ICMP6_DECODED = frozenset((1, 2, 3, 4, 155, *range(128, 148)))   # the types tcpdump's icmp6_print has a case for
 _IP6_EXT_HEADERS = (0, 43, 60, 51, 44)  # hop-by-hop, routing, destination options, AH, fragment
 
 
@@ -39,6 +40,7 @@ def icmp(p: Packet, off: int, plen: int) -> None:
     if kind in (0, 8):
         text = f"echo {'request' if kind == 8 else 'reply'}, id {p.u16(off + 4)}, seq {p.u16(off + 6)}"
     elif kind == 3 and code == 3:
+        p.need(inner + 9, 1, soft=True)
         proto = p.u8(inner + 9)
         dport = p.u16(inner + (p.u8(inner) & 15) * 4 + 2)
         what = {6: "tcp port", 17: "udp port"}.get(proto, f"protocol {proto} port")
@@ -52,7 +54,7 @@ def icmp(p: Packet, off: int, plen: int) -> None:
     elif kind == 5:
         text = _REDIRECT.get(code, f"redirect-#{code} %s to %s") % (p.ip4(inner + 16), p.ip4(off + 4))
     elif kind == 11:
-        p.need(inner + 16, 4)
+        p.need(inner + 16, 4, soft=True)
         text = {0: "time exceeded in-transit", 1: "ip reassembly time exceeded"}.get(code, f"time exceeded-#{code}")
     elif kind == 12:
         text = f"parameter problem - code {code}" if code else f"parameter problem - octet {p.u8(off + 4)}"
@@ -80,6 +82,7 @@ def _unreach6(p: Packet, off: int, kind: int, code: int, length: int) -> str | N
         proto, dport = _upper_layer(p, inner)
         return f", {p.ip6(inner + 24)} " + (f"{'tcp' if proto == 6 else 'udp'} port {dport}" if proto in (6, 17)
                                             else f"protocol {proto} port {dport} unreachable")
+    p.default_print(off, length, ascii=False)
     return None
 
 
@@ -133,10 +136,13 @@ def icmp6(p: Packet, off: int, length: int) -> None:
     text = body(p, off, kind, code, length) if body else ""
     if text is not None:
         p.add(f"{text}, length {length}")
+    if kind not in _ICMP6_DECODED:   # (tcpdump shows the message of a type it does not know in hex)
+        p.default_print(off, length, ascii=False)
 
 
 def _upper_layer(p: Packet, ip6: int) -> tuple[int, int]:
     """The protocol and destination port of a quoted IPv6 packet, past its extension headers."""
+    p.need(ip6 + 6, 1, soft=True)
     nh, cp, hlen = p.u8(ip6 + 6), ip6, 40
     while cp + hlen + 4 <= p.end:
         cp += hlen
@@ -145,4 +151,4 @@ def _upper_layer(p: Packet, ip6: int) -> tuple[int, int]:
         if nh not in _IP6_EXT_HEADERS or (nh == 44 and p.u16(cp + 2) & 0xFFF8):
             break
         nh, hlen = p.b[cp], 8 if nh == 44 else ((p.b[cp + 1] + 2) << 2) if nh == 51 else ((p.b[cp + 1] + 1) << 3)
-    raise Truncated
+    raise Truncated(soft=True)

@@ -18,8 +18,9 @@ def ip4(p: Packet, off: int, length: int) -> None:
     if version != 4:
         p.add(("IP6, wrong link-layer encapsulation" if version == 6 else f"IP{version}") + " (invalid)")
         return
-    p.add("IP ")
-    p.need(off, 20)
+    if not p.eflag:
+        p.add("IP ")
+    p.need(off, 20, soft=True)
     hlen, total = (p.b[off] & 15) * 4, p.u16(off + 2)
     if length < 20 or hlen < 20:
         p.add(f"truncated-ip {length}" if length < 20 else f"bad-hlen {hlen}")
@@ -65,11 +66,12 @@ def demux(p: Packet, off: int, length: int, ver: int, fragmented: int, nh: int, 
 
 def ip6(p: Packet, off: int, length: int) -> None:
     p.proto = "ip6"
-    p.need(off, 40)
+    p.need(off, 40, soft=True)
     if length < 40:
         p.add(f"truncated-ip6 {length}")
         return
-    p.add("IP6 ")
+    if not p.eflag:
+        p.add("IP6 ")
     if p.b[off] >> 4 != 6:
         p.add(f"version error: {p.b[off] >> 4} != 6")
         return
@@ -153,7 +155,7 @@ class _Ip6Walk:
         return 0 if p.end <= cp + 8 else 8
 
     def routing(self, cp: int, nh: int) -> int:
-        self.p.u8(cp)
+        self.p.need(cp, 1, soft=True)
         self.p.proto = "rt6"
         self.found_ext = True
         return _rt6(self.p, cp)
@@ -198,7 +200,8 @@ def _rt6(p: Packet, cp: int) -> int:
     rlen = p.u8(cp + 1)
     p.add(f" (len={rlen}")
     rtype = p.u8(cp + 2)
-    p.add(f", type={rtype}" + (" [Deprecated]" if rtype == 0 else "") + f", segleft={p.u8(cp + 3)}")
+    p.add(f", type={rtype}" + (" [Deprecated]" if rtype == 0 else ""))
+    p.add(f", segleft={p.u8(cp + 3)}")
     if rtype in (0, 2) and p.u32(cp + 4):
         p.add(f", rsv=0x{p.u32(cp + 4):x}")
     elif rtype == 4:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from fcap import linktypes
 from fcap.dissect.ip import ip4, ip6
@@ -20,10 +21,13 @@ _SLL_PKTTYPE = {0: "In", 1: "B", 2: "M", 3: "P", 4: "Out"}
 
 
 def dissect_link(p: Packet, linktype: int, length: int) -> None:
-    """The packet from its link-layer header on; length is its length on the wire."""
+    """The packet from its link-layer header on; length is its length on the wire. Sets p.hdr as it goes."""
     if linktype == 1:
         _ether(p, 0, length)
     elif linktype in (101, 228, 229):  # tcpdump picks IPv4 or IPv6 by the version nibble for all three
+        p.proto = "raw"
+        if p.eflag:
+            p.add("ip: ")
         p.proto = "ipn"
         version = p.u8(0) >> 4 if length >= 1 else None
         if version in (4, 6):
@@ -31,10 +35,7 @@ def dissect_link(p: Packet, linktype: int, length: int) -> None:
         else:
             p.add(f"truncated-ip {length}" if version is None else f"unknown ip {version}")
     elif linktype == 113:
-        p.proto = "sll"
-        p.need(0, 16)
-        _cooked(p, p.u16(14), 16, length,
-                lambda: f"{_SLL_PKTTYPE.get(p.u16(0), '?'):>3} " + (p.mac(6) + " " if p.u16(4) == 6 else ""))
+        _sll(p, length)
     elif linktype == 276:
         _sll2(p, length)
     elif linktype in (0, 108):
@@ -45,6 +46,33 @@ def dissect_link(p: Packet, linktype: int, length: int) -> None:
               else f"linktype {name} ({linktype}), length {length}")
 
 
+def _ethertype_name(etype: int) -> str:
+    return f"ethertype {_ETHERTYPES.get(etype, 'Unknown')} (0x{etype:04x})"
+
+
+def _cooked_type(etype: int) -> str:
+    """What a cooked header's protocol says, as tcpdump's sll_print puts it."""
+    if etype > 1500:
+        return _ethertype_name(etype)
+    return {1: "802.3", 4: "802.2"}.get(etype, f"ethertype Unknown (0x{etype:04x})")
+
+
+def _vlan_tci(tci: int) -> str:
+    return f"vlan {tci & 0xFFF}, p {tci >> 13}" + (", DEI" if tci & 0x1000 else "")
+
+
+def _sll(p: Packet, length: int) -> None:
+    p.proto = "sll"
+    p.need(0, 16)
+
+    def header(total: int) -> str:
+        return f"{_SLL_PKTTYPE.get(p.u16(0), '?'):>3} " + (p.mac(6) + " " if p.u16(4) == 6 else "") + \
+            f"{_cooked_type(p.u16(14))}, length {total}: "
+    if p.eflag:
+        p.add(header(length))
+    _cooked(p, p.u16(14), 16, length, header)
+
+
 def _sll2(p: Packet, length: int) -> None:
     p.proto = "sll2"
     p.need(0, 20)
@@ -53,58 +81,130 @@ def _sll2(p: Packet, length: int) -> None:
     except (OSError, OverflowError):
         ifname = "?"
     p.add(f"{ifname:<5} {_SLL_PKTTYPE.get(p.u8(10), '?'):<3} ")
-    _cooked(p, p.u16(0), 20, length, lambda: f"ifindex {p.u32(4)} " + (p.mac(12) + " " if p.u8(11) == 6 else ""))
+
+    def header(total: int) -> str:
+        return f"ifindex {p.u32(4)} " + (p.mac(12) + " " if p.u8(11) == 6 else "") + \
+            f"{_cooked_type(p.u16(0))}, length {total}: "
+    if p.eflag:
+        p.add(header(length))
+    _cooked(p, p.u16(0), 20, length, header)
 
 
 def _null(p: Packet, linktype: int, length: int) -> None:
     """BSD loopback: a 4-byte address family, host order (NULL) or network order (LOOP)."""
     p.proto = "null"
     p.need(0, 4)
+    p.hdr = 4
     family = int.from_bytes(p.b[:4], "little" if linktype == 0 else "big")
     if family & 0xFFFF0000:
         family = int.from_bytes(family.to_bytes(4, "little"), "big")
+    header = f"AF {_BSD_AF.get(family, 'Unknown')} ({family}), length {length}: "
+    if p.eflag:
+        p.add(header)
     if family == 2:
         ip4(p, 4, length - 4)
     elif family in (24, 28, 30):
         ip6(p, 4, length - 4)
     else:
-        p.add(f"AF {_BSD_AF.get(family, 'Unknown')} ({family}), length {length}: ")
+        if not p.eflag:
+            p.add(header)
+        p.default_print(4, p.end - 4, unless_suppressed=True)
 
 
 def _ether(p: Packet, off: int, length: int) -> None:
     caplen = p.end - off
     if length < caplen:
         p.add(f"[length {length} < caplen {caplen}] (invalid)")
+        p.hdr = length
         return
     if caplen < 14:
-        p.proto = "ether"
-        raise Truncated
+        p.proto, p.hdr = "ether", caplen
+        raise Truncated(soft=True)
     dst, src, orig = p.mac(off), p.mac(off + 6), length
-    etype, off, length = p.u16(off + 12), off + 14, length - 14
-    while etype in _VLAN_TYPES:  # VLAN tags: tcpdump shows them only with -e
-        if p.end - off < 4 or length < 4:
-            p.proto = "vlan"
-            raise Truncated
-        etype, off, length = p.u16(off + 2), off + 4, length - 4
+    if p.eflag:
+        p.add(f"{src} > {dst}, ")
+    p.hdr = 14
+    etype, off, length, told_length = _vlan_tags(p, p.u16(off + 12), off + 14, length - 14, orig)
     if etype <= 1500 or etype == 0x8870:  # 802.3 length or jumbo: an LLC header follows (SNAP only decoded)
         if etype <= 1500:
             length = min(length, etype)
             p.end = min(p.end, off + length)
-        _llc(p, off, length, f"{src} > {dst}, 802.3, length {length}: ")
-    elif not _ethertype(p, etype, off, length):
-        p.add(f"{src} > {dst}, ethertype {_ETHERTYPES.get(etype, 'Unknown')} (0x{etype:04x}), length {orig}: ")
+            if p.eflag:
+                p.add("802.3" + ("" if told_length else f", length {length}: "))
+        if not _llc(p, off, length, f"{src} > {dst}, 802.3, length {length}: ", True):
+            p.default_print(off, p.end - off, unless_suppressed=True)
+        return
+    if p.eflag:
+        p.add(_ethertype_name(etype) + (", " if told_length else f", length {orig}: "))
+    if not _ethertype(p, etype, off, length):
+        if not p.eflag:
+            p.add(f"{src} > {dst}, {_ethertype_name(etype)}, length {orig}: ")
+        p.default_print(off, p.end - off, unless_suppressed=True)
 
 
-def _llc(p: Packet, off: int, length: int, header: str) -> None:
-    """An 802.2 header: SNAP with an Ethernet type is followed; anything else is only named."""
+def _vlan_tags(p: Packet, etype: int, off: int, length: int, orig: int) -> tuple[int, int, int, bool]:
+    """Past an Ethernet header's VLAN tags (shown only with -e): the type, offset and length after them, and
+    whether -e said ", length N: " (tcpdump says it once, after the first type)."""
+    told_length = False
+    while etype in _VLAN_TYPES:
+        if p.end - off < 4 or length < 4:
+            p.proto, p.hdr = "vlan", p.hdr + max(0, min(p.end - off, length))
+            raise Truncated(soft=True)
+        if p.eflag:
+            p.add(_ethertype_name(etype) + (", " if told_length else f", length {orig}: ") + _vlan_tci(p.u16(off)) +
+                  ", ")
+            told_length = True
+        etype, off, length, p.hdr = p.u16(off + 2), off + 4, length - 4, p.hdr + 4
+    return etype, off, length, told_length
+
+
+_LLC_SAPS = {0x00: "Null", 0xFF: "Global", 0x02: "802.1B I", 0x03: "802.1B G", 0x04: "SNA", 0x06: "IP",
+             0x0E: "ProWay NM", 0x42: "STP", 0x4E: "RS511", 0x7E: "ISO8208", 0x8E: "ProWay", 0xAA: "SNAP",
+             0xE0: "IPX", 0xF0: "NetBeui", 0xFE: "OSI"}
+
+
+def _llc(p: Packet, off: int, length: int, header: str, count_undecoded: bool) -> bool:
+    """An 802.2 header: SNAP with an Ethernet type is followed; anything else is only named. Adds to p.hdr the
+    LLC (and SNAP) header length as tcpdump counts it: before what follows is printed; where that is not decoded,
+    only when count_undecoded (tcpdump's Ethernet printer counts it then, its cooked printers do not). Whether
+    what follows was decoded."""
     p.proto = "llc"
-    dsap, ssap, ctrl = p.u8(off), p.u8(off + 1), p.u8(off + 2)
-    if dsap == ssap == 0xAA and ctrl == 3:
+    caplen = p.end - off
+    dsap, ssap, ctrl = (p.u8(off), p.u8(off + 1), p.u8(off + 2)) if caplen >= 3 else (0, 0, 0)
+    hlen = 3 if ctrl & 3 == 3 else 4
+    if caplen < hlen or length < hlen:
+        p.hdr += max(0, min(caplen, length))   # (tcpdump's llc_print returns what there is: all of it)
+        p.add(f" [|{p.proto}]")
+        p.default_print(off, caplen)
+        raise Truncated(soft=True, said=True)
+    if hlen == 4:
+        ctrl = p.u8(off + 2) | p.u8(off + 3) << 8
+    if p.eflag and not dsap == ssap == 0xFF:
+        p.add(f"LLC, dsap {_LLC_SAPS.get(dsap & 0xFE, 'Unknown')} (0x{dsap & 0xFE:02x}) "
+              f"{'Group' if dsap & 1 else 'Individual'}, ssap {_LLC_SAPS.get(ssap & 0xFE, 'Unknown')} "
+              f"(0x{ssap & 0xFE:02x}) {'Response' if ssap & 1 else 'Command'}, ctrl 0x{ctrl:0{2 * (hlen - 2)}x}: ")
+    if dsap & 0xFE == ssap & 0xFE == 0xAA and ctrl == 3:
         p.proto = "snap"
-        p.need(off + 3, 5)
-        if p.u16(off + 3) == 0 and p.b[off + 5] == 0 and _ethertype(p, p.u16(off + 6), off + 8, length - 8):
-            return
-    p.add(f"{header}LLC, dsap 0x{dsap:02x}, ssap 0x{ssap:02x}")
+        if caplen < 8 or length < 8:
+            p.hdr += 8
+            raise Truncated(soft=True)
+        oui, et = int.from_bytes(p.b[off + 3:off + 6], "big"), p.u16(off + 6)
+        if p.eflag:
+            p.add(f"oui {'Ethernet' if oui == 0 else 'Unknown'} (0x{oui:06x}), "
+                  f"{'ethertype' if oui == 0 else 'pid'} {_ETHERTYPES.get(et, 'Unknown') if oui == 0 else 'Unknown'}"
+                  f" (0x{et:04x}), length {length - 8}: ")
+        if oui == 0 and et in _DECODED:
+            p.hdr += 8
+            return _ethertype(p, et, off + 8, length - 8)
+        hlen = 8
+    if not p.eflag:
+        p.add(f"{header}LLC, dsap 0x{dsap:02x}, ssap 0x{ssap:02x}")
+    if count_undecoded:
+        p.hdr += hlen
+    return False
+
+
+_DECODED = (0x0800, 0x86DD, 0x0806, 0x8035)   # the Ethernet types _ethertype decodes
 
 
 def _ethertype(p: Packet, etype: int, off: int, length: int) -> bool:
@@ -119,23 +219,30 @@ def _ethertype(p: Packet, etype: int, off: int, length: int) -> bool:
     return True
 
 
-def _cooked(p: Packet, etype: int, hdr_len: int, length: int, header) -> None:
-    """What follows a Linux cooked header (v1 or v2) of hdr_len bytes; length counts the header."""
-    off, length = hdr_len, length - hdr_len
+def _cooked(p: Packet, etype: int, hdr_len: int, length: int, header: Callable[[int], str]) -> None:
+    """What follows a Linux cooked header (v1 or v2) of hdr_len bytes; length counts the header; header(total)
+    is the cooked header's text (tcpdump prints it with -e, or where the type is not decoded)."""
+    off, length, p.hdr = hdr_len, length - hdr_len, hdr_len
     while etype == 0x8100:
         if p.end - off < 4:
-            p.proto = "vlan"
-            raise Truncated
+            p.proto, p.hdr = "vlan", p.end
+            raise Truncated(soft=True)
+        if p.eflag:
+            p.add(_vlan_tci(p.u16(off)) + ", ")
         etype = p.u16(off + 2)
         etype = 4 if etype <= 1500 else etype
         p.add(f"ethertype {_ETHERTYPES.get(etype, 'Unknown')}, ")
-        off, length = off + 4, length - 4
+        off, length, p.hdr = off + 4, length - 4, p.hdr + 4
     if etype == 4:
-        _llc(p, off, length, f"802.2, length {length}: ")
+        if not _llc(p, off, length, "" if p.eflag else f"802.2, length {length}: ", False):
+            p.default_print(off, p.end - off, unless_suppressed=True)
     elif etype == 1:  # IPX: not decoded here
-        p.add(f"802.3, length {length}")
-    elif etype > 1500 and not _ethertype(p, etype, off, length):
-        p.add(header() + f"ethertype {_ETHERTYPES.get(etype, 'Unknown')} (0x{etype:04x}), length {length + hdr_len}: ")
+        if not p.eflag:
+            p.add(f"802.3, length {length}")
+    elif etype <= 1500 or not _ethertype(p, etype, off, length):
+        if etype > 1500 and not p.eflag:
+            p.add(header(length + hdr_len))
+        p.default_print(off, p.end - off, unless_suppressed=True)
 
 
 def _arp(p: Packet, off: int, length: int) -> None:
@@ -147,13 +254,15 @@ def _arp(p: Packet, off: int, length: int) -> None:
     sha, spa = off + 8, off + 8 + hln
     tha, tpa = spa + pln, spa + pln + hln
     p.need(tpa, pln)
-    p.add("ARP, ")
+    if not p.eflag:
+        p.add("ARP, ")
     if pro not in (0x0800, 0x1000) or pln != 4 or hln == 0:
         p.add(f"{_ARP_HRD.get(hrd, f'Unknown Hardware ({hrd})')} (len {hln}), "
               f"{_ETHERTYPES.get(pro, f'Unknown Protocol (0x{pro:04x})')} (len {pln}), length {length}")
         return
     p.add(_ARP_OPS.get(op, f"Unknown ({op})") + " ")
     if op not in _ARP_OPS or op == 10:
+        p.default_print(off, p.end - off)
         return
     p.add({1: f"who-has {p.ip4(tpa)}" + (f" ({p.mac(tha, hln)})" if any(p.b[tha:tha + hln]) else "")
               + f" tell {p.ip4(spa)}",

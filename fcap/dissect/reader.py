@@ -8,21 +8,43 @@ M32 = 0xFFFFFFFF
 
 
 class Truncated(Exception):
-    """The packet ends before a field a printer needs: tcpdump prints " [|proto]" (and args[0] after it)."""
+    """The packet ends before a field a printer needs: tcpdump prints " [|proto]" (and args[0] after it).
+    soft: tcpdump's printer said so and returned, so the link-layer header length it had counted stands (-x,
+    -A dump what follows it); otherwise tcpdump jumped out of its printers and dumps the whole packet."""
+
+    def __init__(self, *args: object, soft: bool = False, said: bool = False) -> None:
+        super().__init__(*args)
+        self.soft, self.said = soft, said   # said: the printer has printed " [|proto]" itself
 
 
 class Packet:
     """Bytes being printed, how far reading is allowed (tcpdump's snapend), the protocol being printed, output,
-    and the relative TCP sequence numbers' table (None: absolute numbers)."""
+    the relative TCP sequence numbers' table (None: absolute numbers), whether the link-level header is printed
+    (tcpdump -e), the link-level header's length as tcpdump counts it (what -x and -A leave out), and whether
+    the bytes of unknown protocols go unprinted (-x, -X: the whole packet is dumped)."""
 
-    __slots__ = ("b", "end", "out", "proto", "seqs")
+    __slots__ = ("b", "eflag", "end", "hdr", "out", "proto", "seqs", "suppress")
 
-    def __init__(self, data: bytes, seqs: dict | None) -> None:
+    def __init__(self, data: bytes, seqs: dict | None, eflag: bool = False, suppress: bool = False) -> None:
         self.b, self.end, self.out, self.proto, self.seqs = data, len(data), [], "", seqs
+        self.eflag, self.hdr, self.suppress = eflag, 0, suppress
 
-    def need(self, off: int, n: int) -> None:
-        if off + n > self.end:
+    def default_print(self, off: int, n: int, ascii: bool = True, unless_suppressed: bool = False) -> None:
+        """tcpdump's ND_DEFAULTPRINT (ascii: n bytes from off in hex and ASCII, on lines of their own; what was not
+        captured of them ends the packet as truncated) or print_unknown_data (in hex, what was captured).
+        unless_suppressed: where tcpdump prints them only without -x or -X (the packet is dumped then anyway)."""
+        if unless_suppressed and self.suppress:
+            return
+        data = self.b[off:min(off + n, self.end)]
+        if data:
+            self.out.append("\n" + hex_lines(data, ascii))
+        if ascii and off + n > self.end:
             raise Truncated
+
+    def need(self, off: int, n: int, soft: bool = False) -> None:
+        """Raise Truncated unless n bytes from off were captured (soft: see Truncated)."""
+        if off + n > self.end:
+            raise Truncated(soft=soft)
 
     def u8(self, off: int) -> int:
         self.need(off, 1)
@@ -50,3 +72,17 @@ class Packet:
 
     def add(self, text: str) -> None:
         self.out.append(text)
+
+
+def hex_lines(data: bytes, ascii: bool = False) -> str:
+    """tcpdump -x (ascii=False) or -X (ascii=True) lines, "\\t0x0000:  4500 0054 ...  E..T", newline-joined."""
+    lines = []
+    for off in range(0, len(data), 16):
+        chunk = data[off:off + 16]
+        hexpart = "".join(" " + chunk[i:i + 2].hex() for i in range(0, len(chunk), 2))
+        if ascii:
+            text = "".join(chr(c) if 0x21 <= c <= 0x7E else "." for c in chunk)
+            lines.append(f"\t0x{off:04x}: {hexpart:<40}  {text}")
+        else:
+            lines.append(f"\t0x{off:04x}: {hexpart}")
+    return "\n".join(lines)

@@ -31,10 +31,10 @@ def tcp(p: Packet, off: int, length: int, ip_off: int, ver: int) -> None:
     src, dst, srcb, dstb, first_nh = addresses(p, ip_off, ver)
     if off + 4 > p.end:
         p.add(f"{src} > {dst}:")
-        raise Truncated
+        raise Truncated(soft=True)
     sport, dport = p.u16(off), p.u16(off + 2)
     p.add(f"{src}.{sport} > {dst}.{dport}: " if first_nh == 6 else f"{sport} > {dport}: ")
-    p.need(off, 20)
+    p.need(off, 20, soft=True)
     hlen = (p.b[off + 12] >> 4) * 4
     if hlen < 20:
         p.add(f" tcp {(length - hlen) & M32} [bad hdr length {hlen} - too short, < 20]")
@@ -92,7 +92,7 @@ class _Opt:
         if n > self.left:
             raise _BadOpt
         if self.at + n > self.p.end:
-            raise Truncated(">" if self.later else "")
+            raise Truncated(">" if self.later else "", soft=True)
 
 
 def _opt_none(o: _Opt) -> None:
@@ -190,13 +190,13 @@ def udp(p: Packet, off: int, length: int, ip_off: int, ver: int, fragmented: int
 
     if off + 4 > p.end:
         ports(False)
-        raise Truncated
+        raise Truncated(soft=True)
     if length < 8 or off + 6 > p.end:
         ports()
         if length < 8:
             p.add(f"truncated-udp {length}")
             return
-        raise Truncated
+        raise Truncated(soft=True)
     ulen = p.u16(off + 4)
     ulen = length if ulen == 0 and length > 65535 else ulen
     ports()
@@ -205,5 +205,5 @@ def udp(p: Packet, off: int, length: int, ip_off: int, ver: int, fragmented: int
         return
     ulen, length = ulen - 8, min(length - 8, ulen - 8)
     if off + 8 > p.end:
-        raise Truncated
+        raise Truncated(soft=True)
     p.add(f"UDP, bad length {ulen} > {length}" if ulen > length and not fragmented else f"UDP, length {ulen}")
