@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from fcap.pcapfile import open_writer, read
+from fcap.pcapfile import open_writer
+from fcap.pcapread import read
 from netns import fcap_argv, read_packets, send_udp, start_fcap, subprocess_env
 from fcap.rotate import Plan, RotatingWriter, file_name
 
