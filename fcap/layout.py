@@ -132,6 +132,19 @@ PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
 
+# ---- typed dumps (--dump, fcap.dumps): an area before META, in the scratch value and at the start of the perf
+# sample; one slot per --dump PATH: this header, then the bytes copied (padded to 8). The program's R7 points past
+# the area (at META), so that every META offset stays what it is.
+DUMP = Layout("DumpHeader", (
+    ("addr", "Q"),         # where the bytes were read (0: the argument's value itself)
+    ("status", "i"),       # DUMP_OK, DUMP_NULL, or the read's -errno
+    ("size", "H"),         # bytes copied
+    ("null_at", "H"),      # DUMP_NULL: the number of pointers loaded before the NULL one
+))
+DUMP_OK, DUMP_NULL = 0, 1
+DUMP_MAX = 4096          # bytes of one dump (struct net_device is 2,496 bytes on 6.18; larger types are cut)
+DUMPS_MAX = 16384        # all the dumps of a record
+
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
 COUNTER_SEEN, COUNTER_LOST = 0, 1
 COUNTERS = 2
@@ -261,6 +274,7 @@ class Record:
     flags: int
     data: bytes         # the captured bytes, from the linktype's start
     orig_len: int       # the packet's length from the linktype's start
+    dumps: tuple = ()   # fcap.dumps.Dump per --dump PATH
 
 
 def parse_record(raw) -> Record:

@@ -77,6 +77,9 @@ class CaptureLoop:
         if writer is None:
             self.session.run(self._print, self._should_stop)
             return
+        if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
+            self.session.run(self._write, self._should_stop)
+            return
         drain = self.session.file_drain(writer, limit=self.count, options=self._options)
         try:
             self.session.run_file(drain, self._should_stop)
@@ -101,12 +104,28 @@ class CaptureLoop:
         """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
         return self.direction.get(rec.point), format_comment(rec), rec.skb
 
+    def _write(self, rec) -> bool:
+        """The writer's sink when user space lays out each block (--dump): False stops the capture."""
+        from .dumps import records_options
+        flags, comment, packet_id = self._options(rec)
+        comments, more = records_options(rec.dumps)
+        try:
+            self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
+                                  flags=flags, comment=comment, packet_id=packet_id, comments=comments, more=more)
+        except OSError as e:
+            self._write_failed(e)
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""
         offset = self.session.clock_offset_ns
         try:
             self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len,
                                     self.names.get(rec.point))
+            if rec.dumps:
+                self.out.printer.dumps(rec.dumps)
         except BrokenPipeError:
             self.broken = True
             return False

@@ -39,6 +39,7 @@ IF_TSRESOL = 9
 IF_TSOFFSET = 14
 EPB_FLAGS = 2  # also pack_flags in the obsolete Packet Block
 EPB_PACKETID = 5
+OPT_CUSTOM = (2988, 2989, 19372, 19373)   # custom options: UTF-8 / binary, copyable / not; the value starts with a PEN
 
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
@@ -63,6 +64,7 @@ class Record(NamedTuple):
     flags: int | None = None
     comment: str | None = None
     packet_id: int | None = None
+    custom: tuple = ()          # pcapng custom options of the packet: (code, value after the option header)
 
 
 def format_for_path(path: str | os.PathLike) -> str:
@@ -98,7 +100,8 @@ class Writer:
         raise NotImplementedError
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = ()) -> None:
         raise NotImplementedError
 
     def writev(self, buffers: list) -> None:
@@ -222,7 +225,8 @@ class PcapWriter(Writer):
         return 0
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = ()) -> None:
         n = len(data)
         if n > self._snaplen or iface:
             if self.linktype is None:
@@ -288,7 +292,9 @@ class PcapngWriter(Writer):
         return len(self._snaplens) - 1
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = ()) -> None:
+        """One EPB; `comments`: further opt_comments after `comment`, `more`: further (code, value) options."""
         n = len(data)
         try:
             snaplen = self._snaplens[iface]  # a negative iface passes here and fails in pack below
@@ -298,11 +304,11 @@ class PcapngWriter(Writer):
             data = data[:snaplen]
             n = snaplen
         pad = -n & 3
-        if flags is None and comment is None and packet_id is None:
+        if flags is None and comment is None and packet_id is None and not comments and not more:
             opts = b""
             total = 32 + n + pad
         else:
-            opts = self._packet_options(flags, comment, packet_id)
+            opts = self._packet_options(flags, comment, packet_id, comments, more)
             total = 32 + n + pad + len(opts)
         try:
             hdr = self._EPB_HDR.pack(BT_EPB, total, iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF, n, orig_len)
@@ -328,7 +334,8 @@ class PcapngWriter(Writer):
         total = 32 + caplen + pad + len(opts)
         return struct.pack("=II", BT_EPB, total), b"\0" * pad + opts + self._U32.pack(total)
 
-    def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None) -> bytes:
+    def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None,
+                        comments: list | tuple = (), more: list | tuple = ()) -> bytes:
         opts = b""
         try:
             if flags is not None:
@@ -339,6 +346,10 @@ class PcapngWriter(Writer):
             raise ValueError(f"flags={flags} must fit 32 bits, packet_id={packet_id} 64 bits") from None
         if comment is not None:
             opts += _option(OPT_COMMENT, comment.encode())
+        for text in comments:
+            opts += _option(OPT_COMMENT, text.encode())
+        for code, value in more:
+            opts += _option(code, value)
         return opts + _END_OF_OPTIONS
 
 
@@ -473,8 +484,10 @@ def _tsresol(v: int) -> tuple[int, int, int]:
     return (10 ** (9 - exp), 1, 0) if exp <= 9 else (1, 10 ** (exp - 9), 0)
 
 
-def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple[int | None, str | None, int | None]:
+def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple:
+    """(flags, comment, packet id, custom options) of a packet block."""
     flags = comment = packet_id = None
+    custom = []
     for code, value in _options(body, off, e, where):
         if code == OPT_COMMENT:
             text = _text(value)
@@ -483,7 +496,9 @@ def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple[int | None,
             flags = struct.unpack(e + "I", value)[0]
         elif code == EPB_PACKETID and len(value) == 8:
             packet_id = struct.unpack(e + "Q", value)[0]
-    return flags, comment, packet_id
+        elif code in OPT_CUSTOM:
+            custom.append((code, value))
+    return flags, comment, packet_id, tuple(custom)
 
 
 class _Section:
@@ -570,9 +585,9 @@ def _packet_block(section: _Section, btype: int, body: bytes, total: int, where:
         raise PcapFormatError(f"{where}: packet on interface {iface_id}, "
                               f"but {len(section.ifaces)} interfaces are described")
     iface = section.ifaces[iface_id]
-    flags, comment, packet_id = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
+    flags, comment, packet_id, custom = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
     return Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
-                  iface.name, flags, comment, packet_id)
+                  iface.name, flags, comment, packet_id, custom)
 
 
 def _simple_packet_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> Record:

@@ -14,6 +14,8 @@ class Printer:
         self.hexascii = getattr(args, "hexascii", 0)
         self.decode = getattr(args, "verbose", 0) > 0
         self.precision = "nano" if getattr(args, "nano", False) else "micro"
+        self.dump_compact = getattr(args, "dump_style", None) == "compact"
+        self.dump_zeroes = getattr(args, "dump_zeroes", False)
 
     def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None) -> None:
         """One packet's line (point, when given, after the timestamp), then its hex dump or scapy's decode."""
@@ -30,6 +32,11 @@ class Printer:
                 parts += [f"  ({e})\n"]
                 self.decode = False
         self.out.write("".join(parts))
+
+    def dumps(self, dumps) -> None:
+        """A packet's --dump values (fcap.dumps.Dump) under its line, each line indented by two spaces."""
+        text = "\n".join(d.line(self.dump_compact, self.dump_zeroes) for d in dumps)
+        self.out.write("  " + text.replace("\n", "\n  ") + "\n")
 
     def flush(self) -> None:
         self.out.flush()
