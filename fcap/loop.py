@@ -7,7 +7,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from .layout import EPB_DIRECTION, format_comment
+from .epbopts import Options
 from .errors import CommandError
 
 
@@ -40,7 +40,7 @@ class CaptureLoop:
         self.written = 0
         self.command_ended = False   # the command's exit ended the capture
         points = session.points
-        self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
+        self.options = Options(points)
         self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
 
     def catch_signals(self) -> None:
@@ -80,7 +80,7 @@ class CaptureLoop:
         if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
             self.session.run(self._write, self._should_stop)
             return
-        drain = self.session.file_drain(writer, limit=self.count, options=self._options)
+        drain = self.session.file_drain(writer, limit=self.count, options=self.options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -100,18 +100,13 @@ class CaptureLoop:
         e = self.error
         return f"{self.out.path}: {e.strerror or e}" if e is not None else ""
 
-    def _options(self, rec) -> tuple:
-        """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
-        return self.direction.get(rec.point), format_comment(rec), rec.skb
-
     def _write(self, rec) -> bool:
         """The writer's sink when user space lays out each block (--dump): False stops the capture."""
         from .dumps import records_options
-        flags, comment, packet_id = self._options(rec)
         comments, more = records_options(rec.dumps)
         try:
             self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                                  flags=flags, comment=comment, packet_id=packet_id, comments=comments, more=more)
+                                  comments=comments, more=more, **self.options(rec))
         except OSError as e:
             self._write_failed(e)
             return False

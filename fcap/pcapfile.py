@@ -38,7 +38,13 @@ IF_DESCRIPTION = 3
 IF_TSRESOL = 9
 IF_TSOFFSET = 14
 EPB_FLAGS = 2  # also pack_flags in the obsolete Packet Block
+EPB_HASH = 3   # a hash of the packet's bytes (not written: see README.md)
 EPB_PACKETID = 5
+EPB_QUEUE = 6
+EPB_VERDICT = 7
+VERDICT_HW, VERDICT_TC, VERDICT_XDP = 0, 1, 2   # epb_verdict types: opaque bytes, TC_ACT_* and XDP_* as 64 bits
+# The per-packet options, in the order PcapngWriter writes them (and the capture program, fcap.ringrec, too)
+EPB_OPTION_ORDER = (EPB_FLAGS, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, OPT_COMMENT)
 OPT_CUSTOM = (2988, 2989, 19372, 19373)   # custom options: UTF-8 / binary, copyable / not; the value starts with a PEN
 
 FLAG_INBOUND = 1  # epb_flags direction bits
@@ -65,6 +71,8 @@ class Record(NamedTuple):
     comment: str | None = None
     packet_id: int | None = None
     custom: tuple = ()          # pcapng custom options of the packet: (code, value after the option header)
+    queue: int | None = None    # epb_queue
+    verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
 
 
 def format_for_path(path: str | os.PathLike) -> str:
@@ -101,7 +109,7 @@ class Writer:
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = ()) -> None:
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
         raise NotImplementedError
 
     def writev(self, buffers: list) -> None:
@@ -226,7 +234,7 @@ class PcapWriter(Writer):
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = ()) -> None:
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
         n = len(data)
         if n > self._snaplen or iface:
             if self.linktype is None:
@@ -242,6 +250,13 @@ class PcapWriter(Writer):
                              "(seconds and lengths are unsigned 32-bit)") from None
         self._w(hdr)
         self._w(data)
+
+
+def verdict_value(vtype: int, value) -> bytes:
+    """An epb_verdict's value: its type, then TC_ACT_* / XDP_* as a signed 64-bit number, or opaque bytes."""
+    if vtype in (VERDICT_TC, VERDICT_XDP):
+        return bytes([vtype]) + struct.pack("=q", value)
+    return bytes([vtype]) + bytes(value)
 
 
 def _option(code: int, value: bytes) -> bytes:
@@ -293,8 +308,9 @@ class PcapngWriter(Writer):
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = ()) -> None:
-        """One EPB; `comments`: further opt_comments after `comment`, `more`: further (code, value) options."""
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
+        """One EPB; `comments`: further opt_comments after `comment`, `more`: further (code, value) options;
+        `queue` (epb_queue), `verdict` (epb_verdict: (type, value))."""
         n = len(data)
         try:
             snaplen = self._snaplens[iface]  # a negative iface passes here and fails in pack below
@@ -304,11 +320,12 @@ class PcapngWriter(Writer):
             data = data[:snaplen]
             n = snaplen
         pad = -n & 3
-        if flags is None and comment is None and packet_id is None and not comments and not more:
+        if flags is None and comment is None and packet_id is None and queue is None and verdict is None \
+                and not comments and not more:
             opts = b""
             total = 32 + n + pad
         else:
-            opts = self._packet_options(flags, comment, packet_id, comments, more)
+            opts = self._packet_options(flags, comment, packet_id, comments, more, queue, verdict)
             total = 32 + n + pad + len(opts)
         try:
             hdr = self._EPB_HDR.pack(BT_EPB, total, iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF, n, orig_len)
@@ -324,26 +341,33 @@ class PcapngWriter(Writer):
             w(self._TRAILER[pad].pack(total))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
-                  packet_id: int | None = None) -> tuple[bytes, bytes]:
+                  packet_id: int | None = None, queue: int | None = None,
+                  verdict: tuple | None = None) -> tuple[bytes, bytes]:
         """For an Enhanced Packet Block whose other header fields (interface, timestamp, lengths) and caplen data
         bytes are laid out elsewhere: the 8 bytes that start it (type, total length) and the padding, options
         and trailer that end it; together byte for byte what write() makes."""
         pad = -caplen & 3
-        opts = b"" if flags is None and comment is None and packet_id is None else \
-            self._packet_options(flags, comment, packet_id)
+        opts = b"" if flags is None and comment is None and packet_id is None and queue is None and \
+            verdict is None else self._packet_options(flags, comment, packet_id, queue=queue, verdict=verdict)
         total = 32 + caplen + pad + len(opts)
         return struct.pack("=II", BT_EPB, total), b"\0" * pad + opts + self._U32.pack(total)
 
     def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None,
-                        comments: list | tuple = (), more: list | tuple = ()) -> bytes:
+                        comments: list | tuple = (), more: list | tuple = (), queue: int | None = None,
+                        verdict: tuple | None = None) -> bytes:
+        """In EPB_OPTION_ORDER, then the further comments and options."""
         opts = b""
         try:
             if flags is not None:
                 opts += self._OPT_U32.pack(EPB_FLAGS, 4, flags)
             if packet_id is not None:
                 opts += self._OPT_U64.pack(EPB_PACKETID, 8, packet_id)
+            if queue is not None:
+                opts += self._OPT_U32.pack(EPB_QUEUE, 4, queue)
         except struct.error:
-            raise ValueError(f"flags={flags} must fit 32 bits, packet_id={packet_id} 64 bits") from None
+            raise ValueError(f"flags={flags}, queue={queue} must fit 32 bits, packet_id={packet_id} 64 bits") from None
+        if verdict is not None:
+            opts += _option(EPB_VERDICT, verdict_value(*verdict))
         if comment is not None:
             opts += _option(OPT_COMMENT, comment.encode())
         for text in comments:
@@ -485,8 +509,8 @@ def _tsresol(v: int) -> tuple[int, int, int]:
 
 
 def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple:
-    """(flags, comment, packet id, custom options) of a packet block."""
-    flags = comment = packet_id = None
+    """(flags, comment, packet id, custom options, queue, verdict) of a packet block."""
+    flags = comment = packet_id = queue = verdict = None
     custom = []
     for code, value in _options(body, off, e, where):
         if code == OPT_COMMENT:
@@ -496,9 +520,20 @@ def _packet_opts(body: bytes, off: int, e: str, where: str) -> tuple:
             flags = struct.unpack(e + "I", value)[0]
         elif code == EPB_PACKETID and len(value) == 8:
             packet_id = struct.unpack(e + "Q", value)[0]
+        elif code == EPB_QUEUE and len(value) == 4:
+            queue = struct.unpack(e + "I", value)[0]
+        elif code == EPB_VERDICT and value:
+            verdict = _verdict(value, e)
         elif code in OPT_CUSTOM:
             custom.append((code, value))
-    return flags, comment, packet_id, tuple(custom)
+    return flags, comment, packet_id, tuple(custom), queue, verdict
+
+
+def _verdict(value: bytes, e: str) -> tuple:
+    vtype = value[0]
+    if vtype in (VERDICT_TC, VERDICT_XDP) and len(value) == 9:
+        return vtype, struct.unpack(e + "q", value[1:])[0]
+    return vtype, bytes(value[1:])
 
 
 class _Section:
@@ -585,9 +620,9 @@ def _packet_block(section: _Section, btype: int, body: bytes, total: int, where:
         raise PcapFormatError(f"{where}: packet on interface {iface_id}, "
                               f"but {len(section.ifaces)} interfaces are described")
     iface = section.ifaces[iface_id]
-    flags, comment, packet_id, custom = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
+    flags, comment, packet_id, custom, queue, verdict = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, where)
     return Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
-                  iface.name, flags, comment, packet_id, custom)
+                  iface.name, flags, comment, packet_id, custom, queue, verdict)
 
 
 def _simple_packet_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> Record:

@@ -264,6 +264,8 @@ class Builder:
                       mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
         if not meta:
             return
+        from . import epbopts
+        epbopts.emit_queue(self)
         self.read(W, R8, R6, f.mark)
         self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
