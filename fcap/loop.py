@@ -136,6 +136,9 @@ class CaptureLoop:
             except OSError as e:
                 self._write_failed(e)
                 return True
+            if reader_gone(self.out.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
+                self.broken = True
+                return True
         if self.proc is not None and self.proc.poll() is not None:
             self.command_ended = True
         return self.command_ended
@@ -180,6 +183,17 @@ class CaptureLoop:
             return 0
         rc = self.proc.returncode
         return rc if rc >= 0 else 128 - rc
+
+
+def reader_gone(fd: int) -> bool:
+    """The reading end of the pipe, socket or FIFO on fd was closed (poll reports POLLERR/POLLHUP: they are
+    always reported, whatever the events asked); False for files and terminals."""
+    if fd < 0:
+        return False
+    import select
+    p = select.poll()
+    p.register(fd, 0)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
 
 
 def listening_line(session) -> str:
