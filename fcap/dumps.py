@@ -108,8 +108,8 @@ class Area:
     def for_point(self, point: Point) -> PointDumps:
         return PointDumps(self, self.plans[point.id])
 
-    def parse(self, raw) -> tuple:
-        """(Record with its dumps) of a perf sample that starts with this area."""
+    def parse(self, raw):
+        """The Record (with its dumps) of a perf sample that starts with this area."""
         rec = parse_record(memoryview(raw)[self.size:])
         rec.dumps = self.dumps(raw, rec.point)
         return rec
@@ -314,11 +314,6 @@ def dumps_of(custom: tuple, comments: list[str]) -> tuple:
             d.comment = line.split(" = ", 1)[1] if " = " in line else ""
             out.append(d)
     return tuple(out)
-
-
-def sample_size(area: Area | None) -> int:
-    """Bytes of a perf sample before META."""
-    return area.size if area is not None else 0
 
 
 assert META_SIZE % 8 == 0 and DUMP.size % 8 == 0
