@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_info(argv[1:])
         if argv and argv[0] == "extcap":
             from .extcap import main as extcap_main
-            return extcap_main(argv[1:])
+            return extcap_main(argv[1:], main)
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:

@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    """`fcap extcap ...`: what Wireshark asks, or --install/--uninstall. Errors are FcapErrors (the CLI's line)."""
+def main(argv: list[str], fcap_main) -> int:
+    """`fcap extcap ...`: what Wireshark asks, or --install/--uninstall; a capture runs `fcap_main(argv)` (the
+    command's main). Errors are FcapErrors (the CLI's line)."""
     args, unknown = _parser().parse_known_args(argv)
     if args.install or args.uninstall:
         return install(args.dir) if args.install else uninstall(args.dir)
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     if args.extcap_config:
         return _write(_config(iface))
     if args.capture:
-        return capture(args, point)
+        return capture(args, point, fcap_main)
     if args.extcap_capture_filter is not None:
         return _validate_filter(args.extcap_capture_filter, point)
     raise UsageError(f"fcap extcap: nothing asked for interface {iface} (unknown arguments: {' '.join(unknown)})")
@@ -160,10 +161,9 @@ def capture_argv(args, point: str) -> list[str]:
     return argv
 
 
-def capture(args, point: str) -> int:
+def capture(args, point: str, fcap_main) -> int:
     if not args.fifo:
         raise UsageError("fcap extcap --capture: no --fifo")
-    from .cli import main as fcap_main
     try:
         fd = os.open(args.fifo, os.O_WRONLY)
     except OSError as e:
