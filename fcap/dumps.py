@@ -6,6 +6,7 @@ bytes), which fcap's reader turns back into Dumps."""
 from __future__ import annotations
 
 import errno as errno_mod
+import functools
 import os
 import struct
 from dataclasses import dataclass, field
@@ -220,14 +221,20 @@ class Dump:
             return f"<{err}>"
         if self.type is None:
             return self.comment or f"({self.ctype}) <{len(self.data)} bytes; type not in this kernel's BTF>"
-        if self.bits:
-            return format_node(decode(self.type, self.data, self.bit_offset, self.bits), compact, zeroes)
-        return dump_type_data(self.type, self.data, compact, zeroes)
+        return _text(self.type, self.data, compact, zeroes, self.bit_offset, self.bits)
 
     def line(self, compact: bool = False, zeroes: bool = False) -> str:
         """`PATH = TEXT`, the address first where the bytes were read through a pointer."""
         at = f" @0x{self.addr:x}" if self.addr else ""
         return f"{self.path}{at} = {self.text(compact, zeroes)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _text(t: Type, data: bytes, compact: bool, zeroes: bool, bit_offset: int, bits: int) -> str:
+    """The text of a value, remembered: packet after packet, a dump often holds the same bytes (a device)."""
+    if bits:
+        return format_node(decode(t, data, bit_offset, bits), compact, zeroes)
+    return dump_type_data(t, data, compact, zeroes)
 
 
 def _prefix(steps, n: int) -> str:
