@@ -1,6 +1,22 @@
-"""fcap: tcpdump for any point inside the Linux network stack."""
+"""fcap: tcpdump for any point inside the Linux network stack.
+
+    import fcap
+    with fcap.capture("tp_btf/net_dev_queue", filter="icmp", count=4) as cap:
+        for p in cap:
+            print(p.point, p.ts_ns, p.comm, p.scapy().summary())
+    for p in fcap.read("out.pcapng"): ...
+
+The API (capture, read, Packet, Capture) is imported on first use: `import fcap` stays cheap for the command."""
 
 from .errors import FcapError
 
 __version__ = "0.1.0"
-__all__ = ["FcapError", "__version__"]
+__all__ = ["Capture", "FcapError", "Packet", "__version__", "capture", "read"]
+_API = ("Capture", "Packet", "capture", "read")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'fcap' has no attribute {name!r}")

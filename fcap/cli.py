@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
+    g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
+    g.add_argument("--dump", metavar="PATH", action="append", default=[],
+                   help="an argument, a member chain ('skb->dev', 'skb->sk->__sk_common') or return (fexit), "
+                        "copied per packet and shown typed (repeatable)")
+    g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
+                   help="one member per line (default) or all on one line")
+    g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
     return p
@@ -122,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(argv[1:])
         if argv and argv[0] == "info":
             return cmd_info(argv[1:])
+        if argv and argv[0] == "extcap":
+            from .extcap import main as extcap_main
+            return extcap_main(argv[1:], main)
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -235,6 +245,8 @@ def cmd_read(args) -> int:
     try:
         for rec in read(sys.stdin.buffer if args.read == "-" else args.read):
             printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+            if rec.custom:   # fcap's --dump values travel as custom options
+                _print_dumps(printer, rec)
             if printer.counted == limit:
                 break
         if args.count_only:
@@ -249,6 +261,13 @@ def cmd_read(args) -> int:
             _quiet_stdout()
         return _fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
     return 0
+
+
+def _print_dumps(printer, rec) -> None:
+    from .dumps import dumps_of
+    found = dumps_of(rec.custom, (rec.comment or "").split("\n"))
+    if found:
+        printer.dumps(found)
 
 
 def cmd_linktypes(args) -> int:
@@ -303,6 +322,8 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
+        if fmt == "pcap" and args.dump:
+            raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
             session.cfg.record = fmt              # the programs lay out this format's record headers
             session.cfg.file_ring = not count     # and where they can, write finished records themselves
@@ -342,7 +363,7 @@ def _config(args):
     if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
         raise UsageError(f"unknown capture direction `{args.direction}'")
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args)), count
+                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump), count
 
 
 def _rotation(args):

@@ -26,8 +26,8 @@ _PCAPNG = struct.Struct(f"<I2xH4x{_KEY_AT}x{_KEY_END - _KEY_AT}sI")
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
 
-# For a pcapng block: (flags, comment, packet_id) of a record (its data not needed)
-Options = Callable[[layout.Record], tuple]
+# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.epbopts.Options)
+Options = Callable[[layout.Record], dict]
 
 
 class FileDrain:
@@ -39,7 +39,7 @@ class FileDrain:
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
-        self.options = options or (lambda rec: (None, None, None))
+        self.options = options or (lambda rec: {})
         self.left = limit
         self.written = 0
         self._tails: dict[bytes, tuple[bytes, bytes]] = {}
@@ -137,8 +137,7 @@ class FileDrain:
     def _tail(self, key: bytes, meta) -> tuple[bytes, bytes]:
         rec = layout.parse_record(bytes(meta))
         caplen = META.unpack(meta).caplen
-        flags, comment, packet_id = self.options(rec)
-        parts = self.writer.epb_parts(caplen, flags, comment, packet_id)
+        parts = self.writer.epb_parts(caplen, **self.options(rec))
         if len(self._tails) >= CACHE_MAX:
             self._tails.clear()
         self._tails[key] = parts

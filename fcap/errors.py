@@ -37,3 +37,8 @@ class CommandError(FcapError):
 
 class PcapFormatError(FcapError):
     """The input is not a readable pcap/pcapng file; the message says what is wrong and where."""
+
+
+class PathError(FcapError):
+    """A BTF member path (--where, --dump) that does not resolve at a point; the message names the member that
+    does not exist and those that do."""

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from bpf import asm
 from bpf.asm import BYTES_SIZE
 
-from .pcapfile import BT_EPB, EPB_FLAGS, EPB_PACKETID, FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT
+from .pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, FLAG_INBOUND,
+                       FLAG_OUTBOUND, OPT_COMMENT)
 
 
 
@@ -97,6 +98,8 @@ META = Layout("Meta", (
     ("hatype", "H"),       # the device's ARPHRD type
     ("flags", "B"),        # FLAG_*
     ("", "x"),
+    ("queue", "H"),        # FLAG_QUEUE: the device queue the packet was given (transmit) or came from (receive)
+    ("", "6x"),
     ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
     ("btype", "I"),
     ("total", "I"),
@@ -109,15 +112,18 @@ META = Layout("Meta", (
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 104 and PCAP_HDR == 16 and EPB_HDR == 28
+assert META_SIZE == 112 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 
 FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
 FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
+FLAG_QUEUE = 4          # queue holds the packet's device queue (pcapng: epb_queue)
 
 # pcapng as the program writes it (the writer's if_tsresol is 9: nanoseconds)
 PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_COMMENT = BT_EPB, EPB_FLAGS, EPB_PACKETID, OPT_COMMENT
+PCAPNG_QUEUE, PCAPNG_VERDICT = EPB_QUEUE, EPB_VERDICT
+PCAPNG_OPTIONS = EPB_OPTION_ORDER   # the order of an EPB's options, the writer's and the program's
 EPB_DIRECTION = {"out": FLAG_OUTBOUND, "in": FLAG_INBOUND}   # epb_flags for a point's direction
 NS = 1_000_000_000
 
@@ -131,6 +137,19 @@ LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: li
 PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
+
+# ---- typed dumps (--dump, fcap.dumps): an area before META, in the scratch value and at the start of the perf
+# sample; one slot per --dump PATH: this header, then the bytes copied (padded to 8). The program's R7 points past
+# the area (at META), so that every META offset stays what it is.
+DUMP = Layout("DumpHeader", (
+    ("addr", "Q"),         # where the bytes were read (0: the argument's value itself)
+    ("status", "i"),       # DUMP_OK, DUMP_NULL, or the read's -errno
+    ("size", "H"),         # bytes copied
+    ("null_at", "H"),      # DUMP_NULL: the number of pointers loaded before the NULL one
+))
+DUMP_OK, DUMP_NULL = 0, 1
+DUMP_MAX = 4096          # bytes of one dump (struct net_device is 2,496 bytes on 6.18; larger types are cut)
+DUMPS_MAX = 16384        # all the dumps of a record
 
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
 COUNTER_SEEN, COUNTER_LOST = 0, 1
@@ -261,6 +280,8 @@ class Record:
     flags: int
     data: bytes         # the captured bytes, from the linktype's start
     orig_len: int       # the packet's length from the linktype's start
+    dumps: tuple = ()   # fcap.dumps.Dump per --dump PATH
+    queue: int | None = None   # the device queue (FLAG_QUEUE), else None
 
 
 def parse_record(raw) -> Record:
@@ -273,4 +294,4 @@ def parse_record(raw) -> Record:
         data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
     return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
         errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
-        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig)
+        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None)

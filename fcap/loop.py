@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from .layout import EPB_DIRECTION, format_comment
+from .epbopts import Options
 from .errors import CommandError
 
 
@@ -43,7 +43,7 @@ class CaptureLoop:
         self.command_ended = False   # the command's exit ended the capture
         self.files_done = False      # -G -W: the last file's interval is over
         points = session.points
-        self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
+        self.options = Options(points)
         self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
 
     def catch_signals(self) -> None:
@@ -80,7 +80,10 @@ class CaptureLoop:
         if writer is None:
             self.session.run(self._print, self._should_stop)
             return
-        drain = self.session.file_drain(writer, limit=self.count, options=self._options)
+        if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
+            self.session.run(self._write, self._should_stop)
+            return
+        drain = self.session.file_drain(writer, limit=self.count, options=self.options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -101,9 +104,18 @@ class CaptureLoop:
         path = getattr(self.out.writer, "path", "") or self.out.path   # (a rotating writer: the file at fault)
         return f"{path}: {e.strerror or e}" if e is not None else ""
 
-    def _options(self, rec) -> tuple:
-        """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
-        return self.direction.get(rec.point), format_comment(rec), rec.skb
+    def _write(self, rec) -> bool:
+        """The writer's sink when user space lays out each block (--dump): False stops the capture."""
+        from .dumps import records_options
+        comments, more = records_options(rec.dumps)
+        try:
+            self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
+                                  comments=comments, more=more, **self.options(rec))
+        except OSError as e:
+            self._write_failed(e)
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
 
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""
@@ -111,6 +123,8 @@ class CaptureLoop:
         try:
             self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len,
                                     self.names.get(rec.point))
+            if rec.dumps:
+                self.out.printer.dumps(rec.dumps)
         except BrokenPipeError:
             self.broken = True
             return False
@@ -125,6 +139,9 @@ class CaptureLoop:
                 self.out.writer.flush()
             except OSError as e:
                 self._write_failed(e)
+                return True
+            if reader_gone(self.out.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
+                self.broken = True
                 return True
         if self.out.clock is not None and self._tick():
             return True
@@ -182,6 +199,17 @@ class CaptureLoop:
             return 0
         rc = self.proc.returncode
         return rc if rc >= 0 else 128 - rc
+
+
+def reader_gone(fd: int) -> bool:
+    """The reading end of the pipe, socket or FIFO on fd was closed (poll reports POLLERR/POLLHUP: they are
+    always reported, whatever the events asked); False for files and terminals."""
+    if fd < 0:
+        return False
+    import select
+    p = select.poll()
+    p.register(fd, 0)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
 
 
 def listening_line(session) -> str:

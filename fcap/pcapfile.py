@@ -37,7 +37,14 @@ IF_DESCRIPTION = 3
 IF_TSRESOL = 9
 IF_TSOFFSET = 14
 EPB_FLAGS = 2  # also pack_flags in the obsolete Packet Block
+EPB_HASH = 3   # a hash of the packet's bytes (not written: see README.md)
 EPB_PACKETID = 5
+EPB_QUEUE = 6
+EPB_VERDICT = 7
+VERDICT_HW, VERDICT_TC, VERDICT_XDP = 0, 1, 2   # epb_verdict types: opaque bytes, TC_ACT_* and XDP_* as 64 bits
+# The per-packet options, in the order PcapngWriter writes them (and the capture program, fcap.ringrec, too)
+EPB_OPTION_ORDER = (EPB_FLAGS, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, OPT_COMMENT)
+OPT_CUSTOM = (2988, 2989, 19372, 19373)   # custom options: UTF-8 / binary, copyable / not; the value starts with a PEN
 
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
@@ -79,7 +86,8 @@ class Writer:
         raise NotImplementedError
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
         raise NotImplementedError
 
     def writev(self, buffers: list) -> None:
@@ -203,7 +211,8 @@ class PcapWriter(Writer):
         return 0
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
         n = len(data)
         if n > self._snaplen or iface:
             if self.linktype is None:
@@ -219,6 +228,13 @@ class PcapWriter(Writer):
                              "(seconds and lengths are unsigned 32-bit)") from None
         self._w(hdr)
         self._w(data)
+
+
+def verdict_value(vtype: int, value) -> bytes:
+    """An epb_verdict's value: its type, then TC_ACT_* / XDP_* as a signed 64-bit number, or opaque bytes."""
+    if vtype in (VERDICT_TC, VERDICT_XDP):
+        return bytes([vtype]) + struct.pack("=q", value)
+    return bytes([vtype]) + bytes(value)
 
 
 def _option(code: int, value: bytes) -> bytes:
@@ -269,7 +285,10 @@ class PcapngWriter(Writer):
         return len(self._snaplens) - 1
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
-              comment: str | None = None, packet_id: int | None = None) -> None:
+              comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
+        """One EPB; `comments`: further opt_comments after `comment`, `more`: further (code, value) options;
+        `queue` (epb_queue), `verdict` (epb_verdict: (type, value))."""
         n = len(data)
         try:
             snaplen = self._snaplens[iface]  # a negative iface passes here and fails in pack below
@@ -279,11 +298,12 @@ class PcapngWriter(Writer):
             data = data[:snaplen]
             n = snaplen
         pad = -n & 3
-        if flags is None and comment is None and packet_id is None:
+        if flags is None and comment is None and packet_id is None and queue is None and verdict is None \
+                and not comments and not more:
             opts = b""
             total = 32 + n + pad
         else:
-            opts = self._packet_options(flags, comment, packet_id)
+            opts = self._packet_options(flags, comment, packet_id, comments, more, queue, verdict)
             total = 32 + n + pad + len(opts)
         try:
             hdr = self._EPB_HDR.pack(BT_EPB, total, iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF, n, orig_len)
@@ -299,25 +319,37 @@ class PcapngWriter(Writer):
             w(self._TRAILER[pad].pack(total))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
-                  packet_id: int | None = None) -> tuple[bytes, bytes]:
+                  packet_id: int | None = None, queue: int | None = None,
+                  verdict: tuple | None = None) -> tuple[bytes, bytes]:
         """For an Enhanced Packet Block whose other header fields (interface, timestamp, lengths) and caplen data
         bytes are laid out elsewhere: the 8 bytes that start it (type, total length) and the padding, options
         and trailer that end it; together byte for byte what write() makes."""
         pad = -caplen & 3
-        opts = b"" if flags is None and comment is None and packet_id is None else \
-            self._packet_options(flags, comment, packet_id)
+        opts = b"" if flags is None and comment is None and packet_id is None and queue is None and \
+            verdict is None else self._packet_options(flags, comment, packet_id, queue=queue, verdict=verdict)
         total = 32 + caplen + pad + len(opts)
         return struct.pack("=II", BT_EPB, total), b"\0" * pad + opts + self._U32.pack(total)
 
-    def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None) -> bytes:
+    def _packet_options(self, flags: int | None, comment: str | None, packet_id: int | None,
+                        comments: list | tuple = (), more: list | tuple = (), queue: int | None = None,
+                        verdict: tuple | None = None) -> bytes:
+        """In EPB_OPTION_ORDER, then the further comments and options."""
         opts = b""
         try:
             if flags is not None:
                 opts += self._OPT_U32.pack(EPB_FLAGS, 4, flags)
             if packet_id is not None:
                 opts += self._OPT_U64.pack(EPB_PACKETID, 8, packet_id)
+            if queue is not None:
+                opts += self._OPT_U32.pack(EPB_QUEUE, 4, queue)
         except struct.error:
-            raise ValueError(f"flags={flags} must fit 32 bits, packet_id={packet_id} 64 bits") from None
+            raise ValueError(f"flags={flags}, queue={queue} must fit 32 bits, packet_id={packet_id} 64 bits") from None
+        if verdict is not None:
+            opts += _option(EPB_VERDICT, verdict_value(*verdict))
         if comment is not None:
             opts += _option(OPT_COMMENT, comment.encode())
+        for text in comments:
+            opts += _option(OPT_COMMENT, text.encode())
+        for code, value in more:
+            opts += _option(code, value)
         return opts + _END_OF_OPTIONS

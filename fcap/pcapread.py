@@ -10,8 +10,9 @@ from typing import BinaryIO, NamedTuple
 
 from .errors import PcapFormatError
 from .pcapfile import (BT_EPB, BT_IDB, BT_ISB, BT_OPB, BT_SHB, BT_SPB, BYTE_ORDER_MAGIC, DEFAULT_SNAPLEN, EPB_FLAGS,
-                       EPB_PACKETID, IF_NAME, IF_TSOFFSET, IF_TSRESOL, OPT_COMMENT, OPT_ENDOFOPT, PCAP_MAGIC_KUZNETZOV,
-                       PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_MAJOR)
+                       EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, IF_NAME, IF_TSOFFSET, IF_TSRESOL, OPT_COMMENT, OPT_CUSTOM,
+                       OPT_ENDOFOPT, PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_MAJOR, VERDICT_TC,
+                       VERDICT_XDP)
 
 _NS = 1_000_000_000
 _CHUNK = 1 << 20
@@ -36,6 +37,9 @@ class Record(NamedTuple):
     flags: int | None = None
     comment: str | None = None
     packet_id: int | None = None
+    custom: tuple = ()          # pcapng custom options of the packet: (code, value after the option header)
+    queue: int | None = None    # epb_queue
+    verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
 
 
 def read(source: BinaryIO | str | os.PathLike) -> Iterator[Record]:
@@ -305,8 +309,10 @@ def _tsresol(v: int) -> tuple[int, int, int]:
     return (10 ** (9 - exp), 1, 0) if exp <= 9 else (1, 10 ** (exp - 9), 0)
 
 
-def _packet_opts(body: bytes, off: int, e: str, btype: int) -> tuple[int | None, str | None, int | None]:
-    flags = comment = packet_id = None
+def _packet_opts(body: bytes, off: int, e: str, btype: int) -> tuple:
+    """(flags, comment, packet id, custom options, queue, verdict) of a packet block."""
+    flags = comment = packet_id = queue = verdict = None
+    custom = []
     for code, value in _options(body, off, e, btype, strict=False):
         if code == OPT_COMMENT:
             text = _text(value)
@@ -315,7 +321,20 @@ def _packet_opts(body: bytes, off: int, e: str, btype: int) -> tuple[int | None,
             flags = struct.unpack(e + "I", value)[0]
         elif code == EPB_PACKETID and len(value) == 8:
             packet_id = struct.unpack(e + "Q", value)[0]
-    return flags, comment, packet_id
+        elif code == EPB_QUEUE and len(value) == 4:
+            queue = struct.unpack(e + "I", value)[0]
+        elif code == EPB_VERDICT and value:
+            verdict = _verdict(value, e)
+        elif code in OPT_CUSTOM:
+            custom.append((code, value))
+    return flags, comment, packet_id, tuple(custom), queue, verdict
+
+
+def _verdict(value: bytes, e: str) -> tuple:
+    vtype = value[0]
+    if vtype in (VERDICT_TC, VERDICT_XDP) and len(value) == 9:
+        return vtype, struct.unpack(e + "q", value[1:])[0]
+    return vtype, bytes(value[1:])
 
 
 def _no_interface(section: _Section, iface_id: int) -> PcapFormatError:
@@ -339,9 +358,9 @@ def _packet_block(section: _Section, btype: int, body: bytes) -> Record:
     if iface_id >= len(section.ifaces):
         raise _no_interface(section, iface_id)
     iface = section.ifaces[iface_id]
-    flags, comment, packet_id = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, btype)
+    flags, comment, packet_id, custom, queue, verdict = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, btype)
     return Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
-                  iface.name, flags, comment, packet_id)
+                  iface.name, flags, comment, packet_id, custom, queue, verdict)
 
 
 def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:

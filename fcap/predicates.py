@@ -9,13 +9,14 @@ from typing import Callable
 from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
                      R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
                      movi, rshi, be)
-from bpf.btf import Array, BTFError, Composite, Enum, Enum64, Int, Ptr, Type
+from bpf.btf import Array, Enum, Enum64, Int, Ptr, Type
 from bpf.cdecl import c_decl
 from bpf.uapi import Helper
 
 from .points import Point
 from .layout import STACK
-from .errors import PredicateError
+from .errors import PathError, PredicateError
+from .paths import parse_path, root, walk
 
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
@@ -138,20 +139,6 @@ _OPS_UNSIGNED = {"==": JNE, "!=": JEQ, "<": JGE, "<=": JGT, ">": JLE, ">=": JLT}
 _OPS_SIGNED = {"==": JNE, "!=": JEQ, "<": JSGE, "<=": JSGT, ">": JSLE, ">=": JSLT}
 
 
-@dataclass
-class Step:
-    deref: bool        # '->' (load the pointer, then go into what it points to) or '.' / the root
-    name: str
-
-
-def _parse_path(path: str) -> list[Step]:
-    tokens = re.findall(r"->|\.|[A-Za-z_]\w*", path)
-    steps = [Step(False, tokens[0])]
-    for sep, name in zip(tokens[1::2], tokens[2::2]):
-        steps.append(Step(sep == "->", name))
-    return steps
-
-
 def where(point: Point, text: str) -> Predicate:
     """Compile `PATH OP VALUE` over the point's arguments (by name; `skb` always) and, for fexit, `return`."""
     m = _WHERE.match(text)
@@ -159,71 +146,17 @@ def where(point: Point, text: str) -> Predicate:
         raise PredicateError(f"--where {text!r}: expected PATH OP VALUE, e.g. 'skb->len > 1000' "
                              f"(operators: == != < <= > >= &)")
     path, op, value_text = m.group("path"), m.group("op"), m.group("value")
-    steps = _parse_path(path)
-    arg_index, t = _root(point, path, steps[0].name)
-    chain, off, bits_at, t = _walk(path, steps, t)
+    try:
+        steps = parse_path(path)
+        arg_index, t = root(point, path, steps[0].name, "--where")
+        chain, off, bits_at, t = walk(path, steps, t, "--where")
+    except PathError as e:
+        raise PredicateError(str(e)) from None
     leaf = t.strip()
     field = Field(point, path, arg_index, chain, off, bits_at, len(steps) == 1)
     if isinstance(leaf, Array):
         return _string_predicate(field, op, value_text, leaf)
     return _number_predicate(field, op, value_text, leaf, big_endian=_is_big_endian(t))
-
-
-def _root(point: Point, path: str, root: str) -> tuple[int, Type]:
-    """The context argument a path starts from: (its index, its type); `return` at fexit is past the arguments."""
-    names = [p.name for p in point.params]
-    if root == "return":
-        if point.kind != "fexit":
-            raise PredicateError(f"--where {path}: 'return' exists only at fexit points")
-        if point.ret is None or point.ret.strip().kind == "void":
-            raise PredicateError(f"--where {path}: {point.name} returns nothing")
-        arg_index, t = len(point.params), point.ret
-    elif root in names:
-        arg_index = names.index(root)
-        t = point.params[arg_index].type
-    elif root == "skb":
-        arg_index, t = point.skb_index, point.params[point.skb_index].type
-    else:
-        raise PredicateError(f"--where {path}: no argument {root!r} at {point.spec} "
-                             f"(arguments: {', '.join(n for n in names if n) or 'none'})")
-    if point.kind == "kprobe" and arg_index >= 6:
-        raise PredicateError(f"--where {path}: argument {arg_index + 1} is past the registers")
-    return arg_index, t
-
-
-def _walk(path: str, steps: list[Step], t: Type) -> tuple[list[int], int, tuple[int, int] | None, Type]:
-    """Walk the path through BTF: the offsets of the pointers loaded on the way, then the leaf's offset (and its
-    bits) in the last object, and the leaf's type."""
-    chain: list[int] = []
-    off = 0
-    bits_at: tuple[int, int] | None = None
-    walked = steps[0].name
-    in_object = False     # at the root, R9 holds the argument's value itself
-    for st_ in steps[1:]:
-        t = t.strip()
-        if st_.deref:
-            if not isinstance(t, Ptr):
-                raise PredicateError(f"--where {path}: {walked} is not a pointer ({c_decl(t)})")
-            if in_object:
-                chain.append(off)
-            t, off, in_object = t.target.strip(), 0, True
-        elif not in_object or isinstance(t, Ptr):
-            raise PredicateError(f"--where {path}: {walked} is a pointer: use -> before {st_.name}")
-        mem, bits = _member(path, t, st_.name, walked)
-        bits_at = (off * 8 + bits, mem.bitfield_size) if mem.bitfield_size else None
-        off += bits // 8
-        t = mem.type
-        walked += ("->" if st_.deref else ".") + st_.name
-    return chain, off, bits_at, t
-
-
-def _member(path: str, t: Type, name: str, walked: str):
-    if not isinstance(t, Composite):
-        raise PredicateError(f"--where {path}: {walked} is not a struct or union ({c_decl(t)})")
-    try:
-        return t.member(name)
-    except BTFError:
-        raise PredicateError(f"--where {path}: {c_decl(t)} has no member {name!r}") from None
 
 
 @dataclass

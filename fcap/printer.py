@@ -24,6 +24,8 @@ class Printer:
                                           relative_seq=not getattr(args, "absolute_seq", False),
                                           eflag=getattr(args, "link_header", 0) > 0,
                                           suppress=bool(self.hex or self.hexascii))
+        self.dump_compact = getattr(args, "dump_style", None) == "compact"
+        self.dump_zeroes = getattr(args, "dump_zeroes", False)
 
     def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None) -> None:
         """One packet's line (point, when given, after the timestamp), then its dump or scapy's decode."""
@@ -69,6 +71,11 @@ class Printer:
     def count_line(self) -> str:
         """tcpdump --count's line for a file: "N packets"."""
         return f"{self.counted} packet{'' if self.counted == 1 else 's'}\n"
+
+    def dumps(self, dumps) -> None:
+        """A packet's --dump values (fcap.dumps.Dump) under its line, each line indented by two spaces."""
+        text = "\n".join(d.line(self.dump_compact, self.dump_zeroes) for d in dumps)
+        self.out.write("  " + text.replace("\n", "\n  ") + "\n")
 
     def flush(self) -> None:
         self.out.flush()

@@ -83,6 +83,7 @@ class Options:
     clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
     meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
     task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
+    dumps: object = None             # fcap.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -95,7 +96,12 @@ def scratch_size(point: Point, opts: Options) -> int:
         size = PKT + HDR_MAX + 8
     if opts.record == RECORD_PCAPNG:
         size = (size + 7 & ~7) + CAREA.size
-    return size
+    return size + dump_area(opts)
+
+
+def dump_area(opts: Options) -> int:
+    """Bytes of the dump area before META (0 without --dump)."""
+    return opts.dumps.size if opts.dumps is not None else 0
 
 
 class _Fields:
@@ -201,6 +207,8 @@ class Builder:
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
         self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
+        if dump_area(o):
+            self.emit(addi(R7, dump_area(o)))
         for pred in o.predicates:
             self.emit(pred(self))
         self.metadata()
@@ -208,6 +216,8 @@ class Builder:
         if o.filter is not None:
             self.run_filter()
         self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
+        if o.dumps is not None:
+            o.dumps.emit(self)
         self.output()
         self.emit(label("out"), movi(R0, 0), exit_())
         return self.items
@@ -254,6 +264,8 @@ class Builder:
                       mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
         if not meta:
             return
+        from . import epbopts
+        epbopts.emit_queue(self)
         self.read(W, R8, R6, f.mark)
         self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
@@ -424,6 +436,8 @@ class Builder:
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
+        area = dump_area(o)
+        copy_max = COPY_MAX - area
         # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX)
         self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
         if o.snaplen > HDR_MAX:
@@ -437,7 +451,7 @@ class Builder:
         self.emit(META.load(R3, R7, "skip"), alu64(ADD, R2, R3, reg=True),
                   META.load(R3, R7, "len"), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
-                  jmp(JGT, R2, COPY_MAX, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, COPY_MAX),
+                  jmp(JGT, R2, copy_max, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, copy_max),
                   label("copy_set"))
         if self.p.typed and self.m.ring:
             ringrec.emit(self)
@@ -449,8 +463,8 @@ class Builder:
                       label("fast_set"))
             self.file_header()
             self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
-                      mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), mov(R5, R8), addi(R5, META_SIZE),
-                      call(Helper.skb_output))
+                      mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), [addi(R4, -area)] if area else [],
+                      mov(R5, R8), addi(R5, META_SIZE + area), call(Helper.skb_output))
         else:
             # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
             self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
@@ -473,8 +487,9 @@ class Builder:
                       META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
                       ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
-                      mov(R4, R7), ldx(DW, R5, FP, STACK.n), alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE),
-                      jmp(JGT, R5, META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
+                      mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
+                      alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
+                      jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
                       call(Helper.perf_event_output))
         # count: seen, and lost when the buffer was full
         self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK.key),

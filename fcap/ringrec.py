@@ -10,13 +10,19 @@ from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, MUL, 
                      stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from . import kcomment
-from .layout import (CAPLEN_MAX, COPY_MAX, EPB_DIRECTION, EPB_HDR, EPB_REC, HDR_MAX, HEAD_ONE, HEAD_POS, META, NS,
-                     PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PKT,
-                     RECORD_PCAPNG, RING, RING_CTRL, STACK, TEXT_MAX)
+from . import epbopts, kcomment
+from .layout import (CAPLEN_MAX, COPY_MAX, EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_ONE, HEAD_POS,
+                     META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
+                     PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CTRL, STACK,
+                     TEXT_MAX)
+from .pcapfile import verdict_value
+
+assert PCAPNG_OPTIONS == (PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PCAPNG_COMMENT), \
+    "_options writes the options in this order"
 
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
-OPTS_MAX = 8 + 12 + 4 + TEXT_MAX + 4 + 4
+QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
+OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
 RING_SLACK = (REC_MAX + SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
@@ -53,12 +59,15 @@ def _pcap(b) -> None:
 def _pcapng(b) -> None:
     text = kcomment.text_offset(b.m.scratch_size)
     flags = EPB_DIRECTION.get(b.p.direction)
-    opts = (8 if flags else 0) + 12 + 4
+    verdict = epbopts.verdict(b.p)
+    opts = (8 if flags else 0) + 12 + (VERDICT_OPT if verdict else 0) + 4
     kcomment.emit(b, text)
-    # length: 28 + caplen padded to 4 + flags + packet id + comment header + text padded to 4 + end + trailer
+    # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) + comment header + text padded to
+    # 4 + end + trailer
     b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4),
            ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True),
-           stx(DW, FP, STACK.ring_len, R4))
+           META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
+           label("r_noq"), stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, SPILL)
     # the block's header in place (R1 + RING_CTRL), laid out as META's
     b.emit(META.store_imm(R1, "btype", PCAPNG_EPB, EPB_AT), ldx(DW, R0, FP, STACK.ring_len),
@@ -69,12 +78,13 @@ def _pcapng(b) -> None:
     _orig_len(b)
     b.emit(META.store(R1, "orig", R5, EPB_AT))
     _bytes(b, EPB_HDR)
-    _options(b, flags, text)
+    _options(b, flags, verdict, text)
     _publish(b)
 
 
-def _options(b, flags: int | None, text: int) -> None:
-    """The EPB's options after the bytes padded to 4: flags, packet id, comment; end of options and trailer."""
+def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
+    """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (when
+    FLAG_QUEUE), verdict, comment; end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
     b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.m.ring_size - 1, "r_unlock"),
@@ -87,6 +97,17 @@ def _options(b, flags: int | None, text: int) -> None:
         k += 8
     b.emit(st(H, R1, k, PCAPNG_PACKETID), st(H, R1, k + 2, 8), META.load(R0, R7, "skb"), stx(DW, R1, k + 4, R0))
     k += 12
+    b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"),
+           st(H, R1, k, PCAPNG_QUEUE), st(H, R1, k + 2, 4), META.load(R0, R7, "queue"), stx(W, R1, k + 4, R0),
+           addi(R1, QUEUE_OPT), label("r_opt_noq"))
+    if verdict:   # a constant: its value and padding as 32-bit stores
+        value = verdict_value(*verdict)
+        padded = value + bytes(VERDICT_OPT - 4 - len(value))
+        b.emit(st(H, R1, k, PCAPNG_VERDICT), st(H, R1, k + 2, len(value)))
+        for j in range(0, len(padded), 4):
+            word = int.from_bytes(padded[j:j + 4], "little")
+            b.emit(st(W, R1, k + 4 + j, word - (1 << 32) if word >> 31 else word))
+        k += VERDICT_OPT
     b.emit(st(H, R1, k, PCAPNG_COMMENT), ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, "r_unlock"),
            stx(H, R1, k + 2, R2))
     for j in range(0, TEXT_MAX, 8):

@@ -44,6 +44,7 @@ class Config:
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
+    dumps: list = field(default_factory=list)   # --dump PATHs (fcap.dumps): records then go through the perf buffer
 
 
 @dataclass
@@ -92,6 +93,8 @@ class Session:
         self.ring = None          # the file rings' map when the programs write pcap records there
         self.ring_size = 0
         self.drain = None
+        self.dump_area = None     # fcap.dumps.Area when --dump PATHs are copied into the records
+        self.parse = layout.parse_record   # a perf sample -> Record
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -108,6 +111,10 @@ class Session:
             raise CaptureError(str(e)) from None
         except BTFError as e:
             raise CaptureError(f"reading the kernel's BTF: {e}") from None
+        if self.cfg.dumps:
+            from .dumps import make_area
+            self.dump_area = make_area(self.points, self.cfg.dumps)
+            self.parse = self.dump_area.parse
         self.linktype = lookup(self.cfg.linktype) if self.cfg.linktype else default_linktype(self.points)
         if self.linktype.name not in START_FOR:
             raise CaptureError(f"link-type {self.linktype.name} cannot be made from an skb; use one of "
@@ -148,7 +155,8 @@ class Session:
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
-                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point))
+                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
+                             dumps=self.dump_area.for_point(point) if self.dump_area is not None else None)
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -259,7 +267,7 @@ class Session:
     def _file_ring_kfunc(self) -> int:
         """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
         skb dynptrs allowed there), else 0."""
-        if not (self.cfg.file_ring and not self.cfg.immediate):
+        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None:
             return 0
         if not all(p.typed for p in self.points):
             return 0
@@ -322,7 +330,7 @@ class Session:
         """Drain records into sink until stop() is true or sink returns False; then detach and drain the rest."""
         buf = self.buffer
         keep_going = True
-        parse = layout.parse_record
+        parse = self.parse
         batch: list = []
 
         def on_sample(cpu: int, raw) -> None:

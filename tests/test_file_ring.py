@@ -84,7 +84,9 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
     assert ours.keys() == theirs.keys()
     for k, r in ours.items():
         t = theirs[k]
-        assert (r.orig_len, r.flags, r.comment, r.iface) == (t.orig_len, t.flags, t.comment, t.iface), k
+        assert (r.orig_len, r.flags, r.comment, r.iface, r.queue, r.verdict) == \
+            (t.orig_len, t.flags, t.comment, t.iface, t.queue, t.verdict), k
+        assert r.queue == 0 and r.verdict is None     # lo's one transmit queue; not a drop point
         assert abs(r.ts_ns - t.ts_ns) < 50_000_000
     comments = {r.comment.split(" len=")[0].split(" comm=")[1] for r in ours.values()}
     assert {"fcap-ring-test1 ifindex=1 mark=0x1f3", "x ifindex=1 mark=0x7"} <= {
@@ -117,7 +119,8 @@ def test_ring_pcapng_blocks_as_the_writer_makes_them(tmp_path):
     w.add_interface(POINT, records[0].linktype, 200)
     start = len(buf.getvalue())
     for r in records:
-        w.write(r.ts_ns, r.data, r.orig_len, iface=r.iface, flags=r.flags, comment=r.comment, packet_id=r.packet_id)
+        w.write(r.ts_ns, r.data, r.orig_len, iface=r.iface, flags=r.flags, comment=r.comment, packet_id=r.packet_id,
+                queue=r.queue, verdict=r.verdict)
     assert buf.getvalue()[start:] == data[off:]
 
 

@@ -1,0 +1,237 @@
+"""The Python API: fcap.capture(...) (a context manager and iterator of fcap.Packet, detached on leaving, on an
+exception and on garbage collection) and fcap.read(path) (the same Packets from files fcap wrote)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .errors import FcapError, UsageError
+from .layout import COMMENT
+
+DEFAULT_SNAPLEN = 262144
+POLL_MS = 100
+
+
+class NotAvailable(FcapError):
+    """A capture option this fcap does not have yet."""
+
+
+@dataclass
+class Packet:
+    """One packet at one point. From a capture: everything; from a file, what the file holds (pcap: no metadata,
+    the fields fcap's comment carries are None)."""
+
+    ts_ns: int                 # wall clock, nanoseconds since the epoch
+    point: str | None          # the capture point, e.g. "tp_btf/net_dev_queue" (the pcapng interface name)
+    data: bytes                # the captured bytes, from the link type's start
+    orig_len: int              # the packet's length from there
+    linktype: int              # LINKTYPE_* number: 1 EN10MB, 276 LINUX_SLL2, 101 RAW, ...
+    skb: int | None = None     # the skb's address (the same skb at several points: one packet followed)
+    pid: int | None = None     # thread group id of the task the point ran in
+    tid: int | None = None
+    comm: str | None = None
+    ifindex: int | None = None
+    netns: int | None = None   # the device's network namespace inode number
+    mark: int | None = None
+    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.dumps.Dump (.value, .text(), .node())
+
+    def scapy(self):
+        """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""
+        try:
+            from scapy import all as scapy
+        except ImportError as e:
+            raise FcapError(f"Packet.scapy() needs scapy: pip install 'fcap[decode]' ({e})") from None
+        from .show import _SCAPY_LAYERS
+        if self.linktype == 101:
+            cls = scapy.IPv6 if self.data[:1] and self.data[0] >> 4 == 6 else scapy.IP
+        else:
+            cls = getattr(scapy, _SCAPY_LAYERS.get(self.linktype, ""), None) or scapy.conf.l2types.get(self.linktype)
+        return (cls or scapy.conf.raw_layer)(bytes(self.data))
+
+    def dpkt(self):
+        """The packet as a dpkt object of its link type (Ethernet, SLL2, SLL, IP, IP6)."""
+        import dpkt
+        kinds = {1: dpkt.ethernet.Ethernet, 113: dpkt.sll.SLL, 276: dpkt.sll2.SLL2, 228: dpkt.ip.IP,
+                 229: dpkt.ip6.IP6}
+        cls = kinds.get(self.linktype)
+        if cls is None and self.linktype == 101:
+            cls = dpkt.ip6.IP6 if self.data[:1] and self.data[0] >> 4 == 6 else dpkt.ip.IP
+        if cls is None:
+            raise FcapError(f"Packet.dpkt(): no dpkt class for link type {self.linktype}")
+        return cls(bytes(self.data))
+
+
+class Capture:
+    """A capture running in the kernel: iterate over it for Packets. `with fcap.capture(...) as cap:` detaches
+    everything when the block ends (also on an exception); so do close() and garbage collection."""
+
+    def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
+                 linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
+                 dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None):
+        from .session import DEFAULT_BUFFER_KIB, Config, Session
+        if track:
+            raise NotAvailable("track=True: following a packet from point to point (--track) is not available yet")
+        points = [points] if isinstance(points, str) else list(points)
+        if not points or not all(isinstance(p, str) and p for p in points):
+            raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
+        if count is not None and (not isinstance(count, int) or count < 1):
+            raise UsageError(f"count: a positive number of packets, not {count!r}")
+        where, dump = _strings(where, "where"), _strings(dump, "dump")
+        self.count, self.timeout = count, timeout
+        self.session = None
+        from . import predicates
+        cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
+                     filter=filter or None, buffer_kib=buffer_kib or DEFAULT_BUFFER_KIB, immediate=True,
+                     predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
+                     dumps=dump)
+        session = Session(cfg)
+        try:
+            session.resolve()
+            session.open()
+            session.attach()
+        except BaseException:
+            session.close()
+            raise
+        self.session = session
+        self.names = {p.id: p.spec for p in session.points}
+        self.linktype = session.linktype.number
+        self.delivered = 0
+        self._queue: collections.deque = collections.deque()
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to tell
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
+
+    def close(self) -> None:
+        """Detach every program, free the maps and buffers; the packets already read stay valid."""
+        session, self.session = self.session, None
+        if session is not None:
+            session.close()
+            self._stats = session.stats
+
+    @property
+    def stats(self):
+        """(captured, seen, lost): packets delivered, packets the programs recorded, records the buffer lost."""
+        if self.session is not None:
+            st = self.session.read_counters()
+        else:
+            st = getattr(self, "_stats", None)
+        return (self.delivered, st.seen if st else 0, st.lost if st else 0)
+
+    def __iter__(self) -> Iterator[Packet]:
+        return self
+
+    def __next__(self) -> Packet:
+        p = self.next(self.timeout)
+        if p is None:
+            raise StopIteration
+        return p
+
+    def next(self, timeout: float | None = None) -> Packet | None:
+        """The next packet, waiting at most `timeout` seconds (None: until one comes); None when the capture is
+        over (count reached, closed) or the time is up."""
+        import time
+        if self.count is not None and self.delivered >= self.count:
+            self.close()
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._queue:
+            if self.session is None:
+                return None
+            left = POLL_MS if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+            self._poll(min(left, POLL_MS))
+            if not self._queue and deadline is not None and time.monotonic() >= deadline:
+                return None
+        self.delivered += 1
+        p = self._queue.popleft()
+        if self.count is not None and self.delivered >= self.count:
+            self.close()
+        return p
+
+    def _poll(self, ms: int) -> None:
+        s = self.session
+        batch: list = []
+        s.buffer.poll(ms)
+        s.buffer.drain(lambda cpu, raw: batch.append(s.parse(raw)))
+        batch.sort(key=lambda r: r.ts_ns)   # each CPU's buffer is in time order: merge them
+        off = s.clock_offset_ns
+        for r in batch:
+            self._queue.append(Packet(r.ts_ns + off, self.names.get(r.point), r.data, r.orig_len, self.linktype,
+                                      r.skb, r.pid, r.tid, r.comm, r.ifindex, r.netns, r.mark,
+                                      {d.path: d for d in r.dumps}))
+
+
+def _strings(items, what: str) -> list[str]:
+    items = [items] if isinstance(items, str) else list(items or ())
+    if not all(isinstance(i, str) for i in items):
+        raise UsageError(f"{what}: strings, not {items!r}")
+    return items
+
+
+def capture(points, filter: str | None = None, count: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
+            linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
+            dump: Iterable[str] = (), **kw) -> Capture:
+    """Capture at `points` (a name or a list: "tp_btf/net_dev_queue", "fentry/ip_rcv", ...). `filter`: tcpdump's
+    expression; `count`: stop after that many packets; `linktype`: "EN10MB", "LINUX_SLL2", "RAW", ... (default as
+    the fcap command); `where`: --where tests ('skb->len > 1000'); `dump`: --dump paths ('skb->dev'), found in
+    each Packet's `dumps`. The programs are attached when this returns. Errors are fcap.FcapError types."""
+    return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
+                   dump=dump, **kw)
+
+
+# ---- files -----------------------------------------------------------------------------------------------------
+
+_STYLE_RX = {"dec": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})", "hex16": r"([0-9a-f]{16})",
+             "str": r"(.*?)"}
+_COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT) + "$")
+_BASE = {"dec": 10, "hex": 16, "hex4": 16, "hex16": 16}
+
+
+def parse_comment(text: str) -> dict:
+    """fcap's metadata comment (fcap.layout's COMMENT) back as {attribute: value}; {} when it is not one."""
+    m = _COMMENT_RX.match(text)
+    if not m:
+        return {}
+    return {attr: (value if style == "str" else int(value, _BASE[style]))
+            for (_pre, attr, style), value in zip(COMMENT, m.groups())}
+
+
+def read(path) -> Iterator[Packet]:
+    """The packets of a pcap/pcapng file (fcap's own metadata and dumps where the file carries them)."""
+    from .pcapfile import read as read_records
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"read: a file name, not {path!r}")
+    try:
+        records = read_records(path)
+        for rec in records:
+            yield _packet_of(rec)
+    except OSError as e:
+        raise FcapError(f"{path}: {e.strerror or e}") from None
+
+
+def _packet_of(rec) -> Packet:
+    lines = (rec.comment or "").split("\n")
+    meta = next((m for m in map(parse_comment, lines) if m), {})
+    dumps = {}
+    if rec.custom:
+        from .dumps import dumps_of
+        dumps = {d.path: d for d in dumps_of(rec.custom, lines)}
+    return Packet(rec.ts_ns, rec.iface_name, rec.data, rec.orig_len, rec.linktype,
+                  meta.get("skb", rec.packet_id), meta.get("pid"), meta.get("tid"), meta.get("comm"),
+                  meta.get("ifindex"), meta.get("netns"), meta.get("mark"), dumps)

@@ -1,0 +1,243 @@
+"""fcap as a Wireshark extcap: `fcap extcap` answers Wireshark's questions (--extcap-interfaces, --extcap-dlts,
+--extcap-config, --extcap-capture-filter) and captures into the FIFO Wireshark gives (--capture --fifo), one
+interface per capture point plus a configurable "any point" one; `fcap extcap --install` puts a launcher in the
+personal extcap folder of the installed Wireshark (`--uninstall` takes it away)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+from . import __version__
+from .errors import FcapError, UsageError
+
+ANY = "fcap-any"
+DEFAULT_POINT = "tp_btf/net_dev_queue"
+# one interface per point (semantic points, when fcap has them, take this list's place)
+POINTS = (
+    ("tp_btf/net_dev_queue", "transmit, before the qdisc"),
+    ("tp_btf/net_dev_start_xmit", "transmit, where tcpdump sees it"),
+    ("tp_btf/netif_receive_skb", "receive, where tcpdump sees it"),
+    ("tp_btf/kfree_skb", "packets the kernel drops"),
+)
+LAUNCHER = "fcap-extcap"
+MARK = "# fcap extcap launcher"
+
+
+class ExtcapError(FcapError):
+    """An extcap request that cannot be answered (an unknown interface, no Wireshark to install into)."""
+
+
+def interface_name(point: str) -> str:
+    return "fcap-" + point.rpartition("/")[2]
+
+
+def _interfaces() -> dict[str, str]:
+    """Interface name -> point (None for the any-point interface)."""
+    out = {interface_name(p): p for p, _ in POINTS}
+    out[ANY] = ""
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fcap extcap", description="fcap as a Wireshark extcap (see README.md)")
+    p.add_argument("--extcap-interfaces", action="store_true")
+    p.add_argument("--extcap-version", default="")
+    p.add_argument("--extcap-interface", default="")
+    p.add_argument("--extcap-dlts", action="store_true")
+    p.add_argument("--extcap-config", action="store_true")
+    p.add_argument("--extcap-capture-filter", default=None)
+    p.add_argument("--extcap-reload-option", default=None)
+    p.add_argument("--capture", action="store_true")
+    p.add_argument("--fifo", default="")
+    p.add_argument("--point", default="")
+    p.add_argument("--snaplen", default="")
+    p.add_argument("--where", action="append", default=[])
+    p.add_argument("--dump", action="append", default=[])
+    p.add_argument("--install", action="store_true", help="put a launcher in Wireshark's personal extcap folder")
+    p.add_argument("--uninstall", action="store_true", help="remove it")
+    p.add_argument("--dir", default="", help="the extcap folder (default: asked from tshark -G folders)")
+    return p
+
+
+def main(argv: list[str], fcap_main) -> int:
+    """`fcap extcap ...`: what Wireshark asks, or --install/--uninstall; a capture runs `fcap_main(argv)` (the
+    command's main). Errors are FcapErrors (the CLI's line)."""
+    args, unknown = _parser().parse_known_args(argv)
+    if args.install or args.uninstall:
+        return install(args.dir) if args.install else uninstall(args.dir)
+    if args.extcap_interfaces:
+        return _write(_list_interfaces())
+    iface = args.extcap_interface
+    if not iface:
+        raise UsageError("fcap extcap: Wireshark's extcap interface (--extcap-interfaces, ...); "
+                         "fcap extcap --install puts fcap into Wireshark")
+    point = _point(iface, args.point)
+    if args.extcap_dlts:
+        return _write(_dlts(iface, point))
+    if args.extcap_config:
+        return _write(_config(iface))
+    if args.capture:
+        return capture(args, point, fcap_main)
+    if args.extcap_capture_filter is not None:
+        return _validate_filter(args.extcap_capture_filter, point)
+    raise UsageError(f"fcap extcap: nothing asked for interface {iface} (unknown arguments: {' '.join(unknown)})")
+
+
+def _point(iface: str, configured: str) -> str:
+    points = _interfaces()
+    if iface not in points:
+        raise ExtcapError(f"no extcap interface {iface!r} (fcap's: {', '.join(points)})")
+    return points[iface] or configured or DEFAULT_POINT
+
+
+def _write(text: str) -> int:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
+
+
+def _list_interfaces() -> str:
+    lines = [f"extcap {{version={__version__}}}{{display=fcap: capture points inside the network stack}}\n"]
+    for point, what in POINTS:
+        lines.append(f"interface {{value={interface_name(point)}}}{{display=fcap: {point} ({what})}}\n")
+    lines.append(f"interface {{value={ANY}}}{{display=fcap: any point (configure: point, snaplen, where, dump)}}\n")
+    return "".join(lines)
+
+
+def _dlts(iface: str, point: str) -> str:
+    from .linktypes import lookup
+    from .points import is_device_point
+    lt = lookup("EN10MB" if is_device_point(point.rpartition("/")[2]) else "LINUX_SLL2")
+    return f"dlt {{number={lt.number}}}{{name={iface}}}{{display={lt.description}}}\n"
+
+
+def _config(iface: str) -> str:
+    args = []
+    if iface == ANY:
+        args.append(("--point", "Capture point", "string", f"{{default={DEFAULT_POINT}}}{{required=true}}",
+                     "fentry/FUNC, fexit/FUNC, tp_btf/NAME, raw_tp/NAME, kprobe/FUNC (fcap list-devices)"))
+    args += [
+        ("--snaplen", "Snapshot length", "integer", "{range=1,262144}{default=262144}", "bytes kept of each packet"),
+        ("--where", "Where (PATH OP VALUE)", "string", "", "a BTF field test, e.g. skb->len > 1000"),
+        ("--dump", "Dump (PATH)", "string", "", "what the kernel held, e.g. skb->dev (in each packet's comments)"),
+    ]
+    return "".join(f"arg {{number={i}}}{{call={call}}}{{display={display}}}{{type={kind}}}{extra}"
+                   f"{{tooltip={tip}}}\n" for i, (call, display, kind, extra, tip) in enumerate(args))
+
+
+def _validate_filter(expr: str, point: str) -> int:
+    """Wireshark checks a capture filter by asking: 0 when libpcap compiles it for the point's link type."""
+    if not expr.strip():
+        return 0
+    from .filter import FilterError, compile_filter
+    from .linktypes import lookup
+    from .points import is_device_point
+    lt = lookup("EN10MB" if is_device_point(point.rpartition("/")[2]) else "LINUX_SLL2")
+    try:
+        compile_filter(expr, lt, 262144)
+    except FilterError as e:
+        sys.stdout.write(f"{e}\n")
+        return 1
+    return 0
+
+
+def capture_argv(args, point: str) -> list[str]:
+    """The fcap command line of a capture Wireshark asked for (packets to stdout, the FIFO)."""
+    argv = ["-i", point, "-w", "-", "-U", "-q"]
+    if args.snaplen:
+        argv += ["-s", args.snaplen]
+    for w in args.where:
+        if w.strip():
+            argv += ["--where", w]
+    for d in args.dump:
+        if d.strip():
+            argv += ["--dump", d]
+    if args.extcap_capture_filter and args.extcap_capture_filter.strip():
+        argv.append(args.extcap_capture_filter)
+    return argv
+
+
+def capture(args, point: str, fcap_main) -> int:
+    if not args.fifo:
+        raise UsageError("fcap extcap --capture: no --fifo")
+    try:
+        fd = os.open(args.fifo, os.O_WRONLY)
+    except OSError as e:
+        raise ExtcapError(f"{args.fifo}: {e.strerror}") from None
+    os.dup2(fd, sys.stdout.fileno())
+    os.close(fd)
+    return fcap_main(capture_argv(args, point))
+
+
+# ---- installing into Wireshark ---------------------------------------------------------------------------------
+
+def extcap_dir() -> str:
+    """The personal extcap folder of the installed Wireshark: `Personal Extcap path` where tshark -G folders
+    names one (newer Wireshark), else the personal configuration folder's extcap/ (Wireshark 4.0 looks there)."""
+    tool = shutil.which("tshark") or shutil.which("wireshark")
+    if tool is None:
+        raise ExtcapError("no tshark or wireshark on PATH to ask for its extcap folder; give --dir DIR")
+    try:
+        out = subprocess.run([tool, "-G", "folders"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ExtcapError(f"{tool} -G folders: {e}") from None
+    folders = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in out.splitlines()) if v)
+    if folders.get("Personal Extcap path"):
+        return folders["Personal Extcap path"]
+    if folders.get("Personal configuration"):
+        return os.path.join(folders["Personal configuration"], "extcap")
+    raise ExtcapError(f"{tool} -G folders names no personal folder; give --dir DIR")
+
+
+def launcher_text() -> str:
+    """A shell script that runs this fcap (this Python, this checkout or installation) as an extcap."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (f"#!/bin/sh\n{MARK} (fcap extcap --uninstall removes it)\n"
+            f"PYTHONPATH={_sh_quote(root)}${{PYTHONPATH:+:$PYTHONPATH}} "
+            f"exec {_sh_quote(sys.executable)} -m fcap.cli extcap \"$@\"\n")
+
+
+def _sh_quote(s: str) -> str:
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+def install(directory: str = "") -> int:
+    directory = directory or extcap_dir()
+    path = os.path.join(directory, LAUNCHER)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(launcher_text())
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ExtcapError(f"{path}: {e.strerror}") from None
+    sys.stdout.write(f"installed {path}: Wireshark lists {', '.join(_interfaces())} (tshark -D)\n")
+    return 0
+
+
+def uninstall(directory: str = "") -> int:
+    directory = directory or extcap_dir()
+    path = os.path.join(directory, LAUNCHER)
+    try:
+        with open(path) as f:
+            ours = MARK in f.read(4096)
+    except FileNotFoundError:
+        sys.stdout.write(f"{path}: not installed\n")
+        return 0
+    except OSError as e:
+        raise ExtcapError(f"{path}: {e.strerror}") from None
+    if not ours:
+        raise ExtcapError(f"{path} is not fcap's launcher: left in place")
+    try:
+        os.unlink(path)
+    except OSError as e:
+        raise ExtcapError(f"{path}: {e.strerror}") from None
+    sys.stdout.write(f"removed {path}\n")
+    return 0
+

@@ -1,0 +1,190 @@
+"""The Python API: fcap.capture() as a context manager and iterator of fcap.Packet (counts, metadata, scapy and
+dpkt views, where/linktype/dump), detaching on leaving the block, on an exception and on garbage collection
+(nothing of ours left in the kernel: bpftool), errors as fcap exception types; fcap.read() over files fcap wrote."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import need_root, need_tool
+
+from netns import ROOT, bpf_ids_of, send_udp, start_fcap, subprocess_env
+
+POINT = "tp_btf/net_dev_queue"
+SO_MARK = 36
+
+
+def _send_later(port: int, sizes: list[int], mark: int = 0, delay: float = 0.3) -> threading.Thread:
+    def run():
+        time.sleep(delay)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            if mark:
+                s.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
+            for n in sizes:
+                s.sendto(b"a" * n, ("127.0.0.1", port))
+                time.sleep(0.02)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _prog_ids() -> set[int]:
+    return bpf_ids_of(os.getpid())["prog"]
+
+
+def _gone(ids: set[int]) -> bool:
+    """None of these program ids is loaded any more (bpftool's view)."""
+    need_tool("bpftool")
+    for i in ids:
+        r = subprocess.run(["bpftool", "prog", "show", "id", str(i)], capture_output=True, text=True, timeout=30)
+        if r.returncode == 0:
+            return False
+    return True
+
+
+def test_import_is_cheap():
+    code = "import fcap, sys; print(sorted(m for m in sys.modules if m.startswith(('fcap.', 'bpf'))))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "['fcap.errors']", r.stdout + r.stderr
+
+
+def test_count_metadata_and_views(sink):
+    import fcap
+    mark = 0x5A5
+    with fcap.capture(POINT, filter=f"udp and dst port {sink.port}", count=4, timeout=30) as cap:
+        assert not cap.closed
+        t = _send_later(sink.port, [10, 20, 30, 40, 50, 60], mark=mark)
+        pkts = list(cap)
+        assert cap.closed            # the count reached: detached at once
+    t.join()
+    assert [len(p.data) for p in pkts] == [14 + 28 + n for n in (10, 20, 30, 40)]
+    comm = open("/proc/self/comm").read().strip()
+    for p in pkts:
+        assert isinstance(p, fcap.Packet) and p.point == POINT and p.linktype == 1
+        assert (p.pid, p.comm, p.mark, p.ifindex) == (os.getpid(), comm, mark, socket.if_nametoindex("lo"))
+        assert p.tid != p.pid and p.netns == os.stat("/proc/self/ns/net").st_ino and p.skb > 0xFFFF000000000000
+        assert abs(p.ts_ns - time.time_ns()) < 60 * 10**9 and p.orig_len == len(p.data)
+        sp = p.scapy()
+        assert sp["UDP"].dport == sink.port and sp["IP"].dst == "127.0.0.1"
+        dp = p.dpkt()
+        assert dp.__class__.__name__ == "Ethernet" and dp.data.data.dport == sink.port
+    assert pkts == sorted(pkts, key=lambda p: p.ts_ns)
+    assert cap.stats[0] == 4
+
+
+def test_linktype_where_and_dump(sink):
+    import fcap
+    with fcap.capture([POINT], filter=f"udp and dst port {sink.port}", linktype="LINUX_SLL2", count=2,
+                      where=["skb->len > 500"], dump=["skb->dev->name"], timeout=30) as cap:
+        t = _send_later(sink.port, [100, 1000, 200, 2000])
+        pkts = list(cap)
+    t.join()
+    assert [p.orig_len for p in pkts] == [20 + 28 + 1000, 20 + 28 + 2000] and all(p.linktype == 276 for p in pkts)
+    assert pkts[0].dpkt().__class__.__name__ == "SLL2" and pkts[0].scapy().haslayer("CookedLinuxV2")
+    assert all(p.dumps["skb->dev->name"].value == "lo" for p in pkts)
+
+
+def test_leaving_the_block_detaches_everything(sink):
+    import fcap
+    before = _prog_ids()
+    with fcap.capture(POINT, filter=f"udp and dst port {sink.port}") as cap:
+        ours = _prog_ids() - before
+        assert ours
+        assert cap.next(timeout=0.2) is None          # nothing sent: the time is up, the capture goes on
+        assert not cap.closed
+    assert cap.closed and _prog_ids() == before and _gone(ours)
+
+
+def test_an_exception_in_the_block_detaches(sink):
+    import fcap
+    before = _prog_ids()
+    with pytest.raises(ZeroDivisionError):
+        with fcap.capture(POINT, filter=f"udp and dst port {sink.port}"):
+            ours = _prog_ids() - before
+            1 / 0
+    assert ours and _prog_ids() == before and _gone(ours)
+
+
+def test_garbage_collection_detaches(sink):
+    import fcap
+    before = _prog_ids()
+    cap = fcap.capture(POINT, filter=f"udp and dst port {sink.port}")
+    ours = _prog_ids() - before
+    del cap
+    gc.collect()
+    assert ours and _prog_ids() == before and _gone(ours)
+
+
+@pytest.mark.parametrize("kwargs, kind, says", [
+    (dict(points="tp_btf/no_such_tracepoint"), "CaptureError", "no tracepoint 'no_such_tracepoint'"),
+    (dict(points=POINT, filter="udp port"), "CaptureError", "udp port: "),
+    (dict(points=POINT, where=["skb->nope > 1"]), "CaptureError", "struct sk_buff has no member 'nope'"),
+    (dict(points=POINT, dump=["skb->nope"]), "PathError", "struct sk_buff has no member 'nope'"),
+    (dict(points=POINT, track=True), "NotAvailable", "not available yet"),
+    (dict(points=POINT, count=0), "UsageError", "count: a positive number"),
+    (dict(points=[]), "UsageError", "capture points"),
+    (dict(points=POINT, linktype="NOPE"), "UnknownLinkType", "unknown linktype 'NOPE'"),
+])
+def test_errors_are_fcap_errors(root, kwargs, kind, says):
+    import fcap
+    before = _prog_ids()
+    with pytest.raises(fcap.FcapError) as e:
+        fcap.capture(**kwargs)
+    assert type(e.value).__name__ == kind and says in str(e.value) and "\n" not in str(e.value)
+    assert _prog_ids() == before
+
+
+def test_read_gives_the_same_packets(sink, tmp_path):
+    import fcap
+    out = tmp_path / "r.pcapng"
+    f = start_fcap(["-i", POINT, "-w", str(out), "-c", "3", f"udp and dst port {sink.port}"])
+    try:
+        send_udp("127.0.0.1", sink.port, [b"r" * n for n in (5, 6, 7)], pace=0.05)
+        assert f.wait() == 0, f.stderr
+    finally:
+        f.kill()
+    pkts = list(fcap.read(out))
+    assert [len(p.data) for p in pkts] == [14 + 28 + n for n in (5, 6, 7)]
+    for p in pkts:
+        assert p.point == POINT and p.linktype == 1 and p.comm == open("/proc/self/comm").read().strip()
+        assert p.pid and p.tid and p.ifindex == socket.if_nametoindex("lo") and p.skb and p.netns and p.dumps == {}
+        assert p.dpkt().data.data.dport == sink.port
+    pcap = tmp_path / "r.pcap"
+    f = start_fcap(["-i", POINT, "-w", str(pcap), "-c", "1", f"udp and dst port {sink.port}"])
+    try:
+        send_udp("127.0.0.1", sink.port, [b"p"])
+        assert f.wait() == 0, f.stderr
+    finally:
+        f.kill()
+    (p,) = fcap.read(pcap)
+    assert p.point is None and p.pid is None and p.comm is None and p.dpkt().data.data.dport == sink.port
+
+
+def test_read_errors():
+    import fcap
+    with pytest.raises(fcap.FcapError, match="No such file"):
+        list(fcap.read("/nonexistent/x.pcapng"))
+    with pytest.raises(fcap.FcapError, match="not a pcap or pcapng file"):
+        list(fcap.read(ROOT / "README.md"))
+
+
+def test_root_needed_said_as_an_fcap_error():
+    if os.geteuid() != 0:
+        import fcap
+        with pytest.raises(fcap.FcapError):
+            fcap.capture(POINT)
+        return
+    need_root()
+    code = ("import fcap\ntry:\n fcap.capture('tp_btf/net_dev_queue')\nexcept fcap.FcapError as e:\n"
+            " print('FcapError', e)\n")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                       capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("FcapError "), r.stdout + r.stderr
