@@ -17,6 +17,7 @@ _API = ("Capture", "Packet", "capture", "read")
 
 def __getattr__(name: str):
     if name in _API:
-        from . import api
-        return getattr(api, name)
+        # (at first use, not at import: the package's modules import the package first, never the API)
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.api"), name)
     raise AttributeError(f"module 'fcap' has no attribute {name!r}")
