@@ -214,7 +214,7 @@ def parse_comment(text: str) -> dict:
 
 def read(path) -> Iterator[Packet]:
     """The packets of a pcap/pcapng file (fcap's own metadata and dumps where the file carries them)."""
-    from .pcapfile import read as read_records
+    from .pcapread import read as read_records
     if not isinstance(path, (str, os.PathLike)):
         raise UsageError(f"read: a file name, not {path!r}")
     try:

@@ -172,7 +172,7 @@ def test_read_errors():
     import fcap
     with pytest.raises(fcap.FcapError, match="No such file"):
         list(fcap.read("/nonexistent/x.pcapng"))
-    with pytest.raises(fcap.FcapError, match="not a pcap or pcapng file"):
+    with pytest.raises(fcap.FcapError, match="neither pcap nor pcapng"):
         list(fcap.read(ROOT / "README.md"))
 
 
