@@ -14,6 +14,7 @@ EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NA
 or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
   fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
   fcap info ip_send_skb             a point's prototype
+  fcap features                     what this kernel lets fcap do, tried for real (needs root)
   fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
   fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
 
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(argv[1:])
         if argv and argv[0] == "info":
             return cmd_info(argv[1:])
+        if argv and argv[0] == "features":
+            from .features import main as features_main
+            return features_main(argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -251,6 +255,11 @@ def cmd_capture(args, command: list[str]) -> int:
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind
+        if not args.quiet:
+            from .features import filter_note
+            note = filter_note(session)
+            if note:
+                sys.stderr.write(f"{PROG}: {note}\n")
         out = _open_output(args, session, fmt)
         try:
             session.attach()
