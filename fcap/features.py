@@ -20,11 +20,11 @@ ROWS = [
     ("filter", "filter in the kernel (`'udp port 53'`)", "5.5 (as tp_btf)"),
     ("predicates", "predicates (`--pid --comm --ifname --netns --where`)", "5.5 (as tp_btf)"),
     ("pidcomm", "pid/tid and comm per packet", "4.2: helpers; 5.11: bpf_get_current_task_btf (faster)"),
-    ("filter_frags", "filter reads page frags", "bpf_dynptr_from_skb kfunc for tracing programs (6.13?)"),
+    ("filter_frags", "filter reads page frags", "6.12: bpf_dynptr_from_skb kfunc for tracing programs"),
     ("file_rings", "program writes pcap records itself (file rings)", "the same kfunc, mmapable arrays (5.5)"),
     ("ringbuf", "BPF ring buffer maps (bpf.ringbuf)", "5.8"),
 ]
-FIRST = {"filter_frags": "6.13", "file_rings": "6.13"}   # filled in from the kernels tested: see README
+FIRST = {"filter_frags": "6.12", "file_rings": "6.12"}   # (commit ffc83860d8c0, Sept. 2024)
 
 
 @dataclass
@@ -70,8 +70,9 @@ def check_module() -> Result:
     mods = BTF.module_names()
     if mods:
         if "veth" not in mods:
-            return Result("module", True, f"{len(mods)} modules have BTF (veth not loaded: no capture tried)")
-        return _try("module", lambda: _capture("fentry/veth_xmit") or f"yes ({len(mods)} modules have BTF)")
+            return Result("module", None, f"{len(mods)} modules have BTF; veth is not loaded: no capture tried")
+        n = f"{len(mods)} module{'s' if len(mods) > 1 else ''}"
+        return _try("module", lambda: _capture("fentry/veth_xmit") or f"yes ({n} with BTF)")
     loaded = []
     try:
         with open("/proc/modules") as f:
@@ -85,22 +86,25 @@ def check_module() -> Result:
 
 
 def check_pidcomm() -> Result:
+    from bpf import features
+    from bpf.uapi import AttachType, Helper, ProgType
+
     from .session import Config, Session
     s = Session(Config(points=["tp_btf/net_dev_queue"]))
     try:
         s.resolve()
     except Exception as e:  # noqa: BLE001 - reported as the row's reason
         return Result("pidcomm", False, str(e))
-    if s.task_btf(s.points[0]):
+    p = s.points[0]
+    if s.task_btf(p):
         return Result("pidcomm", True, "yes (bpf_get_current_task_btf)")
-    from bpf import features
-    from bpf.uapi import Helper
-    why = features.helper(Helper.get_current_task_btf)   # (cached: the reason for the tracing program kind)
     r = _try("pidcomm", lambda: _capture("tp_btf/net_dev_queue"))
     if not r.ok:
         return r
+    why = features.helper(Helper.get_current_task_btf, ProgType.TRACING, AttachType.TRACE_RAW_TP, p.btf_id,
+                          label="tp_btf programs")   # (what Session.task_btf asked: cached)
     reason = why.reason if why is not None else "not callable from tp_btf programs"
-    return Result("pidcomm", True, f"yes, through get_current_pid_tgid + get_current_comm ({reason})")
+    return Result("pidcomm", True, f"yes, through get_current_pid_tgid + get_current_comm: {reason}")
 
 
 def check_filter_frags(key: str) -> Result:
@@ -177,6 +181,13 @@ def kernel_name() -> str:
     return os.environ.get("FCAP_VM") or "host"
 
 
+def kernel_version() -> str:
+    """The upstream version: Debian's from uname -v ("... Debian 5.10.262-1 ..."), else uname -r's."""
+    import re
+    m = re.search(r"Debian (\d+\.\d+(?:\.\d+)?)", os.uname().version)
+    return m.group(1) if m else re.split(r"[-+]", os.uname().release)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fcap features", description="what fcap can do on this kernel, tried for real")
     ap.add_argument("--json", action="store_true", help="one JSON object: kernel, release, rows")
@@ -190,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = report()
     if a.json:
-        json.dump({"kernel": kernel_name(), "release": os.uname().release,
+        json.dump({"kernel": kernel_name(), "release": os.uname().release, "version": kernel_version(),
                    "rows": [asdict(r) for r in rows]}, sys.stdout)
         sys.stdout.write("\n")
     else:
         titles = {k: f for k, f, _n in ROWS}
         for r in rows:
-            sys.stdout.write(f"{'n/a' if r.ok is None else 'yes' if r.ok else 'no':3}  {titles[r.key]}: {r.detail}\n")
+            mark = "n/a" if r.ok is None else "yes" if r.ok else "no"
+            detail = "" if r.detail == "yes" else ": " + r.detail
+            sys.stdout.write(f"{mark:3}  {titles[r.key].replace('`', '')}{detail}\n")
     return 0
 
 
@@ -218,7 +231,8 @@ def _cell(r: dict) -> str:
 def table(reports: list[dict]) -> str:
     """README's matrix: a row per feature, a column per kernel; a cell that is not a plain yes is explained by
     its line below the table."""
-    heads = [f"{r['kernel']} ({r['release'].split('-')[0].split('+')[0]})" for r in reports]
+    heads = [f"{r['kernel']} ({r.get('version') or r['release']})" if r["kernel"] != r.get("version") else
+             r["kernel"] for r in reports]
     out = ["| feature | " + " | ".join(heads) + " | needs |", "|---|" + "---|" * len(reports) + "---|"]
     notes: dict[str, list[str]] = {}
     byk = [{row["key"]: row for row in r["rows"]} for r in reports]
