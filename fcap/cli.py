@@ -20,6 +20,7 @@ EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NA
 or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
   fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
   fcap info ip_send_skb             a point's prototype
+  fcap features                     what this kernel lets fcap do, tried for real (needs root)
   fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
   fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
 
@@ -132,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "extcap":
             from .extcap import main as extcap_main
             return extcap_main(argv[1:], main)
+        if argv and argv[0] == "features":
+            from .features import main as features_main
+            return features_main(argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -397,6 +401,11 @@ def _start(session, args, fmt: str | None, user, rotation=None):
     """Load, open the output, attach, and (-Z) become USER; returns the output."""
     from .session import CaptureError
     session.open()                            # load first: a refused program leaves no file behind
+    if not args.quiet:
+        from .features import filter_note
+        note = filter_note(session)
+        if note:
+            sys.stderr.write(f"{PROG}: {note}\n")
     out = _open_output(args, session, fmt, rotation)
     try:
         session.attach()

@@ -176,6 +176,22 @@ def _btfs():
             continue
 
 
+def _module_hint(name: str) -> str:
+    """Where a function missing from BTF lives in a module that has no BTF (kernels before 5.11 have none)."""
+    try:
+        with open("/proc/kallsyms") as f:
+            for line in f:
+                if line.endswith("]\n") and line.split(None, 3)[2:3] == [name]:
+                    mod = line.rsplit("[", 1)[1].rstrip("]\n")
+                    if mod not in BTF.module_names():
+                        return (f"; it is in module {mod}, which has no BTF on this kernel (module BTF: Linux 5.11+, "
+                                f"CONFIG_DEBUG_INFO_BTF_MODULES)")
+                    return ""
+    except OSError:
+        pass
+    return ""
+
+
 def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
     skbs = [i for i, p in enumerate(params) if is_skb_ptr(p.type)]
     if not skbs:
@@ -202,7 +218,7 @@ def resolve(spec: str, default_func_kind: str = "fentry") -> Point:
         if kind in FUNC_KINDS:
             found = _find_func(name)
             if found is None:
-                hint = f"; a tracepoint has that name: tp_btf/{name}" if _find_tracepoint(name) else ""
+                hint = f"; a tracepoint has that name: tp_btf/{name}" if _find_tracepoint(name) else _module_hint(name)
                 raise PointError(f"{spec}: no kernel function {name!r} in BTF{hint}")
             btf, func = found
             proto = func.proto
