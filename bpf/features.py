@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from typing import Callable
 
 from . import asm
@@ -57,6 +58,13 @@ def kprobe_program() -> NotSupported | None:
             raise NotSupported("kprobe", "this kernel has no kprobes (CONFIG_KPROBES is off)")
         load(ProgType.KPROBE, _ret0(), name="probe", what="probe kprobe").close()
     return probe("kprobe", fn)
+
+
+def map_type(kind: MapType, key: int = 4, value: int = 4, entries: int = 1) -> NotSupported | None:
+    """Can this kernel make a map of this type? (A ring buffer: one page, no key or value size.)"""
+    size = os.sysconf("SC_PAGE_SIZE") if kind == MapType.RINGBUF else entries
+    k, v = (0, 0) if kind == MapType.RINGBUF else (key, value)
+    return probe(f"{kind.name.lower()} maps", lambda: Map(kind, k, v, size, name="probe").close())
 
 
 def bpf_syscall() -> NotSupported | None:

@@ -22,7 +22,7 @@ ROWS = [
     ("pidcomm", "pid/tid and comm per packet", "4.2: helpers; 5.11: bpf_get_current_task_btf (faster)"),
     ("filter_frags", "filter reads page frags", "6.12: bpf_dynptr_from_skb kfunc for tracing programs"),
     ("file_rings", "program writes pcap records itself (file rings)", "the same kfunc, mmapable arrays (5.5)"),
-    ("ringbuf", "BPF ring buffer maps (bpf.ringbuf)", "5.8"),
+    ("ringbuf", "BPF ring buffer maps", "5.8"),
 ]
 FIRST = {"filter_frags": "6.12", "file_rings": "6.12"}   # (commit ffc83860d8c0, Sept. 2024)
 
