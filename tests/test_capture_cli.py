@@ -387,7 +387,8 @@ def test_nothing_left_attached(sink, how):
         args = args + ["--", "cat"]      # runs until its stdin (ours) ends
     if how == "closed pipe":
         r, w = os.pipe()
-        reader = subprocess.Popen(["head", "-c", "1"], stdin=r, stdout=subprocess.DEVNULL)
+        # (more than the stream's header blocks: the reader leaves once packets flow, after fcap's ids were read)
+        reader = subprocess.Popen(["head", "-c", "4096"], stdin=r, stdout=subprocess.DEVNULL)
         os.close(r)
         out = w
     else:
