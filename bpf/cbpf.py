@@ -78,7 +78,7 @@ def _lm(i: int) -> int:
     return 4 << i
 
 
-def validate(insns: Sequence[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+def validate(insns: Sequence[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:  # noqa: C901 - one check per cBPF instruction class
     """Check a cBPF program (opcodes, jump targets, M[] indexes, constant divisors, final RET) and return it
     normalized: ints, k as u32. Raises CBPFError."""
     prog: list[tuple[int, int, int, int]] = []
@@ -236,7 +236,7 @@ class _Plan:
             for s in self.succ[i]:
                 have[s] = have[i] if have[s] < 0 else min(have[s], have[i])
 
-    def _raw_loads(self) -> None:
+    def _raw_loads(self) -> None:  # noqa: C901 - a data-flow pass over every instruction class
         """Halfword/word loads whose value only meets JEQ/JSET against constants are left in memory (big-endian)
         order and the constants swapped instead: one byte swap less per load. raw[i] = size for such loads;
         swapped[j] = size for the jumps that compare them."""
@@ -361,7 +361,7 @@ class _Emitter:
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
         return _peephole(self.out, self.done)
 
-    def insn(self, i: int, nxt: int | None) -> None:
+    def insn(self, i: int, nxt: int | None) -> None:  # noqa: C901 - the dispatch: one branch per cBPF instruction class
         code, jt, jf, k = self.prog[i]
         cls, mode = code & 7, code & 0xE0
         if self.plan.always_rejects(i):

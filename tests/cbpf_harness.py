@@ -37,7 +37,7 @@ BASE = 14           # the harness skb starts with 14 filler bytes (test_run need
 M32 = 0xFFFFFFFF
 
 
-def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:
+def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:  # noqa: C901 - the reference interpreter: one branch per instruction class, as the kernel's
     """libpcap's bpf_filter semantics: u32 arithmetic, a load past the captured bytes returns 0, so does
     division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0."""
     buflen = len(pkt)
