@@ -239,6 +239,32 @@ class UDPSink:
         self.close()
 
 
+class Stream:
+    """Keeps UDP datagrams flowing to a port (for the tests that need traffic while something happens)."""
+
+    def __init__(self, port: int, size: int = 200, gap: float = 0.002, payload: bytes = b""):
+        import threading
+        self.port, self.gap = port, gap
+        self.payload = payload or b"s" * size
+        self._stop = threading.Event()
+        self.sent = 0
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not self._stop.is_set():
+                s.sendto(self.payload, ("127.0.0.1", self.port))
+                self.sent += 1
+                self._stop.wait(self.gap)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=5)
+
+    stop = close
+
+
 def tcp_bulk(addr: str, nbytes: int, seed: int = 1, timeout: float = 20) -> tuple[int, int]:
     """A local server thread reads everything a client sends (nbytes of seeded data) and checks it.
     Returns (server port, client port)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from netns import (
     LINKTYPE_EN10MB,
     LINKTYPE_RAW,
     SLOW,
+    Stream,
     UDPSink,
     bpf_ids_of,
     ipv6_loopback,
@@ -37,29 +37,6 @@ from test_capture import SETTLE, _no_error_text, _sender, _sent, _summary, by_ti
 def _tagged(n: int, tag: bytes) -> list[bytes]:
     """n datagram payloads: the tag, a sequence number, and some filler (sizes vary)."""
     return [tag + struct.pack(">I", i) + bytes(range(256)) * (i % 5) for i in range(n)]
-
-
-class Stream:
-    """Keeps UDP datagrams flowing to a port (for the tests that need traffic while something happens)."""
-
-    def __init__(self, port: int, size: int = 200, gap: float = 0.002):
-        import threading
-        self.port, self.size, self.gap = port, size, gap
-        self._stop = threading.Event()
-        self.sent = 0
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            while not self._stop.is_set():
-                s.sendto(b"s" * self.size, ("127.0.0.1", self.port))
-                self.sent += 1
-                self._stop.wait(self.gap)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=5)
 
 
 def assert_first_n(got: list[bytes], sent: list[bytes], n: int) -> None:

@@ -8,13 +8,12 @@ import os
 import re
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 from conftest import need_root, need_tool
 
-from netns import SLOW, run_fcap, subprocess_env
+from netns import SLOW, Stream, run_fcap, subprocess_env
 
 
 def _extcap(*args: str) -> subprocess.CompletedProcess:
@@ -34,24 +33,6 @@ def home(tmp_path, tshark):
 
 def _tshark(tshark: str, env: dict, *args: str, timeout: float = 120 * SLOW) -> subprocess.CompletedProcess:
     return subprocess.run([tshark, *args], capture_output=True, text=True, env=env, timeout=timeout)
-
-
-class Traffic:
-    """UDP datagrams to a port on 127.0.0.1 every 0.2 s until stopped (tshark starts the capture when it will)."""
-
-    def __init__(self, port: int):
-        self.port, self.stopped = port, threading.Event()
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            while not self.stopped.wait(0.2):
-                s.sendto(b"extcap", ("127.0.0.1", self.port))
-
-    def stop(self):
-        self.stopped.set()
-        self.t.join()
 
 
 # ---- the protocol ------------------------------------------------------------------------------------------
@@ -112,7 +93,7 @@ def _port() -> int:
 def test_tshark_captures_from_a_point(home, tshark, tmp_path):
     need_root()
     port, out = _port(), tmp_path / "x.pcapng"
-    traffic = Traffic(port)
+    traffic = Stream(port, gap=0.2, payload=b"extcap")
     try:
         r = _tshark(tshark, home, "-i", "fcap-net_dev_queue", "-f", f"udp and dst port {port}", "-c", "3",
                     "-w", str(out))
@@ -131,7 +112,7 @@ def test_tshark_captures_from_a_point(home, tshark, tmp_path):
 def test_tshark_any_point_configured(home, tshark, tmp_path):
     need_root()
     port, out = _port(), tmp_path / "any.pcapng"
-    traffic = Traffic(port)
+    traffic = Stream(port, gap=0.2, payload=b"extcap")
     try:
         r = _tshark(tshark, home, "-i", "fcap-any", "-o", "extcap.fcap_any.point:tp_btf/netif_receive_skb",
                     "-o", "extcap.fcap_any.dump:skb->dev->name", "-o", "extcap.fcap_any.where:skb->len > 10",

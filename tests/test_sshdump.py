@@ -15,7 +15,7 @@ import threading
 import pytest
 from conftest import need_root, need_tool
 
-from netns import ROOT, SLOW, sh
+from netns import ROOT, SLOW, Stream, sh
 
 SSHDUMP = "/usr/lib/x86_64-linux-gnu/wireshark/extcap/sshdump"
 
@@ -72,22 +72,6 @@ def remote(veth_ns, tmp_path):
         r.stop()
 
 
-class Traffic:
-    def __init__(self, port: int):
-        self.port, self.stopped = port, threading.Event()
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            while not self.stopped.wait(0.2):
-                s.sendto(b"remote", ("127.0.0.1", self.port))
-
-    def stop(self):
-        self.stopped.set()
-        self.t.join()
-
-
 def _port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -114,7 +98,7 @@ def test_sshdump_runs_fcap_on_the_remote_host(remote, tshark, tmp_path):
         pytest.skip(f"{SSHDUMP} is not installed (Wireshark's sshdump)")
     port, out = _port(), tmp_path / "remote.pcapng"
     command = fcap_command(f"-i tp_btf/net_dev_queue -w - -U -q 'udp and dst port {port}'")
-    traffic = Traffic(port)
+    traffic = Stream(port, gap=0.2, payload=b"remote")
     try:
         r = subprocess.run([tshark, *_sshdump_args(remote, command), "-c", "3", "-w", str(out)],
                            capture_output=True, text=True, timeout=120 * SLOW)
@@ -151,7 +135,7 @@ def test_ssh_pipe_into_tshark(remote, tshark, tmp_path):
     need_root()
     port = _port()
     command = fcap_command(f"-i tp_btf/net_dev_queue -c 2 -w - -q 'udp and dst port {port}'")
-    traffic = Traffic(port)
+    traffic = Stream(port, gap=0.2, payload=b"remote")
     try:
         ssh = subprocess.Popen(remote.ssh_argv(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         t = subprocess.run([tshark, "-r", "-", "-T", "fields", "-e", "udp.dstport", "-e", "frame.interface_name"],
@@ -171,7 +155,7 @@ def test_two_streams_merged_one_idb_each(remote, tshark, tmp_path):
     port = _port()
     files = [tmp_path / "tx.pcapng", tmp_path / "rx.pcapng"]
     procs = []
-    traffic = Traffic(port)
+    traffic = Stream(port, gap=0.2, payload=b"remote")
     try:
         for point, f in zip(("tp_btf/net_dev_queue", "tp_btf/netif_receive_skb"), files):
             cmd = fcap_command(f"-i {point} -c 3 -w - -q 'udp and dst port {port}'")
