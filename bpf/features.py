@@ -122,30 +122,31 @@ def in_user_namespace() -> bool:
 
 # ---- helpers: may a program of a given type (at a given attach point) call this helper? -------------------
 
-# The first mainline kernel with each helper: only to name it in a refusal (the probe decides, never this table).
+# The first mainline kernel with each helper (by bpf.uapi.Helper name): only to name it in a refusal (the probe
+# decides, never this table).
 HELPER_SINCE = {
-    Helper.map_lookup_elem: "3.19", Helper.ktime_get_ns: "4.1", Helper.get_smp_processor_id: "4.1",
-    Helper.get_current_pid_tgid: "4.2", Helper.get_current_comm: "4.2", Helper.perf_event_output: "4.4",
-    Helper.get_current_task: "4.8", Helper.skb_output: "5.5", Helper.probe_read_kernel: "5.5",
-    Helper.ringbuf_output: "5.8", Helper.ringbuf_reserve: "5.8", Helper.ringbuf_submit: "5.8",
-    Helper.ktime_get_boot_ns: "5.8", Helper.get_current_task_btf: "5.11", Helper.get_attach_cookie: "5.15",
-    Helper.get_func_arg: "5.17", Helper.get_func_ret: "5.17", Helper.get_func_arg_cnt: "5.17",
-    Helper.dynptr_read: "5.19", Helper.dynptr_write: "5.19", Helper.dynptr_data: "5.19",
-    Helper.ktime_get_tai_ns: "6.1",
+    "map_lookup_elem": "3.19", "ktime_get_ns": "4.1", "get_smp_processor_id": "4.1", "get_current_pid_tgid": "4.2",
+    "get_current_comm": "4.2", "perf_event_output": "4.4", "get_current_task": "4.8", "skb_output": "5.5",
+    "probe_read_kernel": "5.5", "ringbuf_output": "5.8", "ringbuf_reserve": "5.8", "ringbuf_submit": "5.8",
+    "ktime_get_boot_ns": "5.8", "get_current_task_btf": "5.11", "get_attach_cookie": "5.15", "get_func_arg": "5.17",
+    "get_func_ret": "5.17", "get_func_arg_cnt": "5.17", "dynptr_read": "5.19", "dynptr_write": "5.19",
+    "dynptr_data": "5.19", "ktime_get_tai_ns": "6.1",
 }
 
 
-def helper(h: Helper, prog_type: ProgType = ProgType.RAW_TRACEPOINT, attach: AttachType = AttachType.NONE,
+def helper(h: int, prog_type: ProgType = ProgType.RAW_TRACEPOINT, attach: AttachType = AttachType.NONE,
            btf_id: int = 0, btf_obj_fd: int = 0, label: str = "") -> NotSupported | None:
-    """May a program of prog_type (TRACING: of attach type `attach`, against BTF type `btf_id`) call helper h?
+    """May a program of prog_type (TRACING: of attach type `attach`, against BTF type `btf_id`) call helper h (a
+    bpf.uapi.Helper)?
     A tiny program calls it with zeroed arguments. The verifier refuses an unknown or disallowed helper
     ("invalid func", "unknown func", "cannot use helper") before it looks at the arguments, so any other refusal
     means callable (as libbpf's libbpf_probe_bpf_helper decides). Cached per helper and `label` (default: the
     program kind)."""
     kind = label or (f"{attach.name.lower()} programs" if prog_type == ProgType.TRACING
                      else f"{prog_type.name.lower()} programs")
-    name = f"bpf_{h.name}"
-    since = HELPER_SINCE.get(h)
+    known = h in Helper.__members__.values()
+    name = f"bpf_{Helper(h).name}" if known else f"helper #{h}"
+    since = HELPER_SINCE.get(Helper(h).name) if known else None
 
     def fn():
         insns = [asm.movi(r, 0) for r in (asm.R1, asm.R2, asm.R3, asm.R4, asm.R5)]

@@ -84,3 +84,16 @@ def test_filter_on_linear_bytes_says_so(report, tmp_path):
     assert r.returncode == 0, r.stderr
     notes = [ln for ln in r.stderr.splitlines() if "linear" in ln]
     assert len(notes) == 1 and NAMES_WHY.search(notes[0]), r.stderr
+
+
+def test_helper_probe_tells_unknown_disallowed_and_callable_apart(root):
+    """bpf.features.helper against what this kernel does: a helper id past the last one is unknown, a helper only
+    for tracing programs is refused to raw_tp programs, a plain one is callable."""
+    from bpf import features
+    from bpf.uapi import Helper
+    unknown = features.helper(100000)
+    assert unknown is not None and "has no helper #100000" in unknown.reason, unknown
+    assert features.helper(Helper.ktime_get_ns) is None
+    refused = features.helper(Helper.get_func_ret)   # (fexit only, since 5.17; unknown before)
+    assert refused is not None and ("may not call bpf_get_func_ret" in refused.reason
+                                    or "has no bpf_get_func_ret helper (Linux 5.17+)" in refused.reason), refused
