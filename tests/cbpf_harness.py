@@ -35,22 +35,29 @@ BASE = 14           # the harness skb starts with 14 filler bytes (test_run need
 # ---- reference interpreter: libpcap's bpf_filter() -----------------------------------------------
 
 M32 = 0xFFFFFFFF
+AD_FROM = (1 << 32) - 0x1000   # SKF_AD_OFF as a u32
 
 
-def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:
+def run_cbpf(prog, pkt: bytes, wirelen: int | None = None, aux: dict | None = None,
+             bound: int | None = cbpf.LOOP_BOUND) -> int:
     """libpcap's bpf_filter semantics: u32 arithmetic, a load past the captured bytes returns 0, so does
-    division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0."""
+    division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0. Linux's on top: `ld
+    [SKF_AD_OFF + n]` loads aux[n] (SKF_AD_ALU_XOR_X: A ^= X). fcap's: the bound-th + 1 backward jump to the
+    same target returns 0 (bound None: libpcap's, no bound)."""
     buflen = len(pkt)
     wirelen = buflen if wirelen is None else wirelen
     a = x = 0
     mem = [0] * 16
     pc = 0
+    back: dict[int, int] = {}
     while True:
         code, jt, jf, k = prog[pc]
         k &= M32
         pc += 1
         cls, size, mode = code & 7, code & 0x18, code & 0xE0
-        if cls in (0, 1) and mode in (0x20, 0x40, 0xA0):   # packet loads
+        if cls == 0 and mode == 0x20 and k >= AD_FROM:     # Linux ancillary field, whatever the size
+            a = a ^ x if k - AD_FROM == 40 else aux[k - AD_FROM] & M32
+        elif cls in (0, 1) and mode in (0x20, 0x40, 0xA0):   # packet loads
             n = {0x00: 4, 0x08: 2, 0x10: 1}[size]
             off = k + (x if mode == 0x40 else 0)
             if off + n > buflen:
@@ -99,7 +106,11 @@ def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:
         elif cls == 5:
             op = code & 0xF0
             if op == 0x00:
-                pc += k
+                if k >= 1 << 31 and bound is not None:
+                    back[pc + k - (1 << 32)] = n = back.get(pc + k - (1 << 32), 0) + 1
+                    if n > bound:
+                        return 0
+                pc = (pc + k) & M32
                 continue
             v = x if code & 8 else k
             cond = {0x10: a == v, 0x20: a > v, 0x30: a >= v, 0x40: bool(a & v)}[op]
@@ -128,6 +139,22 @@ def skb_slow_load(base: int, slot: int):
     return emit
 
 
+# __sk_buff offsets (and whether the value is big-endian) of the fields Linux's ancillary loads read
+SKB_AD = {0: (16, True), 4: (4, False), 8: (40, False), 12: (8, False), 16: (12, False), 32: (68, False),
+          44: (24, False), 48: (20, False), 60: (28, True)}
+
+
+def skb_ancillary(field: int, dst: int, reject: str) -> list:
+    """A PacketModel.ancillary for SCHED_CLS (ctx in R6): fields from __sk_buff, cpu and random from helpers."""
+    if field in (36, 56):
+        return [asm.call(Helper.get_smp_processor_id if field == 36 else Helper.get_prandom_u32)] + (
+            [asm.mov32(dst, R0)] if dst != R0 else [])
+    if field not in SKB_AD:
+        raise cbpf.CBPFError(f"{cbpf.ANCILLARY[field]}: __sk_buff has no such field")
+    off, swap = SKB_AD[field]
+    return [asm.ldx(W, dst, R6, off)] + ([asm.be(dst, 16)] if swap else [])
+
+
 @dataclass
 class Harness:
     """One SCHED_CLS program running several translated cBPF programs on the bytes after the first BASE of the
@@ -137,6 +164,7 @@ class Harness:
     progs: list
     capacity: int = 4096
     slow: bool = False
+    ancillary: bool = False
     prog: object = None
     pktmap: ArrayMap = None
     resmap: ArrayMap = None
@@ -158,12 +186,13 @@ class Harness:
                  asm.call(Helper.skb_load_bytes),
                  asm.jmp(asm.JEQ, R0, 0, "h_copied"), asm.movi(R0, 0xDEAD), asm.exit_(),
                  asm.label("h_copied")]
+        anc = skb_ancillary if self.ancillary else None
         if self.slow:
-            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8))
+            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8), anc)
         else:
             items += [asm.mov(buflen, wirelen), asm.jmp(asm.JLE, buflen, cap, "h_buflen"), asm.movi(buflen, cap),
                       asm.label("h_buflen")]
-            model = cbpf.PacketModel(buf, buflen, wirelen, cap)
+            model = cbpf.PacketModel(buf, buflen, wirelen, cap, ancillary=anc)
         for i, p in enumerate(self.progs):
             body = cbpf.translate(p, model, result=R0, done=f"f{i}_done", prefix=f"f{i}", stack_off=-80)
             self.per_filter.append(sum(1 for it in body if isinstance(it, asm.Insn)) + sum(
@@ -175,9 +204,10 @@ class Harness:
         self.prog = load(ProgType.SCHED_CLS, items, name="cbpf_test")
         self.ebpf_insns = len(self.prog.insns)
 
-    def run(self, pkt: bytes) -> tuple[int, list[int]]:
-        """(retval, results of every filter) for one packet."""
-        retval, _, _ = self.prog.test_run(bytes(BASE) + pkt)
+    def run(self, pkt: bytes, head: bytes = bytes(BASE), ctx: bytes | None = None) -> tuple[int, list[int]]:
+        """(retval, results of every filter) for one packet, after the BASE bytes `head` (the Ethernet header
+        the kernel's test run parses: it sets the skb's protocol and pkt_type) with __sk_buff `ctx`."""
+        retval, _, _ = self.prog.test_run(head + pkt, ctx)
         raw = self.resmap.lookup(0)
         return retval, list(struct.unpack(f"<{len(self.progs)}I", raw[: 4 * len(self.progs)]))
 
