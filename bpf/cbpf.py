@@ -158,7 +158,6 @@ class _Emitter:
         self.plan = Plan(prog, BIG if model.slow_load else model.capacity)
         self.prog = prog
         self.out: list[asm.Item] = []
-        self.reject_used = False
         free = [i for i in range(MEMWORDS) if not self.plan.mem_used >> i & 1]
         self.spill = stack_off + 4 * free[0] if free else stack_off - 8
         self.counter = {h: stack_off - 16 - 8 * j for j, h in enumerate(self.plan.loops)}
@@ -172,7 +171,6 @@ class _Emitter:
 
     @property
     def reject(self) -> str:
-        self.reject_used = True
         return f"{self.prefix}_reject"
 
     def emit(self, *items: asm.Item) -> None:
@@ -201,7 +199,7 @@ class _Emitter:
             if i in plan.guard:
                 self.emit(asm.jmp(asm.JLT, self.m.buflen, plan.guard[i], self.reject))
             self.insn(i, nxt)
-        if self.reject_used:
+        if any(isinstance(it, asm.Insn) and it.target == self.reject for it in self.out):
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
         return _peephole(self.out, self.done)
 

@@ -438,7 +438,7 @@ class Builder:
         # is the whole packet, but only [0, hdr + min(len - skip, cap)) was copied: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
-                                 slow_load=self._slow_load if slow else None)
+                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK_CBPF))
         self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK_SKB), jmp(JEQ, R0, 0, "out"))
 
@@ -452,6 +452,11 @@ class Builder:
                 mov(R1, FP), addi(R1, STACK_SLOW), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK_DYNPTR),
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
                 ldx({1: B, 2: H, 4: W}[nbytes], dst, FP, STACK_SLOW)]
+
+    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+        """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK_SKB."""
+        from . import ancillary
+        return ancillary.load(self.p, field, dst, reject, STACK_SKB, STACK_TMP)
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from bpf import asm, cbpf
 from bpf.asm import FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, W
+from bpf.errors import VerifierError
 from bpf.maps import ArrayMap
 from bpf.prog import load
 from bpf.uapi import Helper, ProgType
@@ -39,11 +41,12 @@ AD_FROM = (1 << 32) - 0x1000   # SKF_AD_OFF as a u32
 
 
 def run_cbpf(prog, pkt: bytes, wirelen: int | None = None, aux: dict | None = None,
-             bound: int | None = cbpf.LOOP_BOUND) -> int:
+             bound: int | None = cbpf.LOOP_BOUND, stats: dict | None = None) -> int:
     """libpcap's bpf_filter semantics: u32 arithmetic, a load past the captured bytes returns 0, so does
     division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0. Linux's on top: `ld
     [SKF_AD_OFF + n]` loads aux[n] (SKF_AD_ALU_XOR_X: A ^= X). fcap's: the bound-th + 1 backward jump to the
-    same target returns 0 (bound None: libpcap's, no bound)."""
+    same target returns 0 (bound None: libpcap's, no bound); stats["back"]: the most jumps back to one target,
+    stats["cycle"]: the program came back to a state it had been in at a jump back (it returns 0 then)."""
     buflen = len(pkt)
     wirelen = buflen if wirelen is None else wirelen
     a = x = 0
@@ -106,9 +109,16 @@ def run_cbpf(prog, pkt: bytes, wirelen: int | None = None, aux: dict | None = No
         elif cls == 5:
             op = code & 0xF0
             if op == 0x00:
-                if k >= 1 << 31 and bound is not None:
+                if k >= 1 << 31:
                     back[pc + k - (1 << 32)] = n = back.get(pc + k - (1 << 32), 0) + 1
-                    if n > bound:
+                    if stats is not None:
+                        stats["back"] = max(stats.get("back", 0), n)
+                        state = (pc, a, x, tuple(mem))
+                        if state in stats.setdefault("states", set()):
+                            stats["cycle"] = True   # the same state again: it would loop for ever
+                            return 0
+                        stats["states"].add(state)
+                    if bound is not None and n > bound:
                         return 0
                 pc = (pc + k) & M32
                 continue
@@ -215,6 +225,50 @@ class Harness:
         self.prog.close()
         self.pktmap.close()
         self.resmap.close()
+
+
+def groups(progs: list[tuple], max_insns: int = 3000, max_progs: int = 64):
+    """Programs in batches for one harness each."""
+    group, size = [], 0
+    for p in progs:
+        if group and (size + len(p) > max_insns or len(group) >= max_progs):
+            yield group
+            group, size = [], 0
+        group.append(p)
+        size += len(p)
+    if group:
+        yield group
+
+
+def fitting(groups, **kw):
+    """(group, Harness) for each group; a group whose batch program is too big for this kernel's verifier
+    (E2BIG: older verifiers prune fewer states, 6.1 gives up at a million processed instructions) is split."""
+    for group in groups:
+        todo = [list(group)]
+        while todo:
+            g = todo.pop(0)
+            try:
+                h = Harness(g, **kw)
+            except VerifierError as e:
+                if e.errno != errno.E2BIG or len(g) == 1:
+                    raise
+                todo[:0] = [g[: len(g) // 2], g[len(g) // 2:]]
+                continue
+            yield g, h
+
+
+def kernel_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root: BPF_PROG_LOAD of SCHED_CLS programs needs CAP_BPF + CAP_NET_ADMIN"
+    try:
+        p = load(ProgType.SCHED_CLS, [asm.movi(R0, 7), asm.exit_()], name="probe")
+        r = p.test_run(bytes(14))[0]
+        p.close()
+        if r != 7:
+            return f"BPF_PROG_TEST_RUN returned {r}, not 7"
+    except OSError as e:
+        return f"cannot load or test-run a SCHED_CLS program: {e} ({errno.errorcode.get(e.errno, e.errno)})"
+    return None
 
 
 # ---- filters -------------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import os
 import random
 import time
 
@@ -14,7 +12,6 @@ from hypothesis import strategies as st
 from bpf import asm, cbpf
 from bpf.asm import R0, R6, R7, R8, R9
 from bpf.cbpf import CBPFError, PacketModel, translate
-from bpf.errors import VerifierError
 
 import cbpf_harness as H
 
@@ -197,23 +194,7 @@ def test_slow_load_keeps_x_across_the_call():
 
 # ---- kernel --------------------------------------------------------------------------------------
 
-def _kernel_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "not root: BPF_PROG_LOAD of SCHED_CLS programs needs CAP_BPF + CAP_NET_ADMIN"
-    try:
-        from bpf.prog import load
-        from bpf.uapi import ProgType
-        p = load(ProgType.SCHED_CLS, [asm.movi(R0, 7), asm.exit_()], name="probe")
-        r = p.test_run(bytes(14))[0]
-        p.close()
-        if r != 7:
-            return f"BPF_PROG_TEST_RUN returned {r}, not 7"
-    except OSError as e:
-        return f"cannot load or test-run a SCHED_CLS program: {e} ({errno.errorcode.get(e.errno, e.errno)})"
-    return None
-
-
-KERNEL = _kernel_reason()
+KERNEL = H.kernel_reason()
 kernel = pytest.mark.skipif(KERNEL is not None, reason=f"kernel tests: {KERNEL}")
 
 
@@ -274,35 +255,6 @@ def corpus():
     return Corpus()
 
 
-def _groups(progs: list[tuple], max_insns: int = 3000, max_progs: int = 64):
-    group, size = [], 0
-    for p in progs:
-        if group and (size + len(p) > max_insns or len(group) >= max_progs):
-            yield group
-            group, size = [], 0
-        group.append(p)
-        size += len(p)
-    if group:
-        yield group
-
-
-def _fitting(groups, **kw):
-    """(group, Harness) for each group; a group whose batch program is too big for this kernel's verifier
-    (E2BIG: older verifiers prune fewer states, 6.1 gives up at a million processed instructions) is split."""
-    for group in groups:
-        todo = [list(group)]
-        while todo:
-            g = todo.pop(0)
-            try:
-                h = H.Harness(g, **kw)
-            except VerifierError as e:
-                if e.errno != errno.E2BIG or len(g) == 1:
-                    raise
-                todo[:0] = [g[: len(g) // 2], g[len(g) // 2:]]
-                continue
-            yield g, h
-
-
 def _differential(corpus: Corpus, capacity: int, slow: bool, stride: int = 1) -> dict:
     """Every distinct compiled program × every (stride-th) packet of its linktype: the kernel's result (each
     translated program inside a batch harness) must equal libpcap's BPFProgram.filter, value for value."""
@@ -315,7 +267,7 @@ def _differential(corpus: Corpus, capacity: int, slow: bool, stride: int = 1) ->
     for lt, progs in sorted(by_lt.items()):
         pkts = corpus.packets[lt][::stride]
         stats["linktypes"][lt] = (len(progs), len(pkts))
-        for group, h in _fitting(_groups(list(progs)), capacity=capacity, slow=slow):
+        for group, h in H.fitting(H.groups(list(progs)), capacity=capacity, slow=slow):
             try:
                 stats["programs"] += len(group)
                 stats["cbpf"] += sum(len(p) for p in group)
@@ -471,7 +423,7 @@ def test_random_programs_match_reference(capacity, slow):
     progs += [tuple(_filter_like_program(rng, rng.choice(pkts))) for _ in range(200)]
     pairs = 0
     failures = []
-    for group, h in _fitting(_groups(progs, max_progs=50), capacity=capacity, slow=slow):
+    for group, h in H.fitting(H.groups(progs, max_progs=50), capacity=capacity, slow=slow):
         try:
             for pkt in pkts:
                 _, got = h.run(pkt)
