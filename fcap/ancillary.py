@@ -1,15 +1,19 @@
-"""Linux's ancillary fields (cBPF's `ld [SKF_AD_OFF + n]`: inbound/outbound, ifindex, mark, ...) served to a
-translated filter from the skb at a capture point, as Linux's socket filters see them."""
+"""What the skb holds beside its bytes, as packet sockets give it: Linux's ancillary fields (cBPF's `ld [SKF_AD_OFF
++ n]`: inbound/outbound, ifindex, mark, ...) for a translated filter, and an offloaded VLAN tag put back into the
+bytes of EN10MB captures."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from bpf.asm import (NEG, B, DW, FP, JEQ, R0, R1, R2, R3, H, W, addi, alu64, andi, be, call, jmp, ldx, mov, mov32,
-                     movi, rshi, st)
+from bpf import asm
+from bpf.asm import (ADD, JEQ, JGT, JNE, NEG, R0, R1, R2, R3, R6, R7, R8, R9, B, DW, FP, H, W, addi, alu64, andi, be,
+                     call, jmp, label, ldx, mov, mov32, movi, rshi, st, stx)
 from bpf.btf import BTF
 from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
+
+from . import program as cp
 
 PACKET_OUTGOING = 4
 NBYTES = {B: 1, H: 2, W: 4, DW: 8}
@@ -94,3 +98,38 @@ def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int)
             return items + read(B, byte) + ([rshi(dst, bit)] if bit else []) + [andi(dst, 1)]
         raise CBPFError(f"Linux ancillary field {name}: this kernel's sk_buff has neither vlan_all nor vlan_present")
     raise CBPFError(f"Linux ancillary field {name}: not served")   # pragma: no cover - ANCILLARY is covered
+
+
+def vlan_tag(b) -> None:
+    """An 802.1Q tag the kernel holds in the skb (vlan_tci: offloaded) rather than in the bytes goes back in
+    after the MAC addresses, as libpcap puts it back from AF_PACKET's auxdata: files and filters see what
+    tcpdump shows. The MAC header is then either in the header bytes (receive: 4 bytes more of them) or the
+    skb's first bytes (transmit: their first 12 become header bytes, and the skb's bytes start 12 later).
+    Leaves R8 = hdr_total."""
+    off, f = offsets(b.p.btf if b.p.btf.base is None else b.p.btf.base), b.f
+    if off.vlan_all is None and off.vlan_present is None:
+        return
+    b.emit(ldx(B, R0, R7, cp.OFF_FLAGS), jmp(asm.JSET, R0, cp.FLAG_MAC_SYNTH, "vlan_done"))
+    if off.vlan_all is not None:   # 6.2+: vlan_all != 0; before: a one-bit vlan_present
+        b.read(W, R8, R6, off.vlan_all)
+    else:
+        b.read(B, R8, R6, off.vlan_present[0])
+        b.emit(rshi(R8, off.vlan_present[1]), andi(R8, 1))
+    b.read(H, R9, R6, f.mac)
+    b.emit(jmp(JEQ, R8, 0, "vlan_done"), ldx(H, R0, R7, cp.OFF_SKIP), jmp(JNE, R0, 0, "vlan_done"),
+           ldx(H, R8, R7, cp.OFF_HDR), jmp(JEQ, R8, 0, "vlan_tx"), jmp(asm.JLT, R8, 14, "vlan_done"),
+           jmp(JGT, R8, cp.PREFIX_MAX, "vlan_done"),
+           # receive: [mac + 12, data) again, 4 bytes further on
+           mov(R2, R8), addi(R2, -12), mov(R1, R7), addi(R1, cp.PKT + 16), ldx(DW, R3, FP, cp.STACK_HEAD),
+           alu64(ADD, R3, R9, reg=True), addi(R3, 12), call(Helper.probe_read_kernel),
+           jmp(JNE, R0, 0, "vlan_done"), addi(R8, 4), stx(H, R7, cp.OFF_HDR, R8), asm.ja("vlan_put"),
+           # transmit: the MAC header starts the skb's data
+           label("vlan_tx"), ldx(DW, R3, FP, cp.STACK_DATAOFF), jmp(JNE, R3, R9, "vlan_done", reg=True),
+           mov(R1, R7), addi(R1, cp.PKT), movi(R2, 12), ldx(DW, R0, FP, cp.STACK_HEAD), alu64(ADD, R3, R0, reg=True),
+           call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "vlan_done"),
+           st(H, R7, cp.OFF_SKIP, 12), st(H, R7, cp.OFF_HDR, 16), label("vlan_put"))
+    b.read(H, R8, R6, off.skb["vlan_proto"])   # (network order, as it is)
+    b.emit(stx(H, R7, cp.PKT + 12, R8))
+    b.read(H, R8, R6, off.skb["vlan_tci"])
+    b.emit(be(R8, 16), stx(H, R7, cp.PKT + 14, R8), label("vlan_done"), ldx(H, R8, R7, cp.OFF_HDR))
+

@@ -356,6 +356,9 @@ class Builder:
         if o.start != START_MAC:  # (the MAC start has its own fallback above)
             self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), stx(H, R7, OFF_HDR, R8))
         self.emit(label("hdr_done"))
+        if o.start == START_MAC:
+            from .ancillary import vlan_tag
+            vlan_tag(self)
 
     def copy_prefix(self, synth: int, tag: str) -> None:
         """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
