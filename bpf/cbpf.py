@@ -17,7 +17,8 @@ __all__ = ["ANCILLARY", "LOOP_BOUND", "MEMWORDS", "CBPFError", "PacketModel", "d
 # A backward jump (a loop: libpcap's protochain walks the IPv6 extension headers and IPv4 AH headers with one) is
 # taken at most LOOP_BOUND times per run to each of its targets; the next one makes the program return 0 (no
 # match). protochain takes one per extension header, so it follows chains of up to 16 headers (real ones have
-# at most 8: RFC 8200's order lists 6 kinds, destination options twice). The verifier walks every iteration.
+# at most 8: RFC 8200's order lists 6 kinds, destination options twice). The verifier walks every iteration, of
+# each loop (libpcap's run one after another); a loop inside a loop multiplies them (LOOP_BOUND^depth walks).
 LOOP_BOUND = 16
 
 
@@ -294,13 +295,16 @@ class _Emitter:
             self.emit(asm.jmp32(op, _A, val, self.lbl(t), reg=reg), asm.ja(self.lbl(f)))
 
     def widen(self, live: int) -> None:
-        """`w /= 1` on A, X (when live) and buflen: no change to a u32, but the verifier forgets what it knew of
+        """`w /= 1` on A, X, M[] (when live) and buflen: no change to a u32, but the verifier forgets what it knew of
         them (it tracks no ranges through a division), so the states at a loop head that differ only there are
         pruned; without it each iteration's offsets make new states, and verifying takes a million
         instructions for a few protochains."""
         regs = [reg for reg, bit in ((_A, LA), (_X, LX)) if live & bit] + [self.m.buflen]
         for reg in regs:   # (then `w = w`: a u32 again, for the verifier too)
             self.emit(asm.alu32(asm.DIV, reg, 1), asm.mov32(reg, reg))
+        for j in range(MEMWORDS):   # and the scratch words read before they are written again
+            if live & lm(j):
+                self.emit(asm.ldx(W, _T, FP, self.mem(j)), asm.alu32(asm.DIV, _T, 1), asm.stx(W, FP, self.mem(j), _T))
 
     # ---- packet loads ----
 

@@ -104,10 +104,10 @@ def test_random_tuples_raise_only_cbpf_error(prog, slow):
         items = translate(prog, model)
     except CBPFError:
         return
-    asm.resolve(items + [asm.label("cbpf_done")])  # every jump lands on a label, forward only
+    # every jump lands on a label; only an unconditional jump goes back (a loop's, after its counter's check)
     for ins in asm.resolve(items + [asm.label("cbpf_done")]):
         if ins.op & 7 in (asm.JMP, asm.JMP32) and ins.op & 0xF0 not in (asm.CALL, asm.EXIT):
-            assert ins.off >= 0
+            assert ins.off >= 0 or ins.op == asm.JMP | asm.JA
 
 
 # ---- shape ---------------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_one_program_per_expression_returns_the_verdict(corpus):
 
 # random valid cBPF programs: every opcode, checked against the reference interpreter
 
-def _random_program(rng: random.Random) -> list[tuple[int, int, int, int]]:
+def _random_program(rng: random.Random, loops: bool = False) -> list[tuple[int, int, int, int]]:
     n = rng.randrange(2, 30)
     ks = [0, 1, 2, 3, 4, 12, 13, 14, 20, 23, 31, 60, 63, 64, 95, 96, 97, 200, 255, 0x7FFFFFFF, 0x80000000,
           0xFFFFFFFF, 0xFFFF, 0x4545, 0x45454545, 0x0101, 0x01010101, 0x10000, 0x00FF, 0xFF00, 0x45,
@@ -379,6 +379,9 @@ def _random_program(rng: random.Random) -> list[tuple[int, int, int, int]]:
             code = rng.choice([0x15, 0x1D, 0x25, 0x2D, 0x35, 0x3D, 0x45, 0x4D])
             prog.append((code, rng.randrange(min(left, 255) + 1), rng.randrange(min(left, 255) + 1), k))
             continue
+        elif loops and i and rng.random() < 0.5:   # a jump back to one of the instructions so far (one loop:
+            code, k = 0x05, (rng.randrange(i + 1) - (i + 1)) & 0xFFFFFFFF   # nested ones cost the verifier
+            loops = False                                                  # LOOP_BOUND^depth walks)
         else:
             code, k = (0x05, rng.randrange(left + 1)) if rng.random() < 0.5 else (rng.choice([0x06, 0x16]), k)
         prog.append((code, 0, 0, k))
@@ -437,6 +440,37 @@ def test_random_programs_match_reference(capacity, slow):
             h.close()
     assert not failures, "\n".join(failures)
     print(f"\nrandom programs (capacity {capacity}, slow_load {slow}): {pairs} pairs agree")
+
+
+@kernel
+@pytest.mark.parametrize("capacity, slow", [(4096, False), (96, True)])
+def test_random_programs_with_loops_match_reference(capacity, slow):
+    """Random valid programs with jumps back (loops, nested, endless) against the reference interpreter with
+    fcap's bound: the (LOOP_BOUND + 1)-th jump back to one instruction returns 0."""
+    rng = random.Random(H.SEED + 7 + capacity)
+    progs = [p for p in (tuple(_random_program(rng, loops=True)) for _ in range(400))
+             if any(c == 0x05 and k >= 1 << 31 for c, _, _, k in p)][:150]
+    pkts = [bytes(rng.randrange(256) for _ in range(rng.choice([0, 14, 60, 97, 150, 300]))) for _ in range(40)]
+    pairs, loops_run = 0, 0
+    failures = []
+    for group, h in H.fitting(H.groups(progs, max_progs=20), capacity=capacity, slow=slow):
+        try:
+            for pkt in pkts:
+                _, got = h.run(pkt)
+                seen = pkt if slow else pkt[:capacity]
+                for p, g in zip(group, got):
+                    walk: dict = {}
+                    w = H.run_cbpf(p, seen, len(pkt), stats=walk)
+                    pairs += 1
+                    loops_run += walk.get("back", 0) > 0
+                    if g != w and len(failures) < 10:
+                        failures.append(f"kernel {g} reference {w}\n  program {list(p)}\n  packet {pkt.hex()}")
+        finally:
+            h.close()
+    assert not failures, "\n".join(failures)
+    assert len(progs) >= 100 and loops_run > pairs // 10
+    print(f"\nrandom programs with loops (capacity {capacity}, slow_load {slow}): {len(progs)} programs, {pairs} "
+          f"pairs agree ({loops_run} jumped back)")
 
 
 @kernel
