@@ -196,13 +196,16 @@ class _Emitter:
         for pos, i in enumerate(reachable):
             nxt = reachable[pos + 1] if pos + 1 < len(reachable) else None
             if i in plan.targets:
+                last = self.out[-1] if self.out else None   # into a loop's label by a jump, never by falling
+                if i in plan.in_loop and not (isinstance(last, asm.Insn) and last.op == asm.JMP | asm.JA):
+                    self.emit(asm.ja(self.lbl(i)))   # through: 6.1's check_cfg (and older) refuses such a loop
                 self.emit(asm.label(self.lbl(i)))
             if i in plan.guard:
                 self.emit(asm.jmp(asm.JLT, self.m.buflen, plan.guard[i], self.reject))
             self.insn(i, nxt)
         if any(isinstance(it, asm.Insn) and it.target == self.reject for it in self.out):
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
-        return _peephole(self.out, self.done)
+        return _peephole(self.out, self.done, {self.lbl(i) for i in plan.in_loop})
 
     def insn(self, i: int, nxt: int | None) -> None:
         code, jt, jf, k = self.prog[i]
@@ -385,8 +388,8 @@ class _Emitter:
         self._swap(i, size)
 
 
-def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
-    """Drop jumps to the very next instruction (a label, or the end where `done` follows)."""
+def _peephole(items: list[asm.Item], done: str, keep: set[str]) -> list[asm.Item]:
+    """Drop jumps to the very next instruction (a label, or the end where `done` follows), but those to `keep`."""
     out: list[asm.Item] = []
     for pos, it in enumerate(items):
         if isinstance(it, asm.Insn) and it.op == asm.JMP | asm.JA and it.target is not None:
@@ -397,7 +400,7 @@ def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
                 j += 1
             if j == len(items):
                 following.add(done)
-            if it.target in following:
+            if it.target in following and it.target not in keep:
                 continue
         out.append(it)
     return out

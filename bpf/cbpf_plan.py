@@ -94,6 +94,7 @@ class Plan:
                     todo.append(s)
         live = [i for i in range(n) if self.reach[i]]
         self.loops = sorted({s for i in live for s in self.succ[i] if s <= i})
+        self.in_loop = {j for i in live for s in self.succ[i] if s <= i for j in range(s, i + 1)}
         self.targets = {s for i in live if prog[i][0] & 7 == C_JMP for s in self.succ[i]}
         self._liveness()
         self._guards()
