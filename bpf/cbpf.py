@@ -196,16 +196,16 @@ class _Emitter:
         for pos, i in enumerate(reachable):
             nxt = reachable[pos + 1] if pos + 1 < len(reachable) else None
             if i in plan.targets:
-                last = self.out[-1] if self.out else None   # into a loop's label by a jump, never by falling
-                if i in plan.in_loop and not (isinstance(last, asm.Insn) and last.op == asm.JMP | asm.JA):
-                    self.emit(asm.ja(self.lbl(i)))   # through: 6.1's check_cfg (and older) refuses such a loop
+                last = self.out[-1] if self.out else None   # a loop entered on the side: reach that label by a
+                if i in plan.side_entries and not (isinstance(last, asm.Insn) and last.op == asm.JMP | asm.JA):
+                    self.emit(asm.ja(self.lbl(i)))   # jump, 6.1's check_cfg refuses loops closed by falling through
                 self.emit(asm.label(self.lbl(i)))
             if i in plan.guard:
                 self.emit(asm.jmp(asm.JLT, self.m.buflen, plan.guard[i], self.reject))
             self.insn(i, nxt)
         if any(isinstance(it, asm.Insn) and it.target == self.reject for it in self.out):
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
-        return _peephole(self.out, self.done, {self.lbl(i) for i in plan.in_loop})
+        return _peephole(self.out, self.done, {self.lbl(i) for i in plan.side_entries})
 
     def insn(self, i: int, nxt: int | None) -> None:
         code, jt, jf, k = self.prog[i]
