@@ -179,7 +179,7 @@ class Session:
         except (cprog.ProgramError, PredicateError) as e:
             raise CaptureError(str(e)) from None
         except CBPFError as e:   # what the filter asks that fcap cannot run at this point
-            raise CaptureError(f"{self.cfg.filter}: {e}") from None
+            raise CaptureError(f"{self.cfg.filter or 'the filter'}: {e}") from None
 
     def open(self) -> None:
         """Resolve, compile, create maps, load every program (nothing attached yet)."""
