@@ -196,16 +196,14 @@ class _Emitter:
         for pos, i in enumerate(reachable):
             nxt = reachable[pos + 1] if pos + 1 < len(reachable) else None
             if i in plan.targets:
-                last = self.out[-1] if self.out else None   # a loop entered on the side: reach that label by a
-                if i in plan.side_entries and not (isinstance(last, asm.Insn) and last.op == asm.JMP | asm.JA):
-                    self.emit(asm.ja(self.lbl(i)))   # jump, 6.1's check_cfg refuses loops closed by falling through
                 self.emit(asm.label(self.lbl(i)))
             if i in plan.guard:
                 self.emit(asm.jmp(asm.JLT, self.m.buflen, plan.guard[i], self.reject))
             self.insn(i, nxt)
         if any(isinstance(it, asm.Insn) and it.target == self.reject for it in self.out):
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
-        return _peephole(self.out, self.done, {self.lbl(i) for i in plan.side_entries})
+        out = _peephole(self.out, self.done)
+        return _jump_into_loops(out) if plan.loops else out
 
     def insn(self, i: int, nxt: int | None) -> None:
         code, jt, jf, k = self.prog[i]
@@ -388,8 +386,8 @@ class _Emitter:
         self._swap(i, size)
 
 
-def _peephole(items: list[asm.Item], done: str, keep: set[str]) -> list[asm.Item]:
-    """Drop jumps to the very next instruction (a label, or the end where `done` follows), but those to `keep`."""
+def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
+    """Drop jumps to the very next instruction (a label, or the end where `done` follows)."""
     out: list[asm.Item] = []
     for pos, it in enumerate(items):
         if isinstance(it, asm.Insn) and it.op == asm.JMP | asm.JA and it.target is not None:
@@ -400,11 +398,74 @@ def _peephole(items: list[asm.Item], done: str, keep: set[str]) -> list[asm.Item
                 j += 1
             if j == len(items):
                 following.add(done)
-            if it.target in following and it.target not in keep:
+            if it.target in following:
                 continue
         out.append(it)
     return out
 
+
+
+def _jump_into_loops(items: list[asm.Item]) -> list[asm.Item]:
+    """6.1's verifier (check_cfg) refuses a loop that a fall-through closes in its depth-first walk (an
+    instruction other than a jump running on into a label already on the walk's path): before such a label, a
+    jump to it (`goto +0`), until there is none."""
+    while True:
+        bad = _fall_throughs_closing_loops(items)
+        if not bad:
+            return items
+        out: list[asm.Item] = []
+        for pos, it in enumerate(items):
+            if pos in bad:
+                out.append(asm.ja(bad[pos]))
+            out.append(it)
+        items = out
+
+
+def _fall_throughs_closing_loops(items: list[asm.Item]) -> dict[int, str]:
+    """{position of the labels before an instruction: one of them} for each instruction the walk the kernel makes
+    (successors in order: fall-through, then jump target) reaches first by a jump and later by falling into it
+    from a non-jump instruction while it is still on the path."""
+    nodes = [it for it in items if isinstance(it, asm.Insn)]
+    at: dict[str, int] = {}
+    before: dict[int, tuple[int, str]] = {}
+    k = 0
+    for pos, it in enumerate(items):
+        if isinstance(it, asm.Label):
+            at[it.name] = k
+            before.setdefault(k, (pos, it.name))
+        else:
+            k += 1
+
+    def succ(k: int) -> list[tuple[int | None, bool]]:   # (next node or None: out of the fragment, a loop may close)
+        ins = nodes[k]
+        if ins.op & 7 not in (asm.JMP, asm.JMP32):
+            return [(k + 1, False)]
+        op = ins.op & 0xF0
+        if op == asm.EXIT:
+            return []
+        if op == asm.CALL:
+            return [(k + 1, False)]
+        target = (at.get(ins.target), True)
+        return [target] if op == asm.JA and ins.op & 7 == asm.JMP else [(k + 1, True), target]
+
+    state = [0] * len(nodes)   # 0 not seen, 1 on the path, 2 done
+    bad: dict[int, str] = {}
+    state[0], path = 1, [(0, iter(succ(0)))]
+    while path:
+        k, todo = path[-1]
+        for w, loop_ok in todo:
+            if w is None or w >= len(nodes):
+                continue
+            if state[w] == 0:
+                state[w] = 1
+                path.append((w, iter(succ(w))))
+                break
+            if state[w] == 1 and not loop_ok:
+                bad[before[w][0]] = before[w][1]
+        else:
+            state[k] = 2
+            path.pop()
+    return bad
 
 
 _ALU_NAMES = {0x00: "add", 0x10: "sub", 0x20: "mul", 0x30: "div", 0x40: "or", 0x50: "and", 0x60: "lsh",

@@ -94,25 +94,10 @@ class Plan:
                     todo.append(s)
         live = [i for i in range(n) if self.reach[i]]
         self.loops = sorted({s for i in live for s in self.succ[i] if s <= i})
-        self.side_entries = self._side_entries(live)
         self.targets = {s for i in live if prog[i][0] & 7 == C_JMP for s in self.succ[i]}
         self._liveness()
         self._guards()
         self._raw_loads()
-
-    def _side_entries(self, live: list[int]) -> set[int]:
-        """Instructions inside a loop (head h .. its jump back at s) that code outside [h, s] jumps to: the loop
-        can be entered there, so the edge that closes it may be a fall-through into them."""
-        preds: dict[int, list[int]] = {}
-        for i in live:
-            for s in self.succ[i]:
-                preds.setdefault(s, []).append(i)
-        out = set()
-        for s_ in live:
-            for h in self.succ[s_]:
-                if h <= s_:
-                    out |= {j for j in range(h + 1, s_ + 1) if any(q < h or q > s_ for q in preds.get(j, ()))}
-        return out
 
     def always_rejects(self, i: int) -> bool:
         code, _, _, k = self.prog[i]
