@@ -6,13 +6,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import asm
-from .asm import FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
+from .asm import DW, FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
+from .cbpf_plan import (AD_FROM, AD_XOR_X, ALU_OPS, ANCILLARY, BIG, C_ALU, C_JMP, C_LD, C_LDX, C_MISC, C_RET, C_ST,
+                        C_STX, J_JA, J_JEQ, J_JGE, J_JGT, J_JSET, JMP_OPS, LA, LX, M_ABS, M_IMM, M_IND, M_LEN, M_MEM,
+                        M_MSH, MEMWORDS, MISC_TAX, NEGATIVE_FROM, RVAL_A, S_B, S_H, S_W, SIZE, SRC_K,
+                        VALID, Plan, ancillary_field, ja_target, lm)
 from .errors import CBPFError
 
-__all__ = ["MEMWORDS", "CBPFError", "PacketModel", "disassemble", "translate", "validate"]
+__all__ = ["ANCILLARY", "LOOP_BOUND", "MEMWORDS", "CBPFError", "PacketModel", "disassemble", "translate", "validate"]
+
+# A backward jump (a loop: libpcap's protochain walks the IPv6 extension headers and IPv4 AH headers with one) is
+# taken at most LOOP_BOUND times per run to each of its targets; the next one makes the program return 0 (no
+# match). protochain takes one per extension header, so it follows chains of up to 16 headers (real ones have
+# at most 8: RFC 8200's order lists 6 kinds, destination options twice). The verifier walks every iteration, of
+# each loop (libpcap's run one after another); a loop inside a loop multiplies them (LOOP_BOUND^depth walks).
+LOOP_BOUND = 16
 
 
 SlowLoad = Callable[[int, int, int, str], list]
+Ancillary = Callable[[int, int, str], list]
 
 
 @dataclass
@@ -23,11 +35,16 @@ class PacketModel:
       knows to be at least `capacity`).
     buflen: register (R6..R9) with the captured length that cBPF loads are checked against (u32 value). Without
       slow_load it must not exceed `capacity`; with slow_load it may (bytes past capacity come from slow_load).
+      Its value is kept, but a program with loops makes the verifier forget what it knew of it.
     wirelen: register (R6..R9) with the packet's length on the wire (what BPF_LEN loads); may equal buflen.
     capacity: the buffer's size in bytes; a load reaching past it returns 0 (rejects) unless slow_load is given.
     slow_load(size, off_reg, dst, reject) -> items: code loading `size` (1/2/4) bytes at the offset in register
       off_reg into register dst (host order, zero-extended; the translator swaps bytes) or jumping to label
       `reject`; used for loads reaching past capacity. It may clobber R0-R5 (it may call helpers) and nothing else.
+    ancillary(field, dst, reject) -> items: code loading Linux ancillary field `field` (SKF_AD_* number, see
+      ANCILLARY: 4 = "pkttype", ...) into register dst as a u32, as Linux's socket filters see it, or jumping
+      to label `reject` (no match). It may clobber R0-R5 and nothing else, and raises CBPFError for a field it
+      cannot serve (the message names the field and why). Without it, programs with such loads are refused.
     """
 
     buf: int
@@ -35,251 +52,68 @@ class PacketModel:
     wirelen: int
     capacity: int
     slow_load: SlowLoad | None = None
+    ancillary: Ancillary | None = None
 
 
-# ---- cBPF encoding -------------------------------------------------------------------------------
-
-C_LD, C_LDX, C_ST, C_STX, C_ALU, C_JMP, C_RET, C_MISC = range(8)
-S_W, S_H, S_B = 0x00, 0x08, 0x10
-M_IMM, M_ABS, M_IND, M_MEM, M_LEN, M_MSH = 0x00, 0x20, 0x40, 0x60, 0x80, 0xA0
-SRC_K, SRC_X, RVAL_A = 0x00, 0x08, 0x10
-J_JA, J_JEQ, J_JGT, J_JGE, J_JSET = 0x00, 0x10, 0x20, 0x30, 0x40
-MISC_TAX, MISC_TXA = 0x00, 0x80
-MEMWORDS = 16
-SIZE = {S_W: 4, S_H: 2, S_B: 1}
-_EBPF_SIZE = {4: W, 2: H, 1: B}
-_ALU_OPS = {0x00: asm.ADD, 0x10: asm.SUB, 0x20: asm.MUL, 0x30: asm.DIV, 0x40: asm.OR, 0x50: asm.AND,
-            0x60: asm.LSH, 0x70: asm.RSH, 0x80: asm.NEG, 0x90: asm.MOD, 0xA0: asm.XOR}
-_JMP_OPS = {J_JEQ: asm.JEQ, J_JGT: asm.JGT, J_JGE: asm.JGE, J_JSET: asm.JSET}
 _NEGATED = {asm.JEQ: asm.JNE, asm.JGT: asm.JLE, asm.JGE: asm.JLT}
-
-_VALID = {
-    C_LD | S_W | M_IMM, C_LD | S_W | M_ABS, C_LD | S_H | M_ABS, C_LD | S_B | M_ABS,
-    C_LD | S_W | M_IND, C_LD | S_H | M_IND, C_LD | S_B | M_IND, C_LD | S_W | M_MEM, C_LD | S_W | M_LEN,
-    C_LDX | S_W | M_IMM, C_LDX | S_W | M_MEM, C_LDX | S_W | M_LEN, C_LDX | S_B | M_MSH,
-    C_ST, C_STX,
-    *(C_ALU | op | src for op in _ALU_OPS if op != 0x80 for src in (SRC_K, SRC_X)), C_ALU | 0x80,
-    C_JMP | J_JA, *(C_JMP | op | src for op in _JMP_OPS for src in (SRC_K, SRC_X)),
-    C_RET | SRC_K, C_RET | RVAL_A, C_MISC | MISC_TAX, C_MISC | MISC_TXA,
-}
-
-# Linux's negative ancillary offsets (SKF_LL_OFF = -0x200000 .. SKF_AD_OFF = -0x1000 .. -1): not a packet byte.
-_ANCILLARY_FROM = (1 << 32) - 0x200000
-_BIG = 0x7FFFFFFF   # offsets past this are never in a packet (packets are shorter than 2 GiB)
-_INF = 1 << 40
+_EBPF_SIZE = {4: W, 2: H, 1: B}
+_VALID, _ALU_OPS = VALID, ALU_OPS   # (older names, used by tests)
 
 # eBPF registers of the translated program (all caller-saved: the model lives in R6..R9).
 _A, _X, _T = R0, R1, R2
-# liveness bits: A, X, M[0..15]
-_LA, _LX = 1, 2
 
 
-def _lm(i: int) -> int:
-    return 4 << i
-
-
-def validate(insns: Sequence[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:  # noqa: C901 - one check per cBPF instruction class
+def validate(insns: Sequence[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
     """Check a cBPF program (opcodes, jump targets, M[] indexes, constant divisors, final RET) and return it
     normalized: ints, k as u32. Raises CBPFError."""
-    prog: list[tuple[int, int, int, int]] = []
     n = len(insns)
     if n == 0:
         raise CBPFError("empty program")
-    for i, ins in enumerate(insns):
-        try:
-            code, jt, jf, k = (int(v) for v in ins)
-        except (TypeError, ValueError) as e:
-            raise CBPFError(f"not a (code, jt, jf, k) tuple: {ins!r}", i) from e
-        if code not in _VALID:
-            raise CBPFError(f"invalid opcode {code:#x}", i)
-        if not (0 <= jt <= 0xFF and 0 <= jf <= 0xFF):
-            raise CBPFError(f"jump offsets {jt}/{jf} out of 0..255", i)
-        if not -(1 << 31) <= k < (1 << 32):
-            raise CBPFError(f"k {k} is not 32-bit", i)
-        k &= 0xFFFFFFFF
-        cls, mode = code & 7, code & 0xE0
-        if code == C_JMP | J_JA and k >= 1 << 31:
-            raise CBPFError(f"backward jump (k = {k - (1 << 32)}): cBPF jumps only forward (a loop, as libpcap's "
-                            "protochain emits; Linux refuses it too)", i)
-        if cls == C_JMP:
-            targets = (i + 1 + k,) if code == C_JMP | J_JA else (i + 1 + jt, i + 1 + jf)
-            if max(targets) >= n:
-                raise CBPFError("jump past the end of the program", i)
-        if ((cls in (C_LD, C_LDX) and mode == M_MEM) or cls in (C_ST, C_STX)) and k >= MEMWORDS:
-            raise CBPFError(f"scratch memory index {k} ≥ {MEMWORDS}", i)
-        if cls == C_ALU and code & 8 == SRC_K:
-            op = code & 0xF0
-            if op in (0x30, 0x90) and k == 0:
-                raise CBPFError("division by constant 0", i)
-            if op in (0x60, 0x70) and k >= 32:
-                raise CBPFError(f"shift by constant {k} ≥ 32", i)
-        if cls in (C_LD, C_LDX) and mode in (M_ABS, M_IND, M_MSH) and k >= _ANCILLARY_FROM:
-            raise CBPFError(f"unsupported: Linux ancillary/negative-offset load (k = {k - (1 << 32)})", i)
-        prog.append((code, jt, jf, k))
+    prog = [_check(i, ins, n) for i, ins in enumerate(insns)]
     if prog[-1][0] & 7 != C_RET:
         raise CBPFError("the last instruction is not a RET", n - 1)
     return prog
 
 
-# ---- analyses ------------------------------------------------------------------------------------
+def _check(i: int, ins, n: int) -> tuple[int, int, int, int]:
+    try:
+        code, jt, jf, k = (int(v) for v in ins)
+    except (TypeError, ValueError) as e:
+        raise CBPFError(f"not a (code, jt, jf, k) tuple: {ins!r}", i) from e
+    if code not in VALID:
+        raise CBPFError(f"invalid opcode {code:#x}", i)
+    if not (0 <= jt <= 0xFF and 0 <= jf <= 0xFF):
+        raise CBPFError(f"jump offsets {jt}/{jf} out of 0..255", i)
+    if not -(1 << 31) <= k < (1 << 32):
+        raise CBPFError(f"k {k} is not 32-bit", i)
+    k &= 0xFFFFFFFF
+    _check_operands(i, code, jt, jf, k, n)
+    return code, jt, jf, k
 
-def _load_end(code: int, k: int) -> int | None:
-    """End offset (k + size) of a constant-offset packet load, else None."""
-    if code & 7 == C_LD and code & 0xE0 == M_ABS:
-        return k + SIZE[code & 0x18]
-    if code == C_LDX | S_B | M_MSH:
-        return k + 1
-    return None
 
-
-class _Plan:
-    """What the analyses found: reachable insns, successors, jump targets, liveness, packet guards."""
-
-    def __init__(self, prog: list[tuple[int, int, int, int]], limit: int):
-        n = len(prog)
-        self.prog, self.limit = prog, limit
-        self.succ: list[tuple[int, ...]] = []
-        for i, (code, jt, jf, k) in enumerate(prog):
-            cls = code & 7
-            if cls == C_RET or self.always_rejects(i):
-                self.succ.append(())
-            elif cls == C_JMP:
-                self.succ.append((i + 1 + k,) if code == C_JMP | J_JA else (i + 1 + jt, i + 1 + jf))
-            else:
-                self.succ.append((i + 1,))
-        self.reach = [False] * n
-        self.reach[0] = True
-        for i in range(n):  # every jump goes forward: one pass in order
-            if self.reach[i]:
-                for s in self.succ[i]:
-                    self.reach[s] = True
-        self.targets = {s for i in range(n) if self.reach[i] and prog[i][0] & 7 == C_JMP for s in self.succ[i]}
-        self._liveness()
-        self._guards()
-        self._raw_loads()
-
-    def always_rejects(self, i: int) -> bool:
-        code, _, _, k = self.prog[i]
-        if code & 7 == C_LD and code & 0xE0 in (M_ABS, M_IND):
-            return k + SIZE[code & 0x18] > self.limit
-        if code == C_LDX | S_B | M_MSH:
-            return k + 1 > self.limit
-        return False
-
-    def _liveness(self) -> None:
-        n = len(self.prog)
-        self.live_in = [0] * n
-        self.live_out = [0] * n
-        self.mem_used = 0
-        for i in range(n - 1, -1, -1):
-            code, _, _, k = self.prog[i]
-            cls, mode = code & 7, code & 0xE0
-            use = dfn = 0
-            if cls == C_LD:
-                dfn = _LA
-                use = _LX if mode == M_IND else _lm(k) if mode == M_MEM else 0
-            elif cls == C_LDX:
-                dfn = _LX
-                use = _lm(k) if mode == M_MEM else 0
-            elif cls in (C_ST, C_STX):
-                use, dfn = (_LA if cls == C_ST else _LX), _lm(k)
-            elif cls == C_ALU:
-                use, dfn = _LA | (_LX if code & 8 else 0), _LA
-            elif cls == C_JMP:
-                use = 0 if code == C_JMP | J_JA else _LA | (_LX if code & 8 else 0)
-            elif cls == C_RET:
-                use = _LA if code & 0x18 == RVAL_A else 0
-            else:
-                use, dfn = (_LA, _LX) if code & 0xF8 == MISC_TAX else (_LX, _LA)
-            if (cls in (C_LD, C_LDX) and mode == M_MEM) or cls in (C_ST, C_STX):
-                self.mem_used |= 1 << k
-            out = 0
-            for s in self.succ[i]:
-                out |= self.live_in[s]
-            self.live_out[i] = out
-            self.live_in[i] = use | (out & ~dfn)
-
-    def _guards(self) -> None:
-        """Hoisted packet-length checks. need[i]: every path from i returns 0 or loads a byte at or past need[i]
-        before returning, so `if buflen < need[i]: return 0` at i changes nothing. far[i]: the largest end of a
-        constant-offset load reachable from i. A guard at a block start covers the block's loads."""
-        n = len(self.prog)
-        need = [0] * n
-        far = [0] * n
-        for i in range(n - 1, -1, -1):
-            code, _, _, k = self.prog[i]
-            if code & 7 == C_RET:
-                need[i] = _INF if code == C_RET | SRC_K and k == 0 else 0
-                continue
-            if self.always_rejects(i):
-                need[i] = _INF
-                continue
-            succ = self.succ[i]
-            need[i] = min(need[s] for s in succ)
-            far[i] = max(far[s] for s in succ)
-            end = _load_end(code, k)
-            if end is not None:
-                need[i] = max(need[i], end)
-                far[i] = max(far[i], end)
-        self.guard: dict[int, int] = {}
-        have = [-1] * n   # length already checked on every path into i (-1: not reached yet)
-        have[0] = 0
-        for i in range(n):
-            if not self.reach[i]:
-                continue
-            g = min(need[i], far[i])
-            if g > have[i] and (i == 0 or i in self.targets):  # need[] only grows across a jump
-                self.guard[i] = g
-                have[i] = g
-            end = _load_end(self.prog[i][0], self.prog[i][3])
-            assert end is None or end <= have[i] or self.always_rejects(i), (i, end, have[i])
-            for s in self.succ[i]:
-                have[s] = have[i] if have[s] < 0 else min(have[s], have[i])
-
-    def _raw_loads(self) -> None:  # noqa: C901 - a data-flow pass over every instruction class
-        """Halfword/word loads whose value only meets JEQ/JSET against constants are left in memory (big-endian)
-        order and the constants swapped instead: one byte swap less per load. raw[i] = size for such loads;
-        swapped[j] = size for the jumps that compare them."""
-        n, prog = len(self.prog), self.prog
-        reach_defs: list[frozenset] = [frozenset()] * n   # which insns' A values may reach i (-1: the initial A)
-        seen = [False] * n
-        seen[0], reach_defs[0] = True, frozenset([-1])
-        cand: dict[int, int] = {}
-        uses: list[int] = []
-        for i in range(n):
-            if not self.reach[i]:
-                continue
-            code, _, _, _ = prog[i]
-            cls, mode = code & 7, code & 0xE0
-            if cls == C_LD and mode in (M_ABS, M_IND) and code & 0x18 != S_B and not self.always_rejects(i):
-                cand[i] = SIZE[code & 0x18]
-            defines = cls == C_LD or cls == C_ALU or code == C_MISC | MISC_TXA
-            if cls in (C_ST, C_ALU) or code in (C_RET | RVAL_A, C_MISC | MISC_TAX) or (
-                    cls == C_JMP and code != C_JMP | J_JA):
-                uses.append(i)
-            out = frozenset([i]) if defines else reach_defs[i]
-            for s in self.succ[i]:
-                reach_defs[s] = reach_defs[s] | out if seen[s] else out
-                seen[s] = True
-        for j in uses:
-            code = prog[j][0]
-            ok = code in (C_JMP | J_JEQ | SRC_K, C_JMP | J_JSET | SRC_K)
-            defs = reach_defs[j]
-            if not ok or any(d not in cand for d in defs) or len({cand[d] for d in defs}) > 1:
-                for d in defs:
-                    cand.pop(d, None)
-        changed = True
-        while changed:  # a jump keeps swapped constants only if every value reaching it stayed raw
-            changed = False
-            for j in uses:
-                defs = reach_defs[j]
-                if any(d in cand for d in defs) and not all(d in cand for d in defs):
-                    for d in defs:
-                        cand.pop(d, None)
-                    changed = True
-        self.raw = cand
-        self.swapped = {j: cand[next(iter(reach_defs[j]))] for j in uses
-                        if prog[j][0] & 7 == C_JMP and reach_defs[j] and all(d in cand for d in reach_defs[j])}
+def _check_operands(i: int, code: int, jt: int, jf: int, k: int, n: int) -> None:
+    """Jump targets, scratch indexes, constant divisors and shifts, ancillary fields, negative offsets."""
+    cls, mode = code & 7, code & 0xE0
+    if cls == C_JMP:
+        targets = (ja_target(i, k),) if code == C_JMP | J_JA else (i + 1 + jt, i + 1 + jf)
+        if max(targets) >= n:
+            raise CBPFError("jump past the end of the program", i)
+        if min(targets) < 0:
+            raise CBPFError("jump before the start of the program", i)
+    if ((cls in (C_LD, C_LDX) and mode == M_MEM) or cls in (C_ST, C_STX)) and k >= MEMWORDS:
+        raise CBPFError(f"scratch memory index {k} ≥ {MEMWORDS}", i)
+    if cls == C_ALU and code & 8 == SRC_K:
+        op = code & 0xF0
+        if op in (0x30, 0x90) and k == 0:
+            raise CBPFError("division by constant 0", i)
+        if op in (0x60, 0x70) and k >= 32:
+            raise CBPFError(f"shift by constant {k} ≥ 32", i)
+    field = ancillary_field(code, k)
+    if field is not None and field not in ANCILLARY:
+        raise CBPFError(f"unknown Linux ancillary field SKF_AD_OFF + {field}", i)
+    if field is None and cls in (C_LD, C_LDX) and mode in (M_ABS, M_IND, M_MSH) and k >= NEGATIVE_FROM:
+        raise CBPFError(f"unsupported: a load at a negative offset (k = {k - (1 << 32)}: Linux's SKF_NET_OFF / "
+                        "SKF_LL_OFF, bytes relative to the network or link-layer header)", i)
 
 
 def _swap_const(k: int, size: int, op: int) -> int:
@@ -297,15 +131,18 @@ def translate(insns: Sequence[tuple[int, int, int, int]], model: PacketModel, *,
               done: str = "cbpf_done", prefix: str = "cbpf", stack_off: int = -64) -> list[asm.Item]:
     """eBPF items that run the cBPF program: on every RET the returned value (u32) is left in register
     `result` and control jumps to label `done` (the caller places it after these items). A load outside the
-    packet (offset + size > buflen) returns 0, as cBPF does; so does division by X == 0. Labels start with
-    `prefix`, so several translations can share a program. Registers R0-R5 are clobbered; R6-R9 other than
-    the model's are left alone. cBPF's scratch memory M[0..15] lives at [FP+stack_off, FP+stack_off+64); when
-    slow_load is given and the program uses all 16 words, 8 more bytes at FP+stack_off-8 hold a spill."""
+    packet (offset + size > buflen) returns 0, as cBPF does; so does division by X == 0, and a backward jump
+    taken more than LOOP_BOUND times to the same target. Linux ancillary loads (`ld [SKF_AD_OFF + n]`) come
+    from model.ancillary (A ^= X for SKF_AD_ALU_XOR_X). Labels start with `prefix`, so several translations can
+    share a program. Registers R0-R5 are clobbered; R6-R9 other than the model's are left alone. cBPF's scratch
+    memory M[0..15] lives at [FP+stack_off, FP+stack_off+64); when slow_load or ancillary is given and the
+    program uses all 16 words, 8 more bytes at FP+stack_off-8 hold a spill; loop j's counter (one per target of
+    backward jumps) takes the 8 bytes at FP+stack_off-16-8j."""
     prog = validate(insns)
     regs = (model.buf, model.buflen, model.wirelen)
     if any(r not in (R6, R7, R8, R9) for r in regs) or model.buf in (model.buflen, model.wirelen):
         raise ValueError(f"packet model registers {regs} must be R6..R9, buf distinct")
-    if not 0 < model.capacity <= _BIG:
+    if not 0 < model.capacity <= BIG:
         raise ValueError(f"capacity {model.capacity} out of range")
     if not 0 <= result <= R9:
         raise ValueError(f"result register r{result} is not R0..R9")
@@ -317,12 +154,15 @@ def translate(insns: Sequence[tuple[int, int, int, int]], model: PacketModel, *,
 class _Emitter:
     def __init__(self, prog, model: PacketModel, result: int, done: str, prefix: str, stack_off: int):
         self.m, self.result, self.done, self.prefix, self.stack_off = model, result, done, prefix, stack_off
-        self.plan = _Plan(prog, _BIG if model.slow_load else model.capacity)
+        self.plan = Plan(prog, BIG if model.slow_load else model.capacity)
         self.prog = prog
         self.out: list[asm.Item] = []
-        self.reject_used = False
         free = [i for i in range(MEMWORDS) if not self.plan.mem_used >> i & 1]
         self.spill = stack_off + 4 * free[0] if free else stack_off - 8
+        self.counter = {h: stack_off - 16 - 8 * j for j, h in enumerate(self.plan.loops)}
+        if self.counter and min(self.counter.values()) < -512:
+            raise CBPFError(f"{len(self.counter)} loops (targets of backward jumps): at most "
+                            f"{(stack_off + 504) // 8} fit in the stack here")
 
     # labels
     def lbl(self, i: int) -> str:
@@ -330,7 +170,6 @@ class _Emitter:
 
     @property
     def reject(self) -> str:
-        self.reject_used = True
         return f"{self.prefix}_reject"
 
     def emit(self, *items: asm.Item) -> None:
@@ -342,13 +181,15 @@ class _Emitter:
     def run(self) -> list[asm.Item]:
         plan = self.plan
         live0 = plan.live_in[0]
-        if live0 & _LA:
+        if live0 & LA:
             self.emit(asm.alu32(asm.MOV, _A, 0))
-        if live0 & _LX:
+        if live0 & LX:
             self.emit(asm.alu32(asm.MOV, _X, 0))
         for j in range(MEMWORDS):
-            if live0 & _lm(j):
+            if live0 & lm(j):
                 self.emit(asm.st(W, FP, self.mem(j), 0))
+        for slot in self.counter.values():
+            self.emit(asm.movi(_T, LOOP_BOUND), asm.stx(DW, FP, slot, _T))
         reachable = [i for i in range(len(self.prog)) if plan.reach[i]]
         for pos, i in enumerate(reachable):
             nxt = reachable[pos + 1] if pos + 1 < len(reachable) else None
@@ -357,9 +198,10 @@ class _Emitter:
             if i in plan.guard:
                 self.emit(asm.jmp(asm.JLT, self.m.buflen, plan.guard[i], self.reject))
             self.insn(i, nxt)
-        if self.reject_used:
+        if any(isinstance(it, asm.Insn) and it.target == self.reject for it in self.out):
             self.emit(asm.label(f"{self.prefix}_reject"), asm.alu32(asm.MOV, self.result, 0))
-        return _peephole(self.out, self.done)
+        out = _peephole(self.out, self.done)
+        return _jump_into_loops(out) if plan.loops else out
 
     def insn(self, i: int, nxt: int | None) -> None:  # noqa: C901 - the dispatch: one branch per cBPF instruction class
         code, jt, jf, k = self.prog[i]
@@ -367,7 +209,9 @@ class _Emitter:
         if self.plan.always_rejects(i):
             self.emit(asm.ja(self.reject))
         elif cls == C_LD:
-            if mode == M_ABS:
+            if ancillary_field(code, k) is not None:
+                self.ancillary(i, k - AD_FROM)
+            elif mode == M_ABS:
                 self.load_abs(i, SIZE[code & 0x18], k)
             elif mode == M_IND:
                 self.load_ind(i, SIZE[code & 0x18], k)
@@ -423,11 +267,18 @@ class _Emitter:
 
     def jump(self, i: int, code: int, jt: int, jf: int, k: int, nxt: int | None) -> None:
         if code == C_JMP | J_JA:
-            if i + 1 + k != nxt:
-                self.emit(asm.ja(self.lbl(i + 1 + k)))
+            t = ja_target(i, k)
+            if t <= i:   # a loop: count the jumps back to t, give up (no match) past LOOP_BOUND
+                slot = self.counter[t]
+                self.emit(asm.ldx(DW, _T, FP, slot), asm.jmp(asm.JEQ, _T, 0, self.reject), asm.addi(_T, -1),
+                          asm.stx(DW, FP, slot, _T))
+                self.widen(self.plan.live_in[t])
+                self.emit(asm.ja(self.lbl(t)))
+            elif t != nxt:
+                self.emit(asm.ja(self.lbl(t)))
             return
         t, f = i + 1 + jt, i + 1 + jf
-        op = _JMP_OPS[code & 0xF0]
+        op = JMP_OPS[code & 0xF0]
         reg = bool(code & 8)
         val = _X if reg else k
         if i in self.plan.swapped:
@@ -442,6 +293,18 @@ class _Emitter:
         else:
             self.emit(asm.jmp32(op, _A, val, self.lbl(t), reg=reg), asm.ja(self.lbl(f)))
 
+    def widen(self, live: int) -> None:
+        """`w /= 1` on A, X, M[] (when live) and buflen: no change to a u32, but the verifier forgets what it knew of
+        them (it tracks no ranges through a division), so the states at a loop head that differ only there are
+        pruned; without it each iteration's offsets make new states, and verifying takes a million
+        instructions for a few protochains."""
+        regs = [reg for reg, bit in ((_A, LA), (_X, LX)) if live & bit] + [self.m.buflen]
+        for reg in regs:   # (then `w = w`: a u32 again, for the verifier too)
+            self.emit(asm.alu32(asm.DIV, reg, 1), asm.mov32(reg, reg))
+        for j in range(MEMWORDS):   # and the scratch words read before they are written again
+            if live & lm(j):
+                self.emit(asm.ldx(W, _T, FP, self.mem(j)), asm.alu32(asm.DIV, _T, 1), asm.stx(W, FP, self.mem(j), _T))
+
     # ---- packet loads ----
 
     def _ldx_buf(self, size: int, dst: int, k: int) -> None:
@@ -453,12 +316,31 @@ class _Emitter:
 
     def _slow(self, i: int, size: int, dst: int, keep: int) -> None:
         """slow_load(size, _T, dst): _T holds the offset; register `keep` is saved around it when live."""
-        live = self.plan.live_out[i] & (_LA if keep == _A else _LX)
+        self._keeping(i, keep, self.m.slow_load(size, _T, dst, self.reject))
+
+    def _keeping(self, i: int, keep: int, items: list) -> None:
+        """items (model code that may clobber R0-R5), with register `keep` saved around them when live."""
+        live = self.plan.live_out[i] & (LA if keep == _A else LX)
         if live:
             self.emit(asm.stx(W, FP, self.spill, keep))
-        self.emit(*self.m.slow_load(size, _T, dst, self.reject))
+        self.emit(*items)
         if live:
             self.emit(asm.ldx(W, keep, FP, self.spill))
+
+    def ancillary(self, i: int, field: int) -> None:
+        """A = Linux ancillary field `field` (the model's code), or A ^= X."""
+        if field == AD_XOR_X:
+            self.emit(asm.alu32(asm.XOR, _A, _X, reg=True))
+            return
+        name = ANCILLARY[field]
+        if self.m.ancillary is None:
+            raise CBPFError(f"Linux ancillary field {name} (SKF_AD_OFF + {field}): this packet source has no "
+                            "socket buffer to read it from", i)
+        try:
+            items = self.m.ancillary(field, _A, self.reject)
+        except CBPFError as e:
+            raise CBPFError(str(e), i) from None
+        self._keeping(i, _X, items)
 
     def _swap(self, i: int, size: int) -> None:
         if size > 1 and i not in self.plan.raw:
@@ -521,6 +403,69 @@ def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
 
 
 
+def _jump_into_loops(items: list[asm.Item]) -> list[asm.Item]:
+    """6.1's verifier (check_cfg) refuses a loop that a fall-through closes in its depth-first walk (an
+    instruction other than a jump running on into a label already on the walk's path): before such a label, a
+    jump to it (`goto +0`), until there is none."""
+    while True:
+        bad = _fall_throughs_closing_loops(items)
+        if not bad:
+            return items
+        out: list[asm.Item] = []
+        for pos, it in enumerate(items):
+            if pos in bad:
+                out.append(asm.ja(bad[pos]))
+            out.append(it)
+        items = out
+
+
+def _fall_throughs_closing_loops(items: list[asm.Item]) -> dict[int, str]:
+    """{position of the labels before an instruction: one of them} for each instruction the walk the kernel makes
+    (successors in order: fall-through, then jump target) reaches first by a jump and later by falling into it
+    from a non-jump instruction while it is still on the path."""
+    nodes = [it for it in items if isinstance(it, asm.Insn)]
+    at: dict[str, int] = {}
+    before: dict[int, tuple[int, str]] = {}
+    k = 0
+    for pos, it in enumerate(items):
+        if isinstance(it, asm.Label):
+            at[it.name] = k
+            before.setdefault(k, (pos, it.name))
+        else:
+            k += 1
+
+    def succ(k: int) -> list[tuple[int | None, bool]]:   # (next node or None: out of the fragment, a loop may close)
+        ins = nodes[k]
+        if ins.op & 7 not in (asm.JMP, asm.JMP32):
+            return [(k + 1, False)]
+        op = ins.op & 0xF0
+        if op == asm.EXIT:
+            return []
+        if op == asm.CALL:
+            return [(k + 1, False)]
+        target = (at.get(ins.target), True)
+        return [target] if op == asm.JA and ins.op & 7 == asm.JMP else [(k + 1, True), target]
+
+    state = [0] * len(nodes)   # 0 not seen, 1 on the path, 2 done
+    bad: dict[int, str] = {}
+    state[0], path = 1, [(0, iter(succ(0)))]
+    while path:
+        k, todo = path[-1]
+        for w, loop_ok in todo:
+            if w is None or w >= len(nodes):
+                continue
+            if state[w] == 0:
+                state[w] = 1
+                path.append((w, iter(succ(w))))
+                break
+            if state[w] == 1 and not loop_ok:
+                bad[before[w][0]] = before[w][1]
+        else:
+            state[k] = 2
+            path.pop()
+    return bad
+
+
 _ALU_NAMES = {0x00: "add", 0x10: "sub", 0x20: "mul", 0x30: "div", 0x40: "or", 0x50: "and", 0x60: "lsh",
               0x70: "rsh", 0x80: "neg", 0x90: "mod", 0xA0: "xor"}
 _JMP_NAMES = {J_JEQ: "jeq", J_JGT: "jgt", J_JGE: "jge", J_JSET: "jset"}
@@ -549,7 +494,8 @@ def disassemble(insns: Sequence[tuple[int, int, int, int]]) -> str:
             hexa = op in ("and", "or", "xor")
             arg = "" if op == "neg" else "x" if code & 8 else f"#{k:#x}" if hexa else f"#{sk}"
         elif code == C_JMP | J_JA:
-            op, arg = "ja", f"{i + 1 + k}"
+            t = (i + 1 + k) & 0xFFFFFFFF   # as libpcap prints it: a backward jump's target, not a u32 sum
+            op, arg = "ja", f"{t - (1 << 32) if t >= 1 << 31 else t}"
         elif cls == C_JMP and code & 0xF0 in _JMP_NAMES:
             arg = "x" if code & 8 else f"#{k:#x}"
             lines.append(f"({i:03d}) {_JMP_NAMES[code & 0xF0]:<8} {arg:<16} jt {i + 1 + jt}\tjf {i + 1 + jf}")

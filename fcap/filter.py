@@ -17,7 +17,11 @@ def compile_filter(expr: str, linktype: LinkType, snaplen: int,
         prog = pcapy.compile(dlt_for_libpcap(linktype), snaplen, expr, int(optimize), 0xFFFFFFFF)
     except pcapy.PcapError as e:
         raise FilterError(str(e)) from None
-    return [tuple(int(x) for x in ins) for ins in prog.get_bpf()]
+    from bpf.cbpf import CBPFError, validate
+    try:   # what the translation refuses whatever the point (what depends on the point, building says)
+        return validate([tuple(int(x) for x in ins) for ins in prog.get_bpf()])
+    except CBPFError as e:
+        raise FilterError(f"libpcap's program for it cannot run in fcap: {e}") from None
 
 
 def format_cbpf(insns: list[tuple[int, int, int, int]]) -> str:

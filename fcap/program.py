@@ -50,7 +50,7 @@ from bpf.asm import (
 from bpf.btf import BTF, BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from . import ringrec
+from . import ancillary, ringrec
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
                      LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG, STACK)
 from .points import Point
@@ -320,6 +320,8 @@ class Builder:
         if o.start != START_MAC:  # (the MAC start has its own fallback above)
             self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), META.store(R7, "hdr", R8))
         self.emit(label("hdr_done"))
+        if o.start == START_MAC:
+            ancillary.vlan_tag(self)
 
     def copy_prefix(self, synth: int, tag: str) -> None:
         """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
@@ -402,7 +404,7 @@ class Builder:
         # is the whole packet, but only [0, hdr + min(len - skip, cap)) was copied: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
-                                 slow_load=self._slow_load if slow else None)
+                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
         self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK.skb), jmp(JEQ, R0, 0, "out"))
 
@@ -416,6 +418,10 @@ class Builder:
                 mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
                 movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
                 ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
+
+    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+        """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
+        return ancillary.load(self.p, field, dst, reject, STACK.skb, STACK.tmp)
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,

@@ -198,11 +198,15 @@ class Session:
                 "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
 
     def build(self, point: Point, maps: cprog.Maps) -> list:
+        from bpf.cbpf import CBPFError
+
         from .predicates import PredicateError
         try:
             return cprog.build(point, self.options(point), maps)
         except (cprog.ProgramError, PredicateError) as e:
             raise CaptureError(str(e)) from None
+        except CBPFError as e:   # what the filter asks that fcap cannot run at this point
+            raise CaptureError(f"{self.cfg.filter or 'the filter'}: {e}") from None
 
     def open(self) -> None:
         """Resolve, compile, create maps, load every program (nothing attached yet)."""

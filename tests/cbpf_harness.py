@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from bpf import asm, cbpf
 from bpf.asm import FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, W
+from bpf.errors import VerifierError
 from bpf.maps import ArrayMap
 from bpf.prog import load
 from bpf.uapi import Helper, ProgType
@@ -35,22 +37,30 @@ BASE = 14           # the harness skb starts with 14 filler bytes (test_run need
 # ---- reference interpreter: libpcap's bpf_filter() -----------------------------------------------
 
 M32 = 0xFFFFFFFF
+AD_FROM = (1 << 32) - 0x1000   # SKF_AD_OFF as a u32
 
 
-def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:  # noqa: C901 - the reference interpreter: one branch per instruction class, as the kernel's
+def run_cbpf(prog, pkt: bytes, wirelen: int | None = None, aux: dict | None = None,  # noqa: C901 - the reference interpreter: one branch per instruction class
+             bound: int | None = cbpf.LOOP_BOUND, stats: dict | None = None) -> int:
     """libpcap's bpf_filter semantics: u32 arithmetic, a load past the captured bytes returns 0, so does
-    division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0."""
+    division or modulo by X == 0, shifts by X ≥ 32 give 0; A, X and M[] start at 0. Linux's on top: `ld
+    [SKF_AD_OFF + n]` loads aux[n] (SKF_AD_ALU_XOR_X: A ^= X). fcap's: the bound-th + 1 backward jump to the
+    same target returns 0 (bound None: libpcap's, no bound); stats["back"]: the most jumps back to one target,
+    stats["cycle"]: the program came back to a state it had been in at a jump back (it returns 0 then)."""
     buflen = len(pkt)
     wirelen = buflen if wirelen is None else wirelen
     a = x = 0
     mem = [0] * 16
     pc = 0
+    back: dict[int, int] = {}
     while True:
         code, jt, jf, k = prog[pc]
         k &= M32
         pc += 1
         cls, size, mode = code & 7, code & 0x18, code & 0xE0
-        if cls in (0, 1) and mode in (0x20, 0x40, 0xA0):   # packet loads
+        if cls == 0 and mode == 0x20 and k >= AD_FROM:     # Linux ancillary field, whatever the size
+            a = a ^ x if k - AD_FROM == 40 else aux[k - AD_FROM] & M32
+        elif cls in (0, 1) and mode in (0x20, 0x40, 0xA0):   # packet loads
             n = {0x00: 4, 0x08: 2, 0x10: 1}[size]
             off = k + (x if mode == 0x40 else 0)
             if off + n > buflen:
@@ -99,7 +109,18 @@ def run_cbpf(prog, pkt: bytes, wirelen: int | None = None) -> int:  # noqa: C901
         elif cls == 5:
             op = code & 0xF0
             if op == 0x00:
-                pc += k
+                if k >= 1 << 31:
+                    back[pc + k - (1 << 32)] = n = back.get(pc + k - (1 << 32), 0) + 1
+                    if stats is not None:
+                        stats["back"] = max(stats.get("back", 0), n)
+                        state = (pc, a, x, tuple(mem))
+                        if state in stats.setdefault("states", set()):
+                            stats["cycle"] = True   # the same state again: it would loop for ever
+                            return 0
+                        stats["states"].add(state)
+                    if bound is not None and n > bound:
+                        return 0
+                pc = (pc + k) & M32
                 continue
             v = x if code & 8 else k
             cond = {0x10: a == v, 0x20: a > v, 0x30: a >= v, 0x40: bool(a & v)}[op]
@@ -128,6 +149,22 @@ def skb_slow_load(base: int, slot: int):
     return emit
 
 
+# __sk_buff offsets (and whether the value is big-endian) of the fields Linux's ancillary loads read
+SKB_AD = {0: (16, True), 4: (4, False), 8: (40, False), 12: (8, False), 16: (12, False), 32: (68, False),
+          44: (24, False), 48: (20, False), 60: (28, True)}
+
+
+def skb_ancillary(field: int, dst: int, reject: str) -> list:
+    """A PacketModel.ancillary for SCHED_CLS (ctx in R6): fields from __sk_buff, cpu and random from helpers."""
+    if field in (36, 56):
+        return [asm.call(Helper.get_smp_processor_id if field == 36 else Helper.get_prandom_u32)] + (
+            [asm.mov32(dst, R0)] if dst != R0 else [])
+    if field not in SKB_AD:
+        raise cbpf.CBPFError(f"{cbpf.ANCILLARY[field]}: __sk_buff has no such field")
+    off, swap = SKB_AD[field]
+    return [asm.ldx(W, dst, R6, off)] + ([asm.be(dst, 16)] if swap else [])
+
+
 @dataclass
 class Harness:
     """One SCHED_CLS program running several translated cBPF programs on the bytes after the first BASE of the
@@ -137,6 +174,7 @@ class Harness:
     progs: list
     capacity: int = 4096
     slow: bool = False
+    ancillary: bool = False
     prog: object = None
     pktmap: ArrayMap = None
     resmap: ArrayMap = None
@@ -158,12 +196,13 @@ class Harness:
                  asm.call(Helper.skb_load_bytes),
                  asm.jmp(asm.JEQ, R0, 0, "h_copied"), asm.movi(R0, 0xDEAD), asm.exit_(),
                  asm.label("h_copied")]
+        anc = skb_ancillary if self.ancillary else None
         if self.slow:
-            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8))
+            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8), anc)
         else:
             items += [asm.mov(buflen, wirelen), asm.jmp(asm.JLE, buflen, cap, "h_buflen"), asm.movi(buflen, cap),
                       asm.label("h_buflen")]
-            model = cbpf.PacketModel(buf, buflen, wirelen, cap)
+            model = cbpf.PacketModel(buf, buflen, wirelen, cap, ancillary=anc)
         for i, p in enumerate(self.progs):
             body = cbpf.translate(p, model, result=R0, done=f"f{i}_done", prefix=f"f{i}", stack_off=-80)
             self.per_filter.append(sum(1 for it in body if isinstance(it, asm.Insn)) + sum(
@@ -175,9 +214,10 @@ class Harness:
         self.prog = load(ProgType.SCHED_CLS, items, name="cbpf_test")
         self.ebpf_insns = len(self.prog.insns)
 
-    def run(self, pkt: bytes) -> tuple[int, list[int]]:
-        """(retval, results of every filter) for one packet."""
-        retval, _, _ = self.prog.test_run(bytes(BASE) + pkt)
+    def run(self, pkt: bytes, head: bytes = bytes(BASE), ctx: bytes | None = None) -> tuple[int, list[int]]:
+        """(retval, results of every filter) for one packet, after the BASE bytes `head` (the Ethernet header
+        the kernel's test run parses: it sets the skb's protocol and pkt_type) with __sk_buff `ctx`."""
+        retval, _, _ = self.prog.test_run(head + pkt, ctx)
         raw = self.resmap.lookup(0)
         return retval, list(struct.unpack(f"<{len(self.progs)}I", raw[: 4 * len(self.progs)]))
 
@@ -185,6 +225,50 @@ class Harness:
         self.prog.close()
         self.pktmap.close()
         self.resmap.close()
+
+
+def groups(progs: list[tuple], max_insns: int = 3000, max_progs: int = 16):
+    """Programs in batches for one harness each (16 at most: 5.10's verifier spent minutes on batches of 64)."""
+    group, size = [], 0
+    for p in progs:
+        if group and (size + len(p) > max_insns or len(group) >= max_progs):
+            yield group
+            group, size = [], 0
+        group.append(p)
+        size += len(p)
+    if group:
+        yield group
+
+
+def fitting(groups, **kw):
+    """(group, Harness) for each group; a group whose batch program is too big for this kernel's verifier
+    (E2BIG: older verifiers prune fewer states, 6.1 gives up at a million processed instructions) is split."""
+    for group in groups:
+        todo = [list(group)]
+        while todo:
+            g = todo.pop(0)
+            try:
+                h = Harness(g, **kw)
+            except VerifierError as e:
+                if e.errno != errno.E2BIG or len(g) == 1:
+                    raise
+                todo[:0] = [g[: len(g) // 2], g[len(g) // 2:]]
+                continue
+            yield g, h
+
+
+def kernel_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "not root: BPF_PROG_LOAD of SCHED_CLS programs needs CAP_BPF + CAP_NET_ADMIN"
+    try:
+        p = load(ProgType.SCHED_CLS, [asm.movi(R0, 7), asm.exit_()], name="probe")
+        r = p.test_run(bytes(14))[0]
+        p.close()
+        if r != 7:
+            return f"BPF_PROG_TEST_RUN returned {r}, not 7"
+    except OSError as e:
+        return f"cannot load or test-run a SCHED_CLS program: {e} ({errno.errorcode.get(e.errno, e.errno)})"
+    return None
 
 
 # ---- filters -------------------------------------------------------------------------------------
