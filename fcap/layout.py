@@ -131,6 +131,10 @@ LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: li
 PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
+# the file rings (fcap.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
+# GSO/BIG TCP skb larger than 64 KiB lands whole
+RING_CAPLEN_MAX = 262144
+RING_COPY_MAX = RING_CAPLEN_MAX - HDR_MAX
 
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
 COUNTER_SEEN, COUNTER_LOST = 0, 1
@@ -157,6 +161,7 @@ class _Stack:
     ring_len: int = -216     # the record's length
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
+    scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
 
 
 STACK = _Stack()

@@ -5,15 +5,17 @@ that user space only writes the bytes out. The ring's layout is fcap.layout's RI
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, MUL, R0, R1, R2, R3, R4, R5, R6, R7, R8,
-                     R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi, rshi, st,
-                     stx)
+from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6, R7,
+                     R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi, rshi,
+                     st, stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import kcomment
-from .layout import (CAPLEN_MAX, COPY_MAX, EPB_DIRECTION, EPB_HDR, EPB_REC, HDR_MAX, HEAD_ONE, HEAD_POS, META, NS,
+from .layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, HDR_MAX, HEAD_ONE, HEAD_POS, META, NS,
                      PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PKT,
-                     RECORD_PCAPNG, RING, RING_CTRL, STACK, TEXT_MAX)
+                     RECORD_PCAPNG, RING, RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, STACK, TEXT_MAX)
+
+CAPLEN_MAX, COPY_MAX = RING_CAPLEN_MAX, RING_COPY_MAX   # a record holds a whole GSO/BIG TCP skb up to these
 
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
 OPTS_MAX = 8 + 12 + 4 + TEXT_MAX + 4 + 4
@@ -121,12 +123,23 @@ def _reserve(b, spill: int) -> None:
 
 
 def _bytes(b, hdr: int) -> None:
-    """The link header bytes made in scratch (if any), then the skb's from offset skip (frags too) through an skb
-    dynptr, after the `hdr`-byte record header. Needs R1 = record start, R8 = hdr_total, R9 = the element."""
+    """The link header bytes made in scratch (if any), then the skb's from offset skip, after the `hdr`-byte record
+    header: one bpf_probe_read_kernel from skb->head when they are all linear, else (frags) through an skb dynptr.
+    Needs R1 = record start, R8 = hdr_total, R9 = the element."""
     m = b.m
     b.emit(asm.jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + hdr), mov(R2, R8),
            mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            label("r_link_done"),
+           # R1 = where the skb's bytes go, R2 = n
+           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, "r_unlock"),
+           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
+           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
+           # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
+           META.load(R0, R7, "len"), ldx(W, R3, R6, b.f.data_len), alu64(SUB, R0, R3, reg=True),
+           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True),
+           ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
+           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
+           ja("r_copied"), label("r_frags"),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
            mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
            asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, "r_unlock"),
@@ -134,7 +147,7 @@ def _bytes(b, hdr: int) -> None:
            alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
            mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
-           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"))
+           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"), label("r_copied"))
 
 
 def _publish(b) -> None:

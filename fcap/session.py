@@ -145,7 +145,8 @@ class Session:
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
-                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point))
+                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
+                             head_loads=self.cbpf is not None and self.head_loads(point))
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -163,6 +164,24 @@ class Session:
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
                  attach_btf_id=point.btf_id, what="probe skb dynptr").close()
         return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+
+    def head_loads(self, point: Point) -> bool:
+        """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
+        untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
+        if not point.typed:
+            return False
+        from .program import _Fields
+
+        def fn():
+            from bpf import asm
+            f = _Fields(point.btf)
+            items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
+                     asm.ldx(asm.H, asm.R2, asm.R1, f.mac), asm.ldx(asm.DW, asm.R1, asm.R1, f.head),
+                     asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
+                     asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
+            load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
+                 attach_btf_id=point.btf_id, what="probe loads through skb->head").close()
+        return features.probe(f"loads through skb->head in {point.kind}", fn) is None
 
     def task_btf(self, point: Point) -> bool:
         """Whether the point's program may call bpf_get_current_task_btf (5.11+) for pid/tid and comm."""
