@@ -17,6 +17,7 @@ from .layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, HDR_MAX, HEAD_ONE, HEAD_PO
 
 CAPLEN_MAX, COPY_MAX = RING_CAPLEN_MAX, RING_COPY_MAX   # a record holds a whole GSO/BIG TCP skb up to these
 
+SMALL_COPY = 256          # linear packets up to this long are copied by direct loads where the verifier allows
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
 OPTS_MAX = 8 + 12 + 4 + TEXT_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
@@ -136,8 +137,10 @@ def _bytes(b, hdr: int) -> None:
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
            # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
            META.load(R0, R7, "len"), ldx(W, R3, R6, b.f.data_len), alu64(SUB, R0, R3, reg=True),
-           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True),
-           ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
+           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True))
+    if b.o.head_loads:
+        _words(b)
+    b.emit(ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
            alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            ja("r_copied"), label("r_frags"),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
@@ -148,6 +151,20 @@ def _bytes(b, hdr: int) -> None:
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
            mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
            call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"), label("r_copied"))
+
+
+def _words(b) -> None:
+    """Up to SMALL_COPY linear bytes copied by direct 8-byte loads through skb->head (no helper call), the last
+    word's bytes past n cleared again. In: R1 = destination, R2 = n, R4 = skip. On to r_copied, or on when n is
+    larger."""
+    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), ldx(DW, R3, R6, b.f.head), ldx(DW, R0, FP, STACK.dataoff),
+           alu64(ADD, R3, R0, reg=True), alu64(ADD, R3, R4, reg=True))
+    for i in range(0, SMALL_COPY, 8):
+        if i:
+            b.emit(asm.jmp(JLE, R2, i, "r_words"))
+        b.emit(ldx(DW, R0, R3, i), stx(DW, R1, i, R0))
+    b.emit(label("r_words"), mov(R0, R1), alu64(ADD, R0, R2, reg=True), st(DW, R0, 0, 0), ja("r_copied"),
+           label("r_probe"))
 
 
 def _publish(b) -> None:

@@ -146,7 +146,7 @@ class Session:
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
-                             head_loads=self.cbpf is not None and self.head_loads(point))
+                             head_loads=self.head_loads(point))
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
