@@ -190,7 +190,10 @@ RING = Layout("RingControl", (
     ("busy", "I"),          # a writer holds the ring (a program interrupted by another point's on this CPU)
     ("", "4x"),
     ("bell", "I"),
-    ("", "44x"),
+    ("", "4x"),
+    ("sec_ns", "Q"),         # the program's: the wall-clock second its last pcap timestamp fell in, in ns ...
+    ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
+    ("", "24x"),
     ("tail", "Q"),           # user space's: on its own cache line
     ("", "56x"),
 ))

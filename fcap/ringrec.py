@@ -5,9 +5,9 @@ that user space only writes the bytes out. The ring's layout is fcap.layout's RI
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6, R7,
-                     R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi, rshi,
-                     st, stx)
+from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
+                     R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
+                     rshi, st, stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import kcomment
@@ -43,9 +43,13 @@ def _pcap(b) -> None:
     b.emit(META.load(R4, R7, "caplen"), addi(R4, PCAP_HDR), stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, 0)
     # the record header in place (R1 + RING_CTRL), laid out as META's: ts_sec, ts_nsec (wall clock), caplen, len
+    # (the second cached in the ring's control words: one division per second, not per packet)
     b.emit(META.load(R0, R7, "ts"), ld_imm64(R3, b.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
-           mov(R3, R0), alu64(DIV, R3, NS), META.store(R1, "ts1", R3, PCAP_AT), alu64(MUL, R3, NS),
-           alu64(SUB, R0, R3, reg=True), META.store(R1, "ts2", R0, PCAP_AT),
+           RING.load(R3, R9, "sec_ns"), mov(R5, R0), alu64(SUB, R5, R3, reg=True), asm.jmp(JGE, R5, NS, "r_sec"),
+           RING.load(R3, R9, "sec"), ja("r_sec_set"),
+           label("r_sec"), mov(R3, R0), alu64(DIV, R3, NS), RING.store(R9, "sec", R3), mov(R5, R3),
+           alu64(MUL, R5, NS), RING.store(R9, "sec_ns", R5), alu64(SUB, R0, R5, reg=True), mov(R5, R0),
+           label("r_sec_set"), META.store(R1, "ts1", R3, PCAP_AT), META.store(R1, "ts2", R5, PCAP_AT),
            META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, PCAP_AT))
     _orig_len(b)
     b.emit(META.store(R1, "orig", R5, PCAP_AT))
