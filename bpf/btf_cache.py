@@ -1,7 +1,8 @@
-"""A per-boot cache of the vmlinux BTF: the blob itself (sysfs hands it out 4 KiB per read(): ~1,400 system calls)
-and its index (each type record's word offset, kind and name offset, so that a start does not walk the ~130,000
-records in Python). Keyed by the BTF file's size and mtime and the boot id; kept under $XDG_CACHE_HOME/fcap, else
-/run/fcap (root) or ~/.cache/fcap; rebuilt when the key differs."""
+"""Per-boot caches of what is made from the kernel's BTF. The vmlinux BTF itself (sysfs hands it out 4 KiB per
+read(): ~1,400 system calls) with its index (each type record's word offset, kind and name offset, so that a start
+does not walk the ~130,000 records in Python); and any blob a caller derives from BTF (e.g. fcap's list of capture
+points). Each file is keyed by the identity of the BTF it came from (file size, mtime, the boot id) and CRC-checked;
+kept under $XDG_CACHE_HOME/fcap, else /run/fcap (root) or ~/.cache/fcap; rebuilt when the key differs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import sys
 import zlib
 from array import array
 
-MAGIC = b"fcapbtf3"
-_HEAD = struct.Struct("<8sIIII")      # magic, key length, record count, blob length, CRC-32 of the rest
+MAGIC = b"fcapbtf4"
+_HEAD = struct.Struct("<8sIII")      # magic, key length, data length, CRC-32 of key and data
+_VMLINUX = struct.Struct("<II")      # record count, blob length (then the blob, offsets, name offsets, kinds)
 
 
 def cache_dir() -> str:
@@ -24,24 +26,30 @@ def cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "fcap")
 
 
-def key(path: str) -> bytes:
-    """The identity of the BTF at `path` for this boot: size, mtime, boot id (and the byte order of the index)."""
-    st = os.stat(path)
+def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = "?"
-    return f"{os.path.basename(path)} {st.st_size} {st.st_mtime_ns} {boot} {sys.byteorder}".encode()
+        return "?"
+
+
+def key(*paths: str) -> bytes:
+    """The identity of the BTF files at `paths` for this boot: names, sizes, mtimes, the boot id (and the byte
+    order of what is cached). Raises OSError for a file that cannot be examined."""
+    parts = [_boot_id(), sys.byteorder]
+    for path in paths:
+        st = os.stat(path)
+        parts.append(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns}")
+    return " ".join(parts).encode()
 
 
 def _file(name: str) -> str:
-    return os.path.join(cache_dir(), f"{name}.btfidx")
+    return os.path.join(cache_dir(), f"{name}.btfcache")
 
 
-def load(name: str, ident: bytes) -> tuple[bytes, array, bytearray, array] | None:
-    """(blob, offsets, kinds, name offsets) cached for `name` under the key `ident`, or None (absent, stale,
-    damaged)."""
+def read(name: str, ident: bytes) -> bytes | None:
+    """The data cached as `name` under the key `ident`, or None (absent, stale, damaged)."""
     try:
         with open(_file(name), "rb") as f:
             data = f.read()
@@ -49,13 +57,43 @@ def load(name: str, ident: bytes) -> tuple[bytes, array, bytearray, array] | Non
         return None
     if len(data) < _HEAD.size:
         return None
-    magic, klen, n, blen, crc = _HEAD.unpack_from(data)
+    magic, klen, dlen, crc = _HEAD.unpack_from(data)
     at = _HEAD.size
-    if magic != MAGIC or data[at:at + klen] != ident or len(data) != at + klen + blen + 9 * n:
+    if magic != MAGIC or len(data) != at + klen + dlen or data[at:at + klen] != ident:
         return None
-    if zlib.crc32(memoryview(data)[at:]) != crc:   # (~2 ms: a damaged file must not give wrong types)
+    if zlib.crc32(memoryview(data)[at:]) != crc:   # (~2 ms for vmlinux: a damaged file must not give wrong types)
         return None
-    at += klen
+    return data[at + klen:]
+
+
+def write(name: str, ident: bytes, *parts: bytes) -> None:
+    """Cache the concatenated parts as `name` under `ident` (atomically: a temporary file renamed over the old
+    one). Failures are ignored: the cache only saves time."""
+    path = _file(name)
+    tmp = f"{path}.{os.getpid()}"
+    body = b"".join((ident, *parts))
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_HEAD.pack(MAGIC, len(ident), len(body) - len(ident), zlib.crc32(body)))
+            f.write(body)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def load(name: str, ident: bytes) -> tuple[bytes, array, bytearray, array] | None:
+    """A BTF blob cached by store(): (blob, offsets, kinds, name offsets), or None."""
+    data = read(name, ident)
+    if data is None or len(data) < _VMLINUX.size:
+        return None
+    n, blen = _VMLINUX.unpack_from(data)
+    at = _VMLINUX.size
+    if len(data) != at + blen + 9 * n:
+        return None
     blob = data[at:at + blen]
     at += blen
     offs, names = array("I"), array("I")
@@ -65,20 +103,6 @@ def load(name: str, ident: bytes) -> tuple[bytes, array, bytearray, array] | Non
 
 
 def store(name: str, ident: bytes, blob: bytes, offs, kinds: bytes, names) -> None:
-    """Write the blob and its index (atomically: a temporary file renamed over the old one). Failures are ignored:
-    the cache only saves time."""
+    """Cache a BTF blob with its index (each record's word offset, kind and name offset)."""
     offs, names = array("I", offs), array("I", names)
-    path = _file(name)
-    tmp = f"{path}.{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        body = b"".join((ident, blob, offs.tobytes(), names.tobytes(), bytes(kinds)))
-        with open(tmp, "wb") as f:
-            f.write(_HEAD.pack(MAGIC, len(ident), len(offs), len(blob), zlib.crc32(body)))
-            f.write(body)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    write(name, ident, _VMLINUX.pack(len(offs), len(blob)), blob, offs.tobytes(), names.tobytes(), bytes(kinds))

@@ -66,7 +66,7 @@ def test_damaged_cache_file_is_rebuilt(cache_home, damage):
             "print(b.find('sk_buff', 'struct').id, len(b))")
     env = dict(os.environ, XDG_CACHE_HOME=str(cache_home), PYTHONPATH=ROOT)
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    path = cache_home / "fcap" / "vmlinux.btfidx"
+    path = cache_home / "fcap" / "vmlinux.btfcache"
     assert path.stat().st_size > 0
     data = path.read_bytes()
     path.write_bytes({"truncate": data[:len(data) // 2], "garbage": data[:100] + b"\x55" * (len(data) - 100),
