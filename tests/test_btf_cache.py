@@ -74,3 +74,18 @@ def test_damaged_cache_file_is_rebuilt(cache_home, damage):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert second == first
     assert path.read_bytes() == data    # rebuilt
+
+
+def test_list_devices_cached_per_boot(cache_home, root):
+    """fcap list-devices: the cached list is the list (first run makes it, later runs read it; a damaged cache is
+    made again)."""
+    from netns import run_fcap, subprocess_env
+    env = dict(subprocess_env(), XDG_CACHE_HOME=str(cache_home))
+    runs = [run_fcap(["list-devices", "*xmit*"], env=env) for _ in range(2)]
+    path = cache_home / "fcap" / "points.btfcache"
+    assert path.exists()
+    path.write_bytes(path.read_bytes()[:-7] + b"garbage")
+    runs.append(run_fcap(["list-devices", "*xmit*"], env=env))
+    outs = {r.stdout.decode() for r in runs}
+    assert all(r.returncode == 0 for r in runs) and len(outs) == 1
+    assert "tp_btf/net_dev_start_xmit  void net_dev_start_xmit(" in outs.pop()
