@@ -61,7 +61,7 @@ class BTF:
         self._str_found: dict[bytes, list[int]] = {}
         self._names: dict[tuple[str, int | None], list[int]] = {}
         self._name_offs: array | None = None
-        self._name_bytes: bytes | None = None     # _name_offs' bytes, searched with bytes.find
+        self._name_list: list[int] | None = None  # _name_offs as a list, searched with list.index
         self._data = b""                          # the blob (the vmlinux BTF's goes into bpf.btf_cache)
         self._name_index: dict[bytes, list[int]] | None = None
         self._lookups = 0
@@ -278,9 +278,9 @@ class BTF:
             self._lookups += 1
             if self._lookups <= 32:
                 offs = self._str_offsets(name.encode(), True)
-                if self._name_bytes is None:
-                    self._name_bytes = self._name_offs.tobytes()
-                return sorted(i for off in offs for i in _u32_positions(self._name_bytes, off, self._first))
+                if self._name_list is None:   # (list.index: ~1 ms over 130,000 names, array.index ~5)
+                    self._name_list = self._name_offs.tolist()
+                return sorted(i for off in offs for i in _positions(self._name_list, off, self._first))
             by_off: dict[int, list[int]] = {}
             for i, off in enumerate(self._name_offs, self._first):
                 by_off.setdefault(off, []).append(i)
@@ -407,18 +407,6 @@ def _fits(index: tuple, w) -> bool:
         return False
     step = _STEP[kinds[-1]] if kinds[-1] < len(_STEP) else None
     return step is not None and offs[-1] + step[0] + (w[offs[-1] + 1] & 0xFFFF) * step[1] == len(w)
-
-
-def _u32_positions(buf: bytes, value: int, start: int) -> list[int]:
-    """Indices (+ start) of the u32 `value` in `buf` (native order, as array("I") holds it), found with bytes.find
-    (C speed; list.index would compare ~130,000 Python ints)."""
-    pat, out, pos = array("I", [value]).tobytes(), [], -1
-    while True:
-        pos = buf.find(pat, pos + 1)
-        if pos < 0:
-            return out
-        if pos % 4 == 0:
-            out.append(start + pos // 4)
 
 
 def _kind_code(kind: str) -> int:

@@ -170,13 +170,14 @@ class Session:
         untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
         if not point.typed:
             return False
-        from .program import _Fields
 
         def fn():
             from bpf import asm
-            f = _Fields(point.btf)
+            vm = point.btf if point.btf.base is None else point.btf.base
+            skb = vm.find("sk_buff", "struct")
+            mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
             items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
-                     asm.ldx(asm.H, asm.R2, asm.R1, f.mac), asm.ldx(asm.DW, asm.R1, asm.R1, f.head),
+                     asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
                      asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
                      asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
