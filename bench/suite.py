@@ -118,11 +118,13 @@ def _bpf(sender: Sender, runs: Runs, log) -> None:
 
 def _startup(sender: Sender, runs: Runs, log) -> None:
     log("start-up")
-    for name in ("tcpdump", "fcap pcap"):
-        runs.ready[name] = ready_times(runs.tools[name], runs.plan["ready"])
-        log(f"  {name:<12} ready in {statistics.median(runs.ready[name]):.3f} s")
+    for name in ("tcpdump", "fcap pcap", "fcap pcap cold"):
+        runs.ready[name] = ready_times(runs.tools[name.removesuffix(" cold")], runs.plan["ready"],
+                                       cold=name.endswith(" cold"))
+        log(f"  {name:<14} ready in {statistics.median(runs.ready[name]):.3f} s")
     runs.listing = list_devices(fcap_argv(), runs.plan["listing"])
-    log(f"  list-devices {runs.listing['fcap']:.3f} s, bpftool btf dump {runs.listing['bpftool'] or 0:.3f} s")
+    log(f"  list-devices {runs.listing['fcap']:.3f} s (cold {runs.listing['fcap cold']:.3f} s), bpftool btf dump "
+        f"{runs.listing['bpftool'] or 0:.3f} s")
 
 
 _PART = {"flood": _flood, "sweep": _sweep, "bpf": _bpf, "startup": _startup}

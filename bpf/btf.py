@@ -62,6 +62,8 @@ class BTF:
         self._names: dict[tuple[str, int | None], list[int]] = {}
         self._name_offs: array | None = None
         self._name_list: list[int] | None = None  # _name_offs as a list, searched with list.index
+        self._memo: dict[str, list[int]] | None = None   # vmlinux: names looked up in earlier runs this boot
+        self._memo_key = b""
         self._data = b""                          # the blob (the vmlinux BTF's goes into bpf.btf_cache)
         self._name_index: dict[bytes, list[int]] | None = None
         self._lookups = 0
@@ -76,10 +78,10 @@ class BTF:
         """Parse a raw .BTF blob; `base` for split BTF. Only record offsets are computed here, or taken from
         `index` (offsets, kinds, name offsets: bpf.btf_cache) when it fits the blob."""
         op = f"parse {name or 'BTF'}"
-        data = bytes(data)
+        data = data if isinstance(data, memoryview) and data.readonly else bytes(data)   # (a mapped cache: no copy)
         if len(data) < 24:
             raise BTFError(op, f"truncated header ({len(data)} bytes)")
-        endian = {b"\x9f\xeb": "<", b"\xeb\x9f": ">"}.get(data[:2])
+        endian = {b"\x9f\xeb": "<", b"\xeb\x9f": ">"}.get(bytes(data[:2]))
         if endian is None:
             raise BTFError(op, f"bad magic 0x{int.from_bytes(data[:2], 'little'):04x}")
         _, version, _, hdr_len, type_off, type_len, str_off, str_len = _HEADER[endian].unpack_from(data)
@@ -93,7 +95,7 @@ class BTF:
                                f" exceed the {body} bytes after the header")
         if type_len % 4 or type_off % 4:
             raise BTFError(op, f"type section offset {type_off} or length {type_len} not a multiple of 4")
-        strs = data[hdr_len + str_off:hdr_len + str_off + str_len]
+        strs = bytes(data[hdr_len + str_off:hdr_len + str_off + str_len])
         if strs and strs[-1] != 0:
             raise BTFError(op, "string section does not end with NUL")
         if base is None and strs[:1] != b"\0":
@@ -134,14 +136,13 @@ class BTF:
             except OSError:
                 ident = None
             cached = btf_cache.load("vmlinux", ident) if ident else None
-            if cached is not None:
-                btf = cls.load(cached[0], name="vmlinux", index=cached[1:])
-                if btf._offs is cached[1]:
-                    BTF._vmlinux = btf
-                    return btf
-            btf = cls.load_file(path, name="vmlinux")
+            btf = cls.load(cached[0], name="vmlinux", index=cached[1:]) if cached is not None else None
+            if btf is None or btf._offs is not cached[1]:
+                btf = cls.load_file(path, name="vmlinux")
+                if ident:
+                    btf_cache.store("vmlinux", ident, btf._data, btf._offs, btf._kinds, btf._record_names())
             if ident:
-                btf_cache.store("vmlinux", ident, btf._data, btf._offs, btf._kinds, btf._record_names())
+                btf._remember_names(ident)
             BTF._vmlinux = btf
         return BTF._vmlinux
 
@@ -272,6 +273,30 @@ class BTF:
         return self._name_offs
 
     def _ids_named(self, name: str) -> list[int]:
+        """Own ids named `name`: remembered per boot for vmlinux (bpf.btf_cache: a start looks up the same few
+        names every time), else found by _scan_named."""
+        memo = self._memo
+        if memo is None:
+            return self._scan_named(name)
+        ids = memo.get(name)
+        if ids is None:
+            ids = memo[name] = self._scan_named(name)
+            from . import btf_cache
+            btf_cache.write("vmlinux-names", self._memo_key, "".join(
+                f"{n}\t{' '.join(map(str, i))}\n" for n, i in memo.items()).encode())
+        return ids
+
+    def _remember_names(self, ident: bytes) -> None:
+        """Keep the names looked up in this BTF (and their ids) per boot under the key `ident`."""
+        from . import btf_cache
+        data = btf_cache.read("vmlinux-names", ident)
+        memo: dict[str, list[int]] = {}
+        for line in bytes(data).decode(errors="replace").splitlines() if data is not None else ():
+            n, _, ids = line.partition("\t")
+            memo[n] = [int(i) for i in ids.split()]
+        self._memo, self._memo_key = memo, ident
+
+    def _scan_named(self, name: str) -> list[int]:
         """Own ids named `name`: a few lookups scan (at C speed); after many, a full index pays off."""
         if self._name_index is None:
             self._record_names()

@@ -48,20 +48,23 @@ def _file(name: str) -> str:
     return os.path.join(cache_dir(), f"{name}.btfcache")
 
 
-def read(name: str, ident: bytes) -> bytes | None:
-    """The data cached as `name` under the key `ident`, or None (absent, stale, damaged)."""
+def read(name: str, ident: bytes) -> memoryview | None:
+    """The data cached as `name` under the key `ident` (a read-only view of the file, mapped), or None (absent,
+    stale, damaged)."""
+    import mmap
     try:
         with open(_file(name), "rb") as f:
-            data = f.read()
-    except OSError:
+            mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    except (OSError, ValueError):    # (ValueError: an empty file cannot be mapped)
         return None
+    data = memoryview(mm)
     if len(data) < _HEAD.size:
         return None
     magic, klen, dlen, crc = _HEAD.unpack_from(data)
     at = _HEAD.size
     if magic != MAGIC or len(data) != at + klen + dlen or data[at:at + klen] != ident:
         return None
-    if zlib.crc32(memoryview(data)[at:]) != crc:   # (~2 ms for vmlinux: a damaged file must not give wrong types)
+    if zlib.crc32(data[at:]) != crc:   # (~2 ms for vmlinux: a damaged file must not give wrong types)
         return None
     return data[at + klen:]
 
@@ -85,7 +88,7 @@ def write(name: str, ident: bytes, *parts: bytes) -> None:
             pass
 
 
-def load(name: str, ident: bytes) -> tuple[bytes, array, bytearray, array] | None:
+def load(name: str, ident: bytes) -> tuple[memoryview, array, bytearray, array] | None:
     """A BTF blob cached by store(): (blob, offsets, kinds, name offsets), or None."""
     data = read(name, ident)
     if data is None or len(data) < _VMLINUX.size:

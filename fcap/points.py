@@ -251,7 +251,7 @@ def _all_points() -> list[Listing]:
         ident = None
     data = btf_cache.read("points", ident) if ident else None
     if data is not None:
-        rows = [line.split("\t") for line in data.decode().splitlines()]
+        rows = [line.split("\t") for line in bytes(data).decode(errors="replace").splitlines()]
         if all(len(r) == 5 for r in rows):
             return [Listing(*r) for r in rows]
     items = _scan_points()

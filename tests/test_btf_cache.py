@@ -68,6 +68,7 @@ def test_damaged_cache_file_is_rebuilt(cache_home, damage):
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     path = cache_home / "fcap" / "vmlinux.btfcache"
     assert path.stat().st_size > 0
+    assert "sk_buff\t" in (cache_home / "fcap" / "vmlinux-names.btfcache").read_bytes().decode(errors="replace")
     data = path.read_bytes()
     path.write_bytes({"truncate": data[:len(data) // 2], "garbage": data[:100] + b"\x55" * (len(data) - 100),
                       "empty": b""}[damage])
