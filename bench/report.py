@@ -100,7 +100,7 @@ def startup_table(plan: dict, ready: dict, listing: dict) -> list[str]:
 
 
 def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, ready: dict, listing: dict,
-           started: str, took: float) -> str:
+           started: str, took: float, ceiling: list[str] | None = None) -> str:
     t = tools()
     rt = f"SCHED_FIFO {RT_PRIORITY}, " if RT_PRIORITY else ""
     lines = [BEGIN, "", f"Made by `{cmd}` on {started} ({took:.0f} s).", ""]
@@ -134,6 +134,8 @@ def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, read
         lines += ["From `python -m bench.bpf_runtime` (its own sender and cases):", "", bpf_runtime.strip(), ""]
     if ready or listing:
         lines += startup_table(plan, ready, listing)
+    if ceiling:
+        lines += ceiling
     notes = [note for res in full + sweep for r in res for note in r.notes]
     if notes:
         lines += ["Notes: " + "; ".join(notes), ""]
