@@ -205,6 +205,16 @@ class RingDrain:
         self.written += n
         return n
 
+    def published(self) -> int:
+        """Records the programs have published so far: those written plus those not drained yet."""
+        if self.view is None:
+            return self.written
+        mask, left = (1 << (64 - layout.HEAD_BITS)) - 1, 0
+        for i, base in enumerate(self.bases):
+            head = _U64.unpack_from(self.view, base + RING.off("head"))[0]
+            left += ((head >> layout.HEAD_BITS) - self.counts[i]) & mask
+        return self.written + left
+
     def close(self) -> None:
         if self.view is not None:
             self.words.release()
@@ -214,6 +224,17 @@ class RingDrain:
 
 
 _U64 = struct.Struct("=Q")
+
+
+def ring_records(ring_map) -> int:
+    """Records published in a file rings' map so far (the count bits of each CPU's head), for a session whose rings
+    no RingDrain read."""
+    mm = ring_map.mmap()
+    try:
+        return sum(_U64.unpack_from(mm, i * ring_map.stride + RING.off("head"))[0] >> layout.HEAD_BITS
+                   for i in range(ring_map.max_entries))
+    finally:
+        mm.close()
 
 
 def _ignore(cpu: int, raw) -> None:

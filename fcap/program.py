@@ -231,7 +231,10 @@ class Builder:
         self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id & 0xFF),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
-        # the device: ifindex, ARPHRD type
+        # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
+        # another link type)
+        if not (self.o.meta or self.o.start == START_SLL2):
+            return
         self.read(DW, R8, R6, f.dev)
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
         self._read_store(R8, f.ifindex, "ifindex")

@@ -173,7 +173,8 @@ def _words(b) -> None:
 
 def _publish(b) -> None:
     """Copy a record's overflow past the ring's end to its start, publish it (position and count in one atomic
-    add), ring the doorbell when due, release the ring. Sets R0 and falls through to the counting."""
+    add), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
+    through to the counting (seen and lost)."""
     m = b.m
     ring = m.ring_size
     b.emit(ldx(DW, R3, FP, STACK.ring_off), ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R2, R3, reg=True),
@@ -190,6 +191,8 @@ def _publish(b) -> None:
            RING.store_imm(R9, "bell", 1), st(DW, FP, STACK.bell, 0),
            ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
            mov(R4, FP), addi(R4, STACK.bell), movi(R5, 8), call(Helper.perf_event_output),
-           label("r_done"), RING.store_imm(R9, "busy", 0), movi(R0, 0), ja("r_count"),
+           # a published record is counted by the ring's own count (user space adds it to the program's count of
+           # failures: received = published + dropped), so success skips the counters
+           label("r_done"), RING.store_imm(R9, "busy", 0), ja("out"),
            label("r_unlock"), RING.store_imm(R9, "busy", 0),
            label("r_fail"), movi(R0, -1), label("r_count"))

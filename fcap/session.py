@@ -389,6 +389,9 @@ class Session:
             keys = range(len(self.points))
             self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
             self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
+            if self.ring is not None:   # file rings: the programs count failures only; a ring counts its records
+                from .drain import ring_records
+                self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
         return self.stats
