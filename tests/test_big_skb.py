@@ -1,4 +1,4 @@
-"""GSO skbs larger than 64 KiB: a TCP bulk transfer on lo, captured at tp_btf/net_dev_queue (before
+"""GSO skbs larger than 64 KiB: an 8 MB TCP bulk transfer on lo, captured at tp_btf/net_dev_queue (before
 validate_xmit_skb splits anything), keeps every byte of each skb up to the snap length where the records go to the
 file rings; where they go through the perf buffer (kernels without skb dynptrs in tracing programs) each keeps the
 largest prefix a perf sample holds and its true length. Checked against the sender's data by sequence number."""
@@ -14,7 +14,7 @@ from conftest import need_root
 from netns import SLOW, read_packets, start_fcap, tcp_bulk
 
 POINT = "tp_btf/net_dev_queue"
-NBYTES = 4_000_000
+NBYTES = 8_000_000
 BUFFER_KIB = 4 * NBYTES // 1024
 SETTLE = 0.3 * SLOW
 
