@@ -180,8 +180,17 @@ class Session:
                      asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
                      asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
                      asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
-            load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
-                 attach_btf_id=point.btf_id, what="probe loads through skb->head").close()
+            obj_fd = None
+            try:
+                if point.btf.base is not None:
+                    from bpf.sys import btf_fd_by_name
+                    obj_fd = btf_fd_by_name(point.module)
+                load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
+                     attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd.fd if obj_fd else 0,
+                     what="probe loads through skb->head").close()
+            finally:
+                if obj_fd is not None:
+                    obj_fd.close()
         return features.probe(f"loads through skb->head in {point.kind}", fn) is None
 
     def task_btf(self, point: Point) -> bool:
