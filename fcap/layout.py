@@ -184,7 +184,7 @@ _check_stack()
 # [tail, head) as it is and stores head's position in tail. A record that runs past the ring's end is written on
 # into the slack and its overflow copied to the ring's start, so the stream is contiguous modulo the ring's size.
 # When a record leaves a quarter of the ring or more in use and bell is 0, the program sets bell and rings user
-# space through the perf buffer (8 bytes); user space clears it before it reads head.
+# space through the perf buffer (8 bytes); user space clears it once it has written the bytes and stored tail.
 RING = Layout("RingControl", (
     ("head", "Q"),
     ("busy", "I"),          # a writer holds the ring (a program interrupted by another point's on this CPU)
