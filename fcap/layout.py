@@ -230,8 +230,8 @@ def format_comment(rec) -> str:
 
 
 # Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
-# they are valid, the middle's length, and the text (written at positions masked to TEXT_POS_MASK, and up to 16
-# bytes past them).
+# they are valid, the middle's length, the last packet's skb high half and length with their text, and the text
+# (written at positions masked to TEXT_POS_MASK, and up to 16 bytes past them).
 COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
 KEY_WORDS = META.words(COMMENT_KEY)
 TEXT_POS_MASK = 255
@@ -243,6 +243,15 @@ CAREA = Layout("CommentArea", (
     ("", f"{-(sum(n for _o, n in KEY_WORDS) + 1) % 8}x"),
     ("midlen", "I"),
     ("", "4x"),
+    # the per-packet parts remembered from the last packet: the skb address's high half and its 8 hex digits (a
+    # kernel address's high half is never 0, so the zeroed area never matches); the length + 1 (0: none yet), its
+    # text's length and the text itself (" len=" and the digits)
+    ("skb_hi", "I"),
+    ("len_key", "I"),
+    ("skb_hi_hex", "Q"),
+    ("len_n", "I"),
+    ("", "4x"),
+    ("len_text", "16s"),
     ("text", f"{TEXT_POS_MASK + 1 + 16}s"),
 ))
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
