@@ -33,6 +33,11 @@ LEVERS = [
     ("a1c60f1", "the command exits without the interpreter's teardown (~20 ms of CPU per run)"),
     ("b205f77", "pid/tid and comm read straight from current (get_current_task_btf) instead of two helpers"),
     ("5e52c11", "timestamp and metadata read after the filter (cheaper rejects; same work for a capture)"),
+    ("5c03892", "the file ring copies linear bytes with one probe_read_kernel (no dynptr kfunc + helper); the "
+                "filter reads in place through skb->head"),
+    ("ece7b38", "linear packets up to 256 bytes copied into the ring by direct 8-byte loads (no helper call)"),
+    ("d8548c2", "pcap: ts_sec from the second cached in the ring's control words (one division per second)"),
+    ("33c76c5", "a published record skips the counters; no device loads a pcap file does not need"),
 ]
 
 

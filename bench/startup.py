@@ -1,4 +1,5 @@
-"""Start-up: exec to `listening on` for fcap and tcpdump; `fcap list-devices` against bpftool's BTF dump."""
+"""Start-up: exec to `listening on` for fcap and tcpdump; `fcap list-devices` against bpftool's BTF dump. fcap's
+"cold" runs start without its per-boot BTF caches (bpf.btf_cache), as the first run after a boot does."""
 
 from __future__ import annotations
 
@@ -12,10 +13,21 @@ from .capture import OUT_DIR, Tool, _Child
 from .traffic import CAPTURE_CPU, pinned
 
 
-def ready_times(tool: Tool, n: int) -> list[float]:
+def drop_caches() -> None:
+    """Remove fcap's per-boot BTF caches (the next fcap run makes them again)."""
+    from bpf.btf_cache import cache_dir
+    d = cache_dir()
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        if name.endswith(".btfcache"):
+            os.unlink(os.path.join(d, name))
+
+
+def ready_times(tool: Tool, n: int, cold: bool = False) -> list[float]:
     out = []
     path = os.path.join(OUT_DIR, f"fcap-bench-ready-{os.getpid()}{tool.suffix}")
     for _ in range(n):
+        if cold:
+            drop_caches()
         child = _Child(tool.command(path))
         try:
             out.append(child.ready())
@@ -29,10 +41,12 @@ def ready_times(tool: Tool, n: int) -> list[float]:
     return out
 
 
-def wall_times(argv: list[str], n: int) -> list[float]:
+def wall_times(argv: list[str], n: int, cold: bool = False) -> list[float]:
     """Wall time of argv, n times, on the capture CPU with the same scheduling as the captures."""
     out = []
     for _ in range(n):
+        if cold:
+            drop_caches()
         t0 = time.monotonic()
         r = subprocess.run(pinned(CAPTURE_CPU, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out.append(time.monotonic() - t0)
@@ -42,7 +56,8 @@ def wall_times(argv: list[str], n: int) -> list[float]:
 
 
 def list_devices(fcap: list[str], n: int) -> dict[str, float | None]:
-    res: dict[str, float | None] = {"fcap": statistics.median(wall_times(fcap + ["list-devices"], n))}
+    res: dict[str, float | None] = {"fcap": statistics.median(wall_times(fcap + ["list-devices"], n)),
+                                    "fcap cold": statistics.median(wall_times(fcap + ["list-devices"], n, cold=True))}
     bpftool = shutil.which("bpftool")
     res["bpftool"] = (statistics.median(wall_times([bpftool, "btf", "dump", "file", "/sys/kernel/btf/vmlinux"], n))
                       if bpftool else None)

@@ -11,13 +11,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import report
+from . import ceiling, report
 from .capture import POINT, SNAPLEN, Result, Tool, fcap_argv, run_one, tools
 from .startup import list_devices, ready_times
 from .traffic import Sender
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("flood", "sweep", "bpf", "startup")
+PARTS = ("flood", "sweep", "bpf", "startup", "ceiling")
 
 
 def plan(quick: bool) -> dict:
@@ -87,6 +87,7 @@ class Runs:
     bpf_runtime: str | None = None
     ready: dict = field(default_factory=dict)
     listing: dict = field(default_factory=dict)
+    ceiling: list = field(default_factory=list)
 
 
 def _flood(sender: Sender, runs: Runs, log) -> None:
@@ -118,14 +119,21 @@ def _bpf(sender: Sender, runs: Runs, log) -> None:
 
 def _startup(sender: Sender, runs: Runs, log) -> None:
     log("start-up")
-    for name in ("tcpdump", "fcap pcap"):
-        runs.ready[name] = ready_times(runs.tools[name], runs.plan["ready"])
-        log(f"  {name:<12} ready in {statistics.median(runs.ready[name]):.3f} s")
+    for name in ("tcpdump", "fcap pcap", "fcap pcap cold"):
+        runs.ready[name] = ready_times(runs.tools[name.removesuffix(" cold")], runs.plan["ready"],
+                                       cold=name.endswith(" cold"))
+        log(f"  {name:<14} ready in {statistics.median(runs.ready[name]):.3f} s")
     runs.listing = list_devices(fcap_argv(), runs.plan["listing"])
-    log(f"  list-devices {runs.listing['fcap']:.3f} s, bpftool btf dump {runs.listing['bpftool'] or 0:.3f} s")
+    log(f"  list-devices {runs.listing['fcap']:.3f} s (cold {runs.listing['fcap cold']:.3f} s), bpftool btf dump "
+        f"{runs.listing['bpftool'] or 0:.3f} s")
 
 
-_PART = {"flood": _flood, "sweep": _sweep, "bpf": _bpf, "startup": _startup}
+def _ceiling(sender: Sender, runs: Runs, log) -> None:
+    log("the drain's ceiling (rings filled while fcap is stopped)")
+    runs.ceiling = ceiling.run(sender, runs.plan["reps"], log)
+
+
+_PART = {"flood": _flood, "sweep": _sweep, "bpf": _bpf, "startup": _startup, "ceiling": _ceiling}
 
 
 def run(args, log) -> int:
@@ -144,7 +152,7 @@ def run(args, log) -> int:
     took = time.monotonic() - t_start
     cmd = "python -m bench" + (" --quick" if args.quick else "")
     text = report.report(cmd, runs.plan, runs.full, runs.sweep, runs.bpf, runs.bpf_runtime, runs.ready, runs.listing,
-                         started, took)
+                         started, took, ceiling=ceiling.table(runs.ceiling) if runs.ceiling else None)
     if args.json:
         _write_json(args.json, runs, started, args.quick)
     if args.no_write or args.only:
@@ -159,4 +167,5 @@ def _write_json(path: str, runs: Runs, started: str, quick: bool) -> None:
     results = [r for res in runs.full + runs.sweep for r in res] + runs.bpf
     with open(path, "w") as f:
         json.dump({"started": started, "quick": quick, "point": POINT, "snaplen": SNAPLEN,
-                   "runs": [asdict(r) for r in results], "ready": runs.ready, "listing": runs.listing}, f, indent=1)
+                   "runs": [asdict(r) for r in results], "ready": runs.ready, "listing": runs.listing,
+                   "ceiling": [asdict(c) for c in runs.ceiling]}, f, indent=1)

@@ -60,7 +60,11 @@ class BTF:
         self._str_cache: dict[int, str] = {}
         self._str_found: dict[bytes, list[int]] = {}
         self._names: dict[tuple[str, int | None], list[int]] = {}
-        self._name_offs: list[int] | None = None
+        self._name_offs: array | None = None
+        self._name_list: list[int] | None = None  # _name_offs as a list, searched with list.index
+        self._memo: dict[str, list[int]] | None = None   # vmlinux: names looked up in earlier runs this boot
+        self._memo_key = b""
+        self._data = b""                          # the blob (the vmlinux BTF's goes into bpf.btf_cache)
         self._name_index: dict[bytes, list[int]] | None = None
         self._lookups = 0
         self._by_kind: dict[tuple, list[int]] = {}
@@ -70,13 +74,14 @@ class BTF:
         self._decls: dict[int, tuple[str, bool] | None] = {}
 
     @classmethod
-    def load(cls, data: bytes, base: BTF | None = None, name: str = "") -> BTF:
-        """Parse a raw .BTF blob; `base` for split BTF. Only record offsets are computed here."""
+    def load(cls, data: bytes, base: BTF | None = None, name: str = "", index: tuple | None = None) -> BTF:
+        """Parse a raw .BTF blob; `base` for split BTF. Only record offsets are computed here, or taken from
+        `index` (offsets, kinds, name offsets: bpf.btf_cache) when it fits the blob."""
         op = f"parse {name or 'BTF'}"
-        data = bytes(data)
+        data = data if isinstance(data, memoryview) and data.readonly else bytes(data)   # (a mapped cache: no copy)
         if len(data) < 24:
             raise BTFError(op, f"truncated header ({len(data)} bytes)")
-        endian = {b"\x9f\xeb": "<", b"\xeb\x9f": ">"}.get(data[:2])
+        endian = {b"\x9f\xeb": "<", b"\xeb\x9f": ">"}.get(bytes(data[:2]))
         if endian is None:
             raise BTFError(op, f"bad magic 0x{int.from_bytes(data[:2], 'little'):04x}")
         _, version, _, hdr_len, type_off, type_len, str_off, str_len = _HEADER[endian].unpack_from(data)
@@ -90,7 +95,7 @@ class BTF:
                                f" exceed the {body} bytes after the header")
         if type_len % 4 or type_off % 4:
             raise BTFError(op, f"type section offset {type_off} or length {type_len} not a multiple of 4")
-        strs = data[hdr_len + str_off:hdr_len + str_off + str_len]
+        strs = bytes(data[hdr_len + str_off:hdr_len + str_off + str_len])
         if strs and strs[-1] != 0:
             raise BTFError(op, "string section does not end with NUL")
         if base is None and strs[:1] != b"\0":
@@ -102,22 +107,43 @@ class BTF:
             words = array("I", section.tobytes())
             words.byteswap()
         first = len(base) if base is not None else 1
-        return cls(name, base, words, strs, *_scan(words, op, first))
+        if index is not None and _fits(index, words):
+            btf = cls(name, base, words, strs, index[0], index[1])
+            btf._name_offs = index[2]
+        else:
+            btf = cls(name, base, words, strs, *_scan(words, op, first))
+        btf._data = data
+        return btf
 
     @classmethod
-    def load_file(cls, path: str, base: BTF | None = None, name: str = "") -> BTF:
+    def load_file(cls, path: str, base: BTF | None = None, name: str = "", index: tuple | None = None) -> BTF:
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as e:
             raise BTFError(f"read {path}", e.strerror or e, e.errno) from e
-        return cls.load(data, base, name or os.path.basename(path))
+        return cls.load(data, base, name or os.path.basename(path), index)
 
     @classmethod
     def vmlinux(cls) -> BTF:
-        """The kernel's BTF, /sys/kernel/btf/vmlinux, loaded once per process."""
+        """The kernel's BTF, /sys/kernel/btf/vmlinux, loaded once per process; the blob and its index cached per
+        boot (bpf.btf_cache)."""
         if BTF._vmlinux is None:
-            BTF._vmlinux = cls.load_file(os.path.join(SYSFS_BTF, "vmlinux"), name="vmlinux")
+            from . import btf_cache
+            path = os.path.join(SYSFS_BTF, "vmlinux")
+            try:
+                ident = btf_cache.key(path)
+            except OSError:
+                ident = None
+            cached = btf_cache.load("vmlinux", ident) if ident else None
+            btf = cls.load(cached[0], name="vmlinux", index=cached[1:]) if cached is not None else None
+            if btf is None or btf._offs is not cached[1]:
+                btf = cls.load_file(path, name="vmlinux")
+                if ident:
+                    btf_cache.store("vmlinux", ident, btf._data, btf._offs, btf._kinds, btf._record_names())
+            if ident:
+                btf._remember_names(ident)
+            BTF._vmlinux = btf
         return BTF._vmlinux
 
     @classmethod
@@ -128,6 +154,12 @@ class BTF:
         if name not in BTF._modules:
             BTF._modules[name] = cls.load_file(os.path.join(SYSFS_BTF, name), cls.vmlinux(), name)
         return BTF._modules[name]
+
+    @classmethod
+    def files(cls) -> list[str]:
+        """The paths of the kernel's BTF files (vmlinux, then each module's): what a cache of anything made from
+        them is keyed by."""
+        return [os.path.join(SYSFS_BTF, n) for n in ("vmlinux", *cls.module_names())]
 
     @staticmethod
     def module_names() -> list[str]:
@@ -206,9 +238,9 @@ class BTF:
     def _str_offsets(self, prefix: bytes, whole: bool) -> list[int]:
         """Offsets, in this chain's string space, of the strings equal to (or starting with) `prefix`."""
         out = [] if self.base is None else self.base._str_offsets(prefix, whole)
-        pat, strs, pos = b"\0" + prefix + (b"\0" if whole else b""), self._strs, -1
-        if self.base is not None and strs.startswith(pat[1:]):  # a split section need not begin with NUL
-            out.append(self._str_first)
+        # (searched without a leading NUL, checked after: bytes.find is some ten times slower on a pattern that
+        # starts with the section's most common byte; a split section need not begin with NUL)
+        pat, strs, pos = prefix + (b"\0" if whole else b""), self._strs, -1
         found = self._str_found.get(pat)
         if found is None:
             found = []
@@ -216,7 +248,8 @@ class BTF:
                 pos = strs.find(pat, pos + 1)
                 if pos < 0:
                     break
-                found.append(self._str_first + pos + 1)
+                if pos == 0 or strs[pos - 1] == 0:
+                    found.append(self._str_first + pos)
             if len(self._str_found) < 64:  # a base's answers serve every module on top of it
                 self._str_found[pat] = found
         return out + found
@@ -238,16 +271,47 @@ class BTF:
             self._names[key] = [i for i in ids if code is None or self._kinds[i - self._first] == code]
         return out + [self.type(i) for i in self._names[key]]
 
+    def _record_names(self) -> array:
+        """The name offset of each own type record, in id order."""
+        if self._name_offs is None:
+            w = self._w
+            self._name_offs = array("I", [w[o] for o in self._offs])
+        return self._name_offs
+
     def _ids_named(self, name: str) -> list[int]:
+        """Own ids named `name`: remembered per boot for vmlinux (bpf.btf_cache: a start looks up the same few
+        names every time), else found by _scan_named."""
+        memo = self._memo
+        if memo is None:
+            return self._scan_named(name)
+        ids = memo.get(name)
+        if ids is None:
+            ids = memo[name] = self._scan_named(name)
+            from . import btf_cache
+            btf_cache.write("vmlinux-names", self._memo_key, "".join(
+                f"{n}\t{' '.join(map(str, i))}\n" for n, i in memo.items()).encode())
+        return ids
+
+    def _remember_names(self, ident: bytes) -> None:
+        """Keep the names looked up in this BTF (and their ids) per boot under the key `ident`."""
+        from . import btf_cache
+        data = btf_cache.read("vmlinux-names", ident)
+        memo: dict[str, list[int]] = {}
+        for line in bytes(data).decode(errors="replace").splitlines() if data is not None else ():
+            n, _, ids = line.partition("\t")
+            memo[n] = [int(i) for i in ids.split()]
+        self._memo, self._memo_key = memo, ident
+
+    def _scan_named(self, name: str) -> list[int]:
         """Own ids named `name`: a few lookups scan (at C speed); after many, a full index pays off."""
         if self._name_index is None:
-            w = self._w
-            if self._name_offs is None:
-                self._name_offs = [w[o] for o in self._offs]
+            self._record_names()
             self._lookups += 1
             if self._lookups <= 32:
                 offs = self._str_offsets(name.encode(), True)
-                return sorted(i for off in offs for i in _positions(self._name_offs, off, self._first))
+                if self._name_list is None:   # (list.index: ~1 ms over 130,000 names, array.index ~5)
+                    self._name_list = self._name_offs.tolist()
+                return sorted(i for off in offs for i in _positions(self._name_list, off, self._first))
             by_off: dict[int, list[int]] = {}
             for i, off in enumerate(self._name_offs, self._first):
                 by_off.setdefault(off, []).append(i)
@@ -364,6 +428,16 @@ def _positions(values: list[int], value: int, start: int) -> list[int]:
         except ValueError:
             return out
         out.append(start + i)
+
+
+def _fits(index: tuple, w) -> bool:
+    """Whether an index (offsets, kinds, name offsets) can be this type section's: as many entries of each, and
+    its last record ending where the section ends."""
+    offs, kinds, names = index
+    if not len(offs) == len(kinds) == len(names) > 0 or offs[-1] + 1 >= len(w):
+        return False
+    step = _STEP[kinds[-1]] if kinds[-1] < len(_STEP) else None
+    return step is not None and offs[-1] + step[0] + (w[offs[-1] + 1] & 0xFFFF) * step[1] == len(w)
 
 
 def _kind_code(kind: str) -> int:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
 from .errors import SyscallError
 from .uapi import STATS_RUN_TIME, SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# the process's own symbols (libc's syscall among them): ctypes.util.find_library would run ldconfig (~60 ms)
+_libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 

@@ -30,15 +30,42 @@ def emit(b, text: int) -> None:
         _value(b, text, attr, style)
     b.emit(addi(R9, -TEXT_MID), CAREA.store(R7, "midlen", R9, area), _put(text, 0, head.encode()), label("c_hit"))
     # every packet: the skb's address (16 hex digits) and the length after the cached middle
-    b.emit(CAREA.load(R9, R7, "midlen", area), asm.jmp(JGT, R9, MID_MAX, "r_fail"), addi(R9, TEXT_MID),
-           META.load(R0, R7, "skb"), rshi(R0, 32))
-    _hex8(b)
+    b.emit(CAREA.load(R9, R7, "midlen", area), asm.jmp(JGT, R9, MID_MAX, "r_fail"), addi(R9, TEXT_MID))
+    _skb_high(b, area)
     b.emit(stx(DW, R7, text + TEXT_SKB, R0), ldx(W, R0, R7, META.off("skb")))
     _hex8(b)
     b.emit(stx(DW, R7, text + TEXT_SKB + 8, R0))
-    _text(b, text, tail_pre)
-    _value(b, text, tail_attr, tail_style)
+    _length(b, text, area, tail_pre, tail_attr, tail_style)
     b.emit(stx(DW, FP, STACK.text_len, R9))
+
+
+def _skb_high(b, area: int) -> None:
+    """R0 = the 8 hex digits of the skb address's high half: the last packet's when the half is the same (it
+    rarely changes), else made (and remembered). Keeps R9."""
+    b.emit(META.load(R3, R7, "skb"), rshi(R3, 32), CAREA.load(R0, R7, "skb_hi", area),
+           asm.jmp(JNE, R0, R3, "c_skb_miss", reg=True), CAREA.load(R0, R7, "skb_hi_hex", area), ja("c_skb_hex"),
+           label("c_skb_miss"), CAREA.store(R7, "skb_hi", R3, area), mov(R0, R3))
+    _hex8(b)
+    b.emit(CAREA.store(R7, "skb_hi_hex", R0, area), label("c_skb_hex"))
+
+
+def _length(b, text: int, area: int, pre: str, attr: str, style: str) -> None:
+    """The comment's last part (" len=" and the digits) at the write position: the last packet's 16 bytes of
+    text when the length is the same (a flood repeats it), else made and remembered."""
+    at = area + CAREA.off("len_text")
+    b.emit(META.load(R3, R7, "len"), addi(R3, 1), CAREA.load(R0, R7, "len_key", area),
+           asm.jmp(JNE, R0, R3, "c_len_miss", reg=True),
+           mov(R1, R7), alu64(ADD, R1, R9, reg=True), ldx(DW, R0, R7, at), stx(DW, R1, text, R0),
+           ldx(DW, R0, R7, at + 8), stx(DW, R1, text + 8, R0),
+           CAREA.load(R0, R7, "len_n", area), asm.jmp(JGT, R0, 16, "r_fail"), alu64(ADD, R9, R0, reg=True),
+           andi(R9, TEXT_POS_MASK), ja("c_len_done"),
+           label("c_len_miss"), CAREA.store(R7, "len_key", R3, area), stx(DW, FP, STACK.tmp, R9))
+    _text(b, text, pre)
+    _value(b, text, attr, style)
+    b.emit(ldx(DW, R1, FP, STACK.tmp), andi(R1, TEXT_POS_MASK), mov(R0, R9), alu64(SUB, R0, R1, reg=True),
+           CAREA.store(R7, "len_n", R0, area), alu64(ADD, R1, R7, reg=True),
+           ldx(DW, R0, R1, text), stx(DW, R7, at, R0), ldx(DW, R0, R1, text + 8), stx(DW, R7, at + 8, R0),
+           label("c_len_done"))
 
 
 def _cache_check(b, area: int) -> None:

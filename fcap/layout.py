@@ -137,6 +137,10 @@ LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: li
 PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
+# the file rings (fcap.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
+# GSO/BIG TCP skb larger than 64 KiB lands whole
+RING_CAPLEN_MAX = 262144
+RING_COPY_MAX = RING_CAPLEN_MAX - HDR_MAX
 
 # ---- typed dumps (--dump, fcap.dumps): an area before META, in the scratch value and at the start of the perf
 # sample; one slot per --dump PATH: this header, then the bytes copied (padded to 8). The program's R7 points past
@@ -176,6 +180,7 @@ class _Stack:
     ring_len: int = -216     # the record's length
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
+    scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
 
 
 STACK = _Stack()
@@ -198,13 +203,16 @@ _check_stack()
 # [tail, head) as it is and stores head's position in tail. A record that runs past the ring's end is written on
 # into the slack and its overflow copied to the ring's start, so the stream is contiguous modulo the ring's size.
 # When a record leaves a quarter of the ring or more in use and bell is 0, the program sets bell and rings user
-# space through the perf buffer (8 bytes); user space clears it before it reads head.
+# space through the perf buffer (8 bytes); user space clears it once it has written the bytes and stored tail.
 RING = Layout("RingControl", (
     ("head", "Q"),
     ("busy", "I"),          # a writer holds the ring (a program interrupted by another point's on this CPU)
     ("", "4x"),
     ("bell", "I"),
-    ("", "44x"),
+    ("", "4x"),
+    ("sec_ns", "Q"),         # the program's: the wall-clock second its last pcap timestamp fell in, in ns ...
+    ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
+    ("", "24x"),
     ("tail", "Q"),           # user space's: on its own cache line
     ("", "56x"),
 ))
@@ -241,8 +249,8 @@ def format_comment(rec) -> str:
 
 
 # Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
-# they are valid, the middle's length, and the text (written at positions masked to TEXT_POS_MASK, and up to 16
-# bytes past them).
+# they are valid, the middle's length, the last packet's skb high half and length with their text, and the text
+# (written at positions masked to TEXT_POS_MASK, and up to 16 bytes past them).
 COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
 KEY_WORDS = META.words(COMMENT_KEY)
 TEXT_POS_MASK = 255
@@ -254,6 +262,15 @@ CAREA = Layout("CommentArea", (
     ("", f"{-(sum(n for _o, n in KEY_WORDS) + 1) % 8}x"),
     ("midlen", "I"),
     ("", "4x"),
+    # the per-packet parts remembered from the last packet: the skb address's high half and its 8 hex digits (a
+    # kernel address's high half is never 0, so the zeroed area never matches); the length + 1 (0: none yet), its
+    # text's length and the text itself (" len=" and the digits)
+    ("skb_hi", "I"),
+    ("len_key", "I"),
+    ("skb_hi_hex", "Q"),
+    ("len_n", "I"),
+    ("", "4x"),
+    ("len_text", "16s"),
     ("text", f"{TEXT_POS_MASK + 1 + 16}s"),
 ))
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here

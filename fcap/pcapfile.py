@@ -4,7 +4,6 @@ reads what they write."""
 from __future__ import annotations
 
 import os
-import platform
 import stat
 import struct
 from typing import BinaryIO
@@ -264,9 +263,9 @@ class PcapngWriter(Writer):
     def __init__(self, fileobj: BinaryIO, closefd: bool = True, userappl: str = "fcap") -> None:
         super().__init__(fileobj, closefd)
         self._snaplens: list[int] = []
-        uname = platform.uname()
+        uname = os.uname()   # (platform.uname() says the same; importing platform costs a start ~5 ms)
         opts = (_option(SHB_HARDWARE, uname.machine.encode())
-                + _option(SHB_OS, f"{uname.system} {uname.release}".encode())
+                + _option(SHB_OS, f"{uname.sysname} {uname.release}".encode())
                 + _option(SHB_USERAPPL, userappl.encode()) + _END_OF_OPTIONS)
         self._w(_block(BT_SHB, struct.pack("=IHHq", BYTE_ORDER_MAGIC, PCAPNG_MAJOR, PCAPNG_MINOR, -1) + opts))
 

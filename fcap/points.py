@@ -252,7 +252,34 @@ class Listing:
 
 
 def list_points(pattern: str | None = None) -> list[Listing]:
-    """Every function and tracepoint taking a struct sk_buff * (vmlinux, then modules)."""
+    """Every function and tracepoint taking a struct sk_buff * (vmlinux, then modules) whose name or spec matches
+    the glob `pattern`; the whole list cached per boot (bpf.btf_cache), keyed by the BTF files it came from."""
+    items = _all_points()
+    if pattern:
+        items = [i for i in items if fnmatch.fnmatch(i.name, pattern) or fnmatch.fnmatch(i.spec, pattern)]
+    return items
+
+
+def _all_points() -> list[Listing]:
+    from bpf import btf_cache
+    here = [__file__, c_decl.__code__.co_filename]   # (the code that makes the list is part of its key)
+    try:
+        ident = btf_cache.key(*BTF.files(), *here)
+    except OSError:
+        ident = None
+    data = btf_cache.read("points", ident) if ident else None
+    if data is not None:
+        rows = [line.split("\t") for line in bytes(data).decode(errors="replace").splitlines()]
+        if all(len(r) == 5 for r in rows):
+            return [Listing(*r) for r in rows]
+    items = _scan_points()
+    if ident:
+        btf_cache.write("points", ident, "".join("\t".join((i.spec, i.kind, i.name, i.module, i.prototype)) + "\n"
+                                                 for i in items).encode())
+    return items
+
+
+def _scan_points() -> list[Listing]:
     out: list[Listing] = []
     btfs = list(_btfs())
     seen: set[str] = set()
@@ -262,16 +289,11 @@ def list_points(pattern: str | None = None) -> list[Listing]:
             params = proto.params[1:]
             if not any(is_skb_ptr(p.type) for p in params) or name in seen:
                 continue
-            if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("tp_btf/" + name, pattern)):
-                continue
             seen.add(name)
             ps = [Param(p.name or ("skb" if is_skb_ptr(p.type) else ""), p.type) for p in params]
             out.append(Listing(f"tp_btf/{name}", "tp_btf", name, btf.name or "vmlinux",
                                c_prototype(None, name, ps)))
     for btf in btfs:
         for func, _idx in btf.funcs_taking_pointer_to(SKB):
-            name = func.name
-            if pattern and not (fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch("fentry/" + name, pattern)):
-                continue
-            out.append(Listing(f"fentry/{name}", "fentry", name, btf.name or "vmlinux", c_decl(func)))
+            out.append(Listing(f"fentry/{func.name}", "fentry", func.name, btf.name or "vmlinux", c_decl(func)))
     return out

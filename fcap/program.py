@@ -52,7 +52,8 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import ancillary, ringrec
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
-                     LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG, STACK)
+                     LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
+                     RING_COPY_MAX, STACK)
 from .points import Point
 from .errors import ProgramError
 
@@ -84,6 +85,7 @@ class Options:
     meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
     task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
     dumps: object = None             # fcap.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
+    head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -239,7 +241,10 @@ class Builder:
         self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id & 0xFF),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
-        # the device: ifindex, ARPHRD type
+        # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
+        # another link type)
+        if not (self.o.meta or self.o.start == START_SLL2):
+            return
         self.read(DW, R8, R6, f.dev)
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
         self._read_store(R8, f.ifindex, "ifindex")
@@ -354,7 +359,9 @@ class Builder:
                   alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
 
     def run_filter(self) -> None:
-        """Copy the packet's first bytes after the headers and run the translated cBPF filter over them."""
+        """Run the translated cBPF filter over the packet's first bytes: in place through skb->head where the
+        verifier allows direct loads there and those bytes are linear with nothing made up before them, else over
+        a copy in scratch."""
         from bpf import cbpf  # the translator is optional until a filter is asked for
         o = self.o
         # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
@@ -365,8 +372,11 @@ class Builder:
                   # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
                   mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
                   jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
-                  label("flt_copy"))
-        if o.dynptr_kfunc and self.p.typed:
+                  label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
+        slow = bool(o.dynptr_kfunc and self.p.typed)
+        if o.head_loads and self.p.typed:
+            self._filter_in_place()
+        if slow:
             # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
             self.emit(stx(DW, FP, STACK.n, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
                       asm.kfunc_call(o.dynptr_kfunc),
@@ -389,34 +399,48 @@ class Builder:
                       ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
                       META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
+        self.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT), label("flt_buf"))
         # buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where the
-        # slow path reaches every byte (skb dynptr); else only the copied bytes, min(hdr + n, snaplen)
-        slow = bool(o.dynptr_kfunc and self.p.typed)
+        # slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)
         if slow:
             self.emit(ldx(DW, R2, FP, STACK.wirelen))
         else:
             self.emit(alu64(ADD, R2, R8, reg=True))
         self.emit(jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
                   label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
-                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen),
-                  stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT))
+                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen))
         # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
-        # is the whole packet, but only [0, hdr + min(len - skip, cap)) was copied: [0, cap) at least (hdr <=
+        # is the whole packet, but only [0, hdr + min(len - skip, cap)) is in the buffer: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
                                  slow_load=self._slow_load if slow else None, ancillary=self._ancillary)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
-        self.emit(label("flt_done"), mov(R7, R6), addi(R7, -PKT), ldx(DW, R6, FP, STACK.skb), jmp(JEQ, R0, 0, "out"))
+        self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
+                  jmp(JEQ, R0, 0, "out"))
+
+    def _filter_in_place(self) -> None:
+        """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
+        it are checked by the JIT, not copied), skb saved, on to flt_buf. Else on to the copy. Keeps R2, R8."""
+        f = self.f
+        self.emit(jmp(JNE, R8, 0, "flt_copy_in"),
+                  META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
+                  META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
+                  ldx(DW, R1, R6, f.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
+                  alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flt_buf"),
+                  label("flt_copy_in"))
 
     def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
-        """A load past the copied bytes: bpf_dynptr_read from the skb (offset relative to the capture start)."""
+        """A load past the buffer's bytes: bpf_dynptr_read from the skb (offset relative to the capture start),
+        through a dynptr made here (the in-place path made none)."""
         nbytes = asm.SIZE_BYTES.get(size, size)
         # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
-        # R6 is the buffer (scratch + PKT) while the filter runs; R7 may belong to the translator
-        return [mov(R4, off_reg), META.load(R0, R6, "hdr", -PKT), alu64(SUB, R4, R0, reg=True),
-                jmp(JSLT, R4, 0, reject), META.load(R0, R6, "skip", -PKT), alu64(ADD, R4, R0, reg=True),
+        return [mov(R4, off_reg), ldx(DW, R5, FP, STACK.scratch), META.load(R0, R5, "hdr"),
+                alu64(SUB, R4, R0, reg=True), jmp(JSLT, R4, 0, reject), META.load(R0, R5, "skip"),
+                alu64(ADD, R4, R0, reg=True), stx(DW, FP, STACK.tmp, R4),
+                ldx(DW, R1, FP, STACK.skb), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
+                asm.kfunc_call(self.o.dynptr_kfunc), jmp(JNE, R0, 0, reject),
                 mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
-                movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
+                ldx(DW, R4, FP, STACK.tmp), movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
                 ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
 
     def _ancillary(self, field: int, dst: int, reject: str) -> list:
@@ -442,9 +466,10 @@ class Builder:
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
         o = self.o
+        # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX (a perf sample, less the --dump
+        # area) or RING_COPY_MAX (file rings, which --dump does not use))
         area = dump_area(o)
-        copy_max = COPY_MAX - area
-        # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX)
+        cmax = RING_COPY_MAX if self.p.typed and self.m.ring else COPY_MAX - area
         self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
         if o.snaplen > HDR_MAX:
             # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
@@ -457,7 +482,7 @@ class Builder:
         self.emit(META.load(R3, R7, "skip"), alu64(ADD, R2, R3, reg=True),
                   META.load(R3, R7, "len"), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
-                  jmp(JGT, R2, copy_max, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, copy_max),
+                  jmp(JGT, R2, cmax, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, cmax),
                   label("copy_set"))
         if self.p.typed and self.m.ring:
             ringrec.emit(self)

@@ -5,21 +5,24 @@ that user space only writes the bytes out. The ring's layout is fcap.layout's RI
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGT, JLE, JLT, JNE, JSGT, MUL, R0, R1, R2, R3, R4, R5, R6, R7, R8,
-                     R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi, rshi, st,
-                     stx)
+from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
+                     R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
+                     rshi, st, stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import epbopts, kcomment
-from .layout import (CAPLEN_MAX, COPY_MAX, EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_ONE, HEAD_POS,
+from .layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_ONE, HEAD_POS,
                      META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
-                     PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CTRL, STACK,
-                     TEXT_MAX)
+                     PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
+                     RING_COPY_MAX, RING_CTRL, STACK, TEXT_MAX)
 from .pcapfile import verdict_value
 
 assert PCAPNG_OPTIONS == (PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PCAPNG_COMMENT), \
     "_options writes the options in this order"
 
+CAPLEN_MAX, COPY_MAX = RING_CAPLEN_MAX, RING_COPY_MAX   # a record holds a whole GSO/BIG TCP skb up to these
+
+SMALL_COPY = 256          # linear packets up to this long are copied by direct loads where the verifier allows
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
 QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
 OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + 4 + 4
@@ -46,9 +49,13 @@ def _pcap(b) -> None:
     b.emit(META.load(R4, R7, "caplen"), addi(R4, PCAP_HDR), stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, 0)
     # the record header in place (R1 + RING_CTRL), laid out as META's: ts_sec, ts_nsec (wall clock), caplen, len
+    # (the second cached in the ring's control words: one division per second, not per packet)
     b.emit(META.load(R0, R7, "ts"), ld_imm64(R3, b.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
-           mov(R3, R0), alu64(DIV, R3, NS), META.store(R1, "ts1", R3, PCAP_AT), alu64(MUL, R3, NS),
-           alu64(SUB, R0, R3, reg=True), META.store(R1, "ts2", R0, PCAP_AT),
+           RING.load(R3, R9, "sec_ns"), mov(R5, R0), alu64(SUB, R5, R3, reg=True), asm.jmp(JGE, R5, NS, "r_sec"),
+           RING.load(R3, R9, "sec"), ja("r_sec_set"),
+           label("r_sec"), mov(R3, R0), alu64(DIV, R3, NS), RING.store(R9, "sec", R3), mov(R5, R3),
+           alu64(MUL, R5, NS), RING.store(R9, "sec_ns", R5), alu64(SUB, R0, R5, reg=True), mov(R5, R0),
+           label("r_sec_set"), META.store(R1, "ts1", R3, PCAP_AT), META.store(R1, "ts2", R5, PCAP_AT),
            META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, PCAP_AT))
     _orig_len(b)
     b.emit(META.store(R1, "orig", R5, PCAP_AT))
@@ -142,12 +149,25 @@ def _reserve(b, spill: int) -> None:
 
 
 def _bytes(b, hdr: int) -> None:
-    """The link header bytes made in scratch (if any), then the skb's from offset skip (frags too) through an skb
-    dynptr, after the `hdr`-byte record header. Needs R1 = record start, R8 = hdr_total, R9 = the element."""
+    """The link header bytes made in scratch (if any), then the skb's from offset skip, after the `hdr`-byte record
+    header: one bpf_probe_read_kernel from skb->head when they are all linear, else (frags) through an skb dynptr.
+    Needs R1 = record start, R8 = hdr_total, R9 = the element."""
     m = b.m
     b.emit(asm.jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + hdr), mov(R2, R8),
            mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            label("r_link_done"),
+           # R1 = where the skb's bytes go, R2 = n
+           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, "r_unlock"),
+           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
+           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
+           # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
+           META.load(R0, R7, "len"), ldx(W, R3, R6, b.f.data_len), alu64(SUB, R0, R3, reg=True),
+           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True))
+    if b.o.head_loads:
+        _words(b)
+    b.emit(ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
+           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
+           ja("r_copied"), label("r_frags"),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
            mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
            asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, "r_unlock"),
@@ -155,12 +175,27 @@ def _bytes(b, hdr: int) -> None:
            alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
            mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
-           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"))
+           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"), label("r_copied"))
+
+
+def _words(b) -> None:
+    """Up to SMALL_COPY linear bytes copied by direct 8-byte loads through skb->head (no helper call), the last
+    word's bytes past n cleared again. In: R1 = destination, R2 = n, R4 = skip. On to r_copied, or on when n is
+    larger."""
+    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), ldx(DW, R3, R6, b.f.head), ldx(DW, R0, FP, STACK.dataoff),
+           alu64(ADD, R3, R0, reg=True), alu64(ADD, R3, R4, reg=True))
+    for i in range(0, SMALL_COPY, 8):
+        if i:
+            b.emit(asm.jmp(JLE, R2, i, "r_words"))
+        b.emit(ldx(DW, R0, R3, i), stx(DW, R1, i, R0))
+    b.emit(label("r_words"), mov(R0, R1), alu64(ADD, R0, R2, reg=True), st(DW, R0, 0, 0), ja("r_copied"),
+           label("r_probe"))
 
 
 def _publish(b) -> None:
     """Copy a record's overflow past the ring's end to its start, publish it (position and count in one atomic
-    add), ring the doorbell when due, release the ring. Sets R0 and falls through to the counting."""
+    add), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
+    through to the counting (seen and lost)."""
     m = b.m
     ring = m.ring_size
     b.emit(ldx(DW, R3, FP, STACK.ring_off), ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R2, R3, reg=True),
@@ -177,6 +212,8 @@ def _publish(b) -> None:
            RING.store_imm(R9, "bell", 1), st(DW, FP, STACK.bell, 0),
            ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
            mov(R4, FP), addi(R4, STACK.bell), movi(R5, 8), call(Helper.perf_event_output),
-           label("r_done"), RING.store_imm(R9, "busy", 0), movi(R0, 0), ja("r_count"),
+           # a published record is counted by the ring's own count (user space adds it to the program's count of
+           # failures: received = published + dropped), so success skips the counters
+           label("r_done"), RING.store_imm(R9, "busy", 0), ja("out"),
            label("r_unlock"), RING.store_imm(R9, "busy", 0),
            label("r_fail"), movi(R0, -1), label("r_count"))

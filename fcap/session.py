@@ -156,7 +156,8 @@ class Session:
                              dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
-                             dumps=self.dump_area.for_point(point) if self.dump_area is not None else None)
+                             dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
+                             head_loads=self.head_loads(point))
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -174,6 +175,34 @@ class Session:
             load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
                  attach_btf_id=point.btf_id, what="probe skb dynptr").close()
         return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+
+    def head_loads(self, point: Point) -> bool:
+        """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
+        untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
+        if not point.typed:
+            return False
+
+        def fn():
+            from bpf import asm
+            vm = point.btf if point.btf.base is None else point.btf.base
+            skb = vm.find("sk_buff", "struct")
+            mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
+            items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
+                     asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
+                     asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
+                     asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
+            obj_fd = None
+            try:
+                if point.btf.base is not None:
+                    from bpf.sys import btf_fd_by_name
+                    obj_fd = btf_fd_by_name(point.module)
+                load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
+                     attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd.fd if obj_fd else 0,
+                     what="probe loads through skb->head").close()
+            finally:
+                if obj_fd is not None:
+                    obj_fd.close()
+        return features.probe(f"loads through skb->head in {point.kind}", fn) is None
 
     def task_btf(self, point: Point) -> bool:
         """Whether the point's program may call bpf_get_current_task_btf (5.11+) for pid/tid and comm."""
@@ -384,6 +413,9 @@ class Session:
             keys = range(len(self.points))
             self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
             self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
+            if self.ring is not None:   # file rings: the programs count failures only; a ring counts its records
+                from .drain import ring_records
+                self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
         return self.stats

@@ -207,6 +207,7 @@ def kernel_btf(tmp_path, monkeypatch):
     """Point fcap at a BTF directory of our own: write(blob) makes its vmlinux."""
     import bpf.btf
     monkeypatch.setattr(bpf.btf, "SYSFS_BTF", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # (the per-boot caches stay the real BTF's)
     monkeypatch.setattr(BTF, "_vmlinux", None)
     monkeypatch.setattr(BTF, "_modules", {})
     monkeypatch.setattr("fcap.cli._refused_kinds", lambda: "")
