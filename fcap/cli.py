@@ -9,6 +9,7 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse  # noqa: E402
+import fnmatch  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(argv[1:])
         if argv and argv[0] == "info":
             return cmd_info(argv[1:])
+        if argv and argv[0] == "path":
+            return cmd_path(argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -122,7 +125,11 @@ def cmd_list(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog=f"{PROG} list-devices", description="every capture point taking an skb")
     ap.add_argument("pattern", nargs="?", help="glob over names, e.g. 'ip_*'")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--semantic", action="store_true",
+                    help="the semantic points (ip:send, skb:drop, ...) and the hook each maps to on this kernel")
     a = ap.parse_args(argv)
+    if a.semantic:
+        return cmd_semantic(a)
     try:
         items = list_points(a.pattern)
     except (BTFError, OSError) as e:
@@ -147,6 +154,44 @@ def cmd_list(argv: list[str]) -> int:
     if a.pattern and not items:
         return _fail(f"no capture point matches {a.pattern!r}")
     return 0
+
+
+def cmd_semantic(a) -> int:
+    """list-devices --semantic: each semantic point, its hook on this kernel (or why none), what it means."""
+    from bpf.btf import BTFError
+
+    from .semantic import table
+    if os.geteuid() != 0:
+        return _fail("list-devices --semantic probes what this kernel loads: run it as root")
+    try:
+        choices = [c for c in table() if not a.pattern or fnmatch.fnmatch(c.name, a.pattern)]
+    except (BTFError, OSError) as e:
+        return _fail(f"cannot read the kernel's BTF: {e}")
+    try:
+        if a.json:
+            import json
+            json.dump([{"point": c.name, "meaning": c.meaning, "hooks": [p.spec for p in c.points],
+                        "prototypes": [p.prototype() for p in c.points],
+                        "refused": [{"hook": h, "why": w} for h, w in c.refused]} for c in choices], sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(_semantic_lines(choices))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
+
+def _semantic_lines(choices) -> str:
+    width = max((len(c.hooks) for c in choices), default=1)
+    out = []
+    for c in choices:
+        if not c.points:
+            out.append(f"{c.name:<15} {'-':<{width}}  {c.meaning}; this kernel cannot serve it: {c.why_not()}\n")
+        else:
+            passed = f"; not {c.why_not()}" if c.refused else ""
+            out.append(f"{c.name:<15} {c.hooks:<{width}}  {c.meaning}{passed}\n")
+    return "".join(out)
 
 
 def _refused_kinds() -> str:
@@ -190,6 +235,24 @@ def cmd_info(argv: list[str]) -> int:
 
 
 # ---- reading files ---------------------------------------------------------------------------
+
+def cmd_path(argv: list[str]) -> int:
+    """fcap path FILE: each packet's points in order, the time between them, how it ended; hop latencies."""
+    from .pathcmd import hops_of_file, report
+    from .pcapfile import PcapFormatError
+    ap = argparse.ArgumentParser(prog=f"{PROG} path", description="each packet's path through the points of a "
+                                 "pcapng file fcap wrote (several points, e.g. -i skb:drop -i dev:queue --track)")
+    ap.add_argument("file")
+    a = ap.parse_args(argv)
+    try:
+        report(hops_of_file(a.file), sys.stdout.write)
+        sys.stdout.flush()
+    except PcapFormatError as e:
+        return _fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
 
 def cmd_read(args) -> int:
     from .pcapfile import PcapFormatError, read
@@ -379,16 +442,22 @@ def _open_output(args, session, fmt: str | None):
     for p in session.points:
         if fmt == "pcap" and p.id > 0:
             break
-        writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
+        writer.add_interface(p.if_name, lt.number, session.cfg.snaplen, description=p.if_description())
     return Output(writer=writer, stream=to_stdout, path="stdout" if to_stdout else args.write)
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:
-    from .loop import CaptureLoop, CommandError, listening_line, write_stderr
+    from . import drops
+    from .loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
     loop = CaptureLoop(session, out, count=count, command=command)
     loop.catch_signals()
     if not args.quiet:
         write_stderr(listening_line(session))
+        if session.skipped:
+            write_stderr(f"{PROG}: {skipped_line(session)}")
+        note = drops.note(session.points)
+        if note:
+            write_stderr(f"{PROG}: {note}\n")
     try:
         status = loop.run()
     except CommandError as e:

@@ -83,20 +83,22 @@ META = Layout("Meta", (
     ("ts", "Q"),           # monotonic ns (ktime_get_ns)
     ("skb", "Q"),          # the skb's address: the pcapng packet id
     ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
+    ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
     ("comm", "16s"),
     ("len", "I"),          # skb->len
     ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
     ("ifindex", "I"),
     ("mark", "I"),
     ("netns", "I"),        # the device's network namespace inode number
+    ("reason", "I"),       # drop points: enum skb_drop_reason
+    ("", "4x"),
     ("proto", "H"),        # skb->protocol, network order
     ("hdr", "H"),          # made-up link header + header bytes before skb->data, in the scratch after META
     ("skip", "H"),         # skb bytes before the linktype's start (the start lies past skb->data)
     ("pkt_type", "B"),
-    ("point", "B"),        # the point's id (low byte; the pcapng interface)
-    ("hatype", "H"),       # the device's ARPHRD type
     ("flags", "B"),        # FLAG_*
-    ("", "x"),
+    ("point", "H"),        # the point's id (the pcapng interface)
+    ("hatype", "H"),       # the device's ARPHRD type
     ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
     ("btype", "I"),
     ("total", "I"),
@@ -109,7 +111,7 @@ META = Layout("Meta", (
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 104 and PCAP_HDR == 16 and EPB_HDR == 28
+assert META_SIZE == 120 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 
@@ -133,8 +135,8 @@ COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
 
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
-COUNTER_SEEN, COUNTER_LOST = 0, 1
-COUNTERS = 2
+COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.stats)
+COUNTERS = 3
 
 
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
@@ -261,6 +263,8 @@ class Record:
     flags: int
     data: bytes         # the captured bytes, from the linktype's start
     orig_len: int       # the packet's length from the linktype's start
+    reason: int = 0     # drop points: enum skb_drop_reason
+    location: int = 0   # drop points: where the skb was freed
 
 
 def parse_record(raw) -> Record:
@@ -273,4 +277,4 @@ def parse_record(raw) -> Record:
         data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
     return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
         errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
-        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig)
+        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, m.reason, m.location)

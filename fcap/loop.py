@@ -7,6 +7,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from . import drops, stats
 from .layout import EPB_DIRECTION, format_comment
 from .errors import CommandError
 
@@ -41,7 +42,9 @@ class CaptureLoop:
         self.command_ended = False   # the command's exit ended the capture
         points = session.points
         self.direction = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
-        self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
+        self.drop_names = drops.Names() if any(drops.is_drop_point(p) for p in points) else None
+        self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
+        self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
 
     def catch_signals(self) -> None:
         """From now on SIGINT and SIGTERM end the capture gracefully."""
@@ -99,14 +102,20 @@ class CaptureLoop:
 
     def _options(self, rec) -> tuple:
         """A pcapng block's (flags, comment, packet id) for a record whose block user space lays out."""
-        return self.direction.get(rec.point), format_comment(rec), rec.skb
+        comment = format_comment(rec)
+        if rec.point in self.drop_points:
+            comment += self.drop_names.text(rec, self.drop_points[rec.point])
+        return self.direction.get(rec.point), comment, rec.skb
 
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""
         offset = self.session.clock_offset_ns
+        name = self.names.get(rec.point)
+        if rec.point in self.drop_points:   # the point's name, then why and where it dropped the packet
+            why = self.drop_names.text(rec, self.drop_points[rec.point]).strip()
+            name = f"{name or self.session.points[0].if_name} [{why}]"
         try:
-            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len,
-                                    self.names.get(rec.point))
+            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len, name)
         except BrokenPipeError:
             self.broken = True
             return False
@@ -131,6 +140,7 @@ class CaptureLoop:
         self.session.close()
         try:
             if self.out.writer is not None:
+                self._write_stats()
                 self.out.writer.close()
             elif self.out.printer is not None:
                 self.out.printer.flush()
@@ -138,6 +148,13 @@ class CaptureLoop:
             self.broken = True
         except OSError as e:
             self._write_failed(e)
+
+    def _write_stats(self) -> None:
+        """A pcapng file ends with each point's counts (Interface Statistics Blocks), unless writing failed."""
+        s = self.session
+        if self.out.writer.fmt != "pcapng" or self.error is not None or self.broken or not s.point_stats:
+            return
+        stats.write_isbs(self.out.writer, s.point_stats, s.attached_ns, s.detached_ns or s.attached_ns)
 
     def _end_command(self) -> None:
         """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
@@ -168,11 +185,36 @@ class CaptureLoop:
         return rc if rc >= 0 else 128 - rc
 
 
+SCREENFUL = 24   # points named one by one in the listening line; past that, counted per -i
+
+
 def listening_line(session) -> str:
     lt = session.linktype
-    names = ", ".join(p.spec for p in session.points)
-    return (f"listening on {names}, link-type {lt.name} ({lt.description}), "
+    return (f"listening on {point_names(session.points)}, link-type {lt.name} ({lt.description}), "
             f"snapshot length {session.cfg.snaplen} bytes\n")
+
+
+def point_names(points) -> str:
+    """The points by name, or past a screenful their count and, per -i, a glob's count or the point."""
+    if len(points) <= SCREENFUL:
+        return ", ".join(p.label for p in points)
+    groups: dict[str, int] = {}
+    for p in points:
+        key = p.origin or p.label
+        groups[key] = groups.get(key, 0) + 1
+    parts = [f"{k} ({n})" if n > 1 else k for k, n in groups.items()]
+    return f"{len(points)} points: " + ", ".join(parts)
+
+
+def skipped_line(session) -> str:
+    """One line for the glob matches the kernel refused (none: "")."""
+    skipped = session.skipped
+    if not skipped:
+        return ""
+    names = ", ".join(spec for spec, _why in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+    total = len(skipped) + len(session.points)
+    return (f"skipped {len(skipped)} of {total} points the kernel refused: {names} "
+            f"(first: {skipped[0][1]})\n")
 
 
 def write_stderr(text: str) -> None:

@@ -39,6 +39,13 @@ IF_TSRESOL = 9
 IF_TSOFFSET = 14
 EPB_FLAGS = 2  # also pack_flags in the obsolete Packet Block
 EPB_PACKETID = 5
+ISB_STARTTIME = 2
+ISB_ENDTIME = 3
+ISB_IFRECV = 4
+ISB_IFDROP = 5
+ISB_FILTERACCEPT = 6
+ISB_OSDROP = 7
+ISB_USRDELIV = 8
 
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
@@ -49,6 +56,23 @@ _MAX_BLOCK = 1 << 28  # sanity bound on one pcapng block (libpcap's largest snap
 _MAX_CAPLEN = {231: 128 * 1024 * 1024, 249: 1024 * 1024, 279: 8 * 1024 * 1024}  # DBUS, USBPCAP, EBHSCR
 _SHB_TYPE = struct.pack("<I", BT_SHB)
 _BYTE_ORDERS = {struct.pack("<I", BYTE_ORDER_MAGIC): "<", struct.pack(">I", BYTE_ORDER_MAGIC): ">"}
+
+
+class InterfaceStats(NamedTuple):
+    """An Interface Statistics Block as read (read(..., stats=True)): counters the block lacks are None;
+    timestamps in ns as the interface's resolution gives them."""
+
+    iface: int
+    ts_ns: int
+    iface_name: str | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    ifrecv: int | None = None
+    ifdrop: int | None = None
+    filteraccept: int | None = None
+    osdrop: int | None = None
+    usrdeliv: int | None = None
+    comment: str | None = None
 
 
 class Record(NamedTuple):
@@ -317,6 +341,27 @@ class PcapngWriter(Writer):
         else:
             w(self._TRAILER[pad].pack(total))
 
+    def write_isb(self, iface: int, ts_ns: int, start_ns: int | None = None, end_ns: int | None = None,
+                  ifrecv: int | None = None, ifdrop: int | None = None, filteraccept: int | None = None,
+                  osdrop: int | None = None, usrdeliv: int | None = None, comment: str | None = None) -> None:
+        """An Interface Statistics Block for interface `iface` at ts_ns (ns, as the interfaces' if_tsresol);
+        the options given (None: left out)."""
+        if not 0 <= iface < len(self._snaplens):
+            raise ValueError(f"no interface {iface!r}; add_interface() defined {len(self._snaplens)}")
+        opts = b""
+        for code, ts in ((ISB_STARTTIME, start_ns), (ISB_ENDTIME, end_ns)):
+            if ts is not None:
+                opts += _option(code, struct.pack("=II", ts >> 32, ts & 0xFFFFFFFF))
+        for code, n in ((ISB_IFRECV, ifrecv), (ISB_IFDROP, ifdrop), (ISB_FILTERACCEPT, filteraccept),
+                        (ISB_OSDROP, osdrop), (ISB_USRDELIV, usrdeliv)):
+            if n is not None:
+                opts += _option(code, struct.pack("=Q", n))
+        if comment is not None:
+            opts += _option(OPT_COMMENT, comment.encode())
+        if opts:
+            opts += _END_OF_OPTIONS
+        self._w(_block(BT_ISB, struct.pack("=III", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF) + opts))
+
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
                   packet_id: int | None = None) -> tuple[bytes, bytes]:
         """For an Enhanced Packet Block whose other header fields (interface, timestamp, lengths) and caplen data
@@ -361,15 +406,16 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
     return b
 
 
-def read(fileobj: BinaryIO | str | os.PathLike) -> Iterator[Record]:
-    """Records of a pcap (any of the 4 magics) or pcapng file; the header is checked before this returns."""
+def read(fileobj: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[Record]:
+    """Records of a pcap (any of the 4 magics) or pcapng file; the header is checked before this returns.
+    With stats, a pcapng file's Interface Statistics Blocks come too, as InterfaceStats, where they are."""
     if isinstance(fileobj, (str, os.PathLike)):
-        return _read_path(fileobj)
+        return _read_path(fileobj, stats)
     head = fileobj.read(4) or b""
     if len(head) < 4:
         raise PcapFormatError(f"not a capture file: only {len(head)} bytes")
     if head == _SHB_TYPE:
-        return _read_pcapng(fileobj, head)
+        return _read_pcapng(fileobj, head, stats)
     for endian in "<>":
         (magic,) = struct.unpack(endian + "I", head)
         if magic in (PCAP_MAGIC_US, PCAP_MAGIC_NS, PCAP_MAGIC_KUZNETZOV):
@@ -377,9 +423,9 @@ def read(fileobj: BinaryIO | str | os.PathLike) -> Iterator[Record]:
     raise PcapFormatError(f"not a pcap or pcapng file: magic {head.hex()}")
 
 
-def _read_path(path) -> Iterator[Record]:
+def _read_path(path, stats: bool = False) -> Iterator[Record]:
     with open(path, "rb") as f:
-        yield from read(f)
+        yield from read(f, stats)
 
 
 def _read_pcap(f: BinaryIO, e: str, magic: int) -> Iterator[Record]:
@@ -495,7 +541,7 @@ class _Section:
         self.e, self.ifaces = "<", []
 
 
-def _read_pcapng(f: BinaryIO, head: bytes) -> Iterator[Record]:
+def _read_pcapng(f: BinaryIO, head: bytes, stats: bool = False) -> Iterator[Record]:
     section = _Section()
     index = 0  # block number, for messages
     h = head + _read_exact(f, 4, "pcapng block header")
@@ -506,7 +552,7 @@ def _read_pcapng(f: BinaryIO, head: bytes) -> Iterator[Record]:
         reader = _BLOCK_READERS.get(btype)
         # any other block (name resolution, statistics, decryption secrets, custom...) is skipped
         rec = reader(section, btype, body, total, where) if reader else None
-        if rec is not None:
+        if rec is not None and (stats or type(rec) is Record):
             yield rec
         h = f.read(8) or b""
         if 0 < len(h) < 8:
@@ -588,5 +634,27 @@ def _simple_packet_block(section: _Section, btype: int, body: bytes, total: int,
     return Record(0, body[4:4 + caplen], length, iface.linktype, 0, iface.name)
 
 
+def _statistics_block(section: _Section, btype: int, body: bytes, total: int, where: str) -> InterfaceStats:
+    e = section.e
+    if len(body) < 12:
+        raise PcapFormatError(f"{where}: Interface Statistics Block of {total} bytes is too short")
+    iface_id, hi, lo = struct.unpack_from(e + "III", body)
+    if iface_id >= len(section.ifaces):
+        raise PcapFormatError(f"{where}: statistics of interface {iface_id}, "
+                              f"but {len(section.ifaces)} interfaces are described")
+    iface = section.ifaces[iface_id]
+    fields: dict = {}
+    names = {ISB_STARTTIME: "start_ns", ISB_ENDTIME: "end_ns", ISB_IFRECV: "ifrecv", ISB_IFDROP: "ifdrop",
+             ISB_FILTERACCEPT: "filteraccept", ISB_OSDROP: "osdrop", ISB_USRDELIV: "usrdeliv"}
+    for code, value in _options(body, 12, e, where):
+        if code == OPT_COMMENT:
+            fields["comment"] = _text(value)
+        elif code in names and len(value) == 8:
+            a, b = struct.unpack(e + "II", value)
+            n = struct.unpack(e + "Q", value)[0]
+            fields[names[code]] = iface.ts_ns((a << 32) | b) if code in (ISB_STARTTIME, ISB_ENDTIME) else n
+    return InterfaceStats(iface_id, iface.ts_ns((hi << 32) | lo), iface.name, **fields)
+
+
 _BLOCK_READERS = {BT_IDB: _interface_block, BT_EPB: _packet_block, BT_OPB: _packet_block,
-                  BT_SPB: _simple_packet_block}
+                  BT_SPB: _simple_packet_block, BT_ISB: _statistics_block}

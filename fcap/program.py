@@ -50,7 +50,7 @@ from bpf.asm import (
 from bpf.btf import BTF
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from . import ringrec
+from . import drops, ringrec, stats
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
                      LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG, STACK)
 from .points import Point
@@ -201,6 +201,7 @@ class Builder:
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
         self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
+        stats.emit_hit(self)   # (only where predicates or a filter may turn packets away)
         for pred in o.predicates:
             self.emit(pred(self))
         self.metadata()
@@ -226,7 +227,7 @@ class Builder:
         self.emit(andi(R8, f.pkt_type_mask))
         if self.p.direction == "out" and self.o.start == START_SLL2:
             self.emit(movi(R8, PACKET_OUTGOING))
-        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id & 0xFF),
+        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
         # the device: ifindex, ARPHRD type
@@ -235,6 +236,7 @@ class Builder:
         self._read_store(R8, f.ifindex, "ifindex")
         self._read_store(R8, f.hatype, "hatype")
         self.emit(label("no_dev"))
+        drops.emit_meta(self)   # drop points: reason, location
 
     def late_metadata(self) -> None:
         """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,

@@ -17,11 +17,12 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
 from bpf.uapi import AttachType, Helper, MapFlags, ProgType
 
-from . import layout
+from . import layout, stats
 from . import program as cprog
 from .filter import compile_filter
 from .linktypes import LinkType, lookup
-from .points import Point, PointError, is_device_point, resolve, suggestion
+from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
+from .drops import is_drop_point
 from .errors import CaptureError
 
 DEFAULT_SNAPLEN = 262144
@@ -61,6 +62,10 @@ def default_linktype(points: list[Point]) -> LinkType:
     return lookup("LINUX_SLL2")
 
 
+class KernelRefusal(CaptureError):
+    """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
+
+
 def _explain_refusal(point: Point, e: BPFError) -> str:
     kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
     if e.errno == errno.EPERM:
@@ -89,6 +94,10 @@ class Session:
         self.ring = None          # the file rings' map when the programs write pcap records there
         self.ring_size = 0
         self.drain = None
+        self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
+        self.point_stats: list = []    # fcap.stats.PointStats per point, read at the end
+        self.attached_ns = self.detached_ns = 0   # wall clock
+        self.counts_hits = False       # the programs count hits (else hits == seen)
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -97,10 +106,13 @@ class Session:
         if not 0 < self.cfg.snaplen <= 0x7FFFFFFF:
             raise CaptureError(f"invalid snaplen {self.cfg.snaplen}")
         try:
-            for i, spec in enumerate(self.cfg.points):
-                p = resolve(spec, default_func_kind=self._best_function_kind(spec))
-                p.id = i
-                self.points.append(p)
+            seen: set[str] = set()
+            for spec in self.cfg.points:
+                for p in self._points_of(spec):
+                    if p.spec not in seen:   # (globs may overlap)
+                        seen.add(p.spec)
+                        p.id = len(self.points)
+                        self.points.append(p)
         except PointError as e:
             raise CaptureError(str(e)) from None
         except BTFError as e:
@@ -116,13 +128,21 @@ class Session:
             except FilterError as e:
                 raise CaptureError(f"{self.cfg.filter}: {e}") from None
 
+    def _points_of(self, spec: str) -> list[Point]:
+        """What one -i names: a semantic point's hooks, a glob's matches, or one point."""
+        from .semantic import is_semantic, resolve_semantic
+        if is_semantic(spec):
+            return resolve_semantic(spec)
+        kind = self._best_function_kind(spec)
+        return expand(spec, kind) if is_glob(spec) else [resolve(spec, default_func_kind=kind)]
+
     def _best_function_kind(self, spec: str) -> str:
         """For a bare FUNC: fentry where the kernel allows it, else kprobe, else fentry (to say why not)."""
         if "/" in spec:
             return "fentry"
         try:
             vm = BTF.vmlinux()
-            func = vm.find(spec.partition(":")[0], "func")
+            func = vm.find("ip_output" if is_glob(spec) else spec.partition(":")[0], "func")
             if func is None:
                 return "fentry"
             if features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs") is None:
@@ -189,7 +209,9 @@ class Session:
     def build(self, point: Point, maps: cprog.Maps) -> list:
         from .predicates import PredicateError
         try:
-            return cprog.build(point, self.options(point), maps)
+            opts = self.options(point)
+            self.counts_hits = stats.counts_hits(opts)
+            return cprog.build(point, opts, maps)
         except (cprog.ProgramError, PredicateError) as e:
             raise CaptureError(str(e)) from None
 
@@ -217,8 +239,7 @@ class Session:
             if kfunc:
                 ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
-            for p in self.points:
-                self.programs.append(self._load(p, self.build(p, maps)))
+            self._load_all(maps)
             if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
                 self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
                 self.ring_size = maps.ring_size
@@ -231,6 +252,28 @@ class Session:
         except CaptureError:
             self.close()
             raise
+
+    def _load_all(self, maps: cprog.Maps) -> None:
+        """A program per point. A glob's match that the kernel (or a predicate) refuses is skipped and noted in
+        self.skipped; the points kept are numbered again in order. A refusal of every match is the error."""
+        kept: list[Point] = []
+        first_error: CaptureError | None = None
+        for p in self.points:
+            p.id = len(kept)
+            try:
+                self.programs.append(self._load(p, self.build(p, maps)))
+            except KernelRefusal:
+                raise
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                first_error = first_error or e
+                self.skipped.append((p.spec, str(e)))
+                continue
+            kept.append(p)
+        if not kept and first_error is not None:
+            raise first_error
+        self.points = kept
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
@@ -260,6 +303,8 @@ class Session:
             return 0
         if not all(p.typed for p in self.points):
             return 0
+        if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
+            return 0
         ids = {self.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 
@@ -276,11 +321,11 @@ class Session:
         if p.kind == "fentry" or p.kind == "fexit":
             refused = features.tracing_program(self._attach_type(p), p.btf_id, label=f"{p.kind} programs")
             if refused is not None and refused.errno == errno.EPERM:
-                raise CaptureError(_explain_refusal(p, refused))
+                raise KernelRefusal(_explain_refusal(p, refused))
         if p.kind == "kprobe":
             refused = features.kprobe_program()
             if refused is not None:
-                raise CaptureError(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
+                raise KernelRefusal(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
                                    f"packets: {suggestion(p.name)}")
         obj_fd = None
         try:
@@ -302,17 +347,33 @@ class Session:
                 obj_fd.close()
 
     def attach(self) -> None:
-        try:
-            for p, prog in zip(self.points, self.programs):
-                if p.typed:
-                    self.links.append(attach_tracing(prog.fileno(), p.spec))
-                elif p.kind == "raw_tp":
-                    self.links.append(attach_raw_tracepoint(prog.fileno(), p.name))
-                else:
-                    self.links.append(attach_kprobe(prog.fileno(), p.name))
-        except BPFError as e:
-            self.close()
-            raise CaptureError(_explain_refusal(p, e)) from None
+        """Attach every program. A glob's match the kernel will not attach is skipped (self.skipped) unless the
+        kernel attaches none of a glob's matches."""
+        attached: set[str] = set()
+        refused: dict[str, str] = {}   # glob -> why its first match was refused
+        for p, prog in zip(self.points, self.programs):
+            try:
+                self.links.append(self._attach_one(p, prog))
+                attached.add(p.origin)
+            except BPFError as e:
+                if not p.origin:
+                    self.close()
+                    raise CaptureError(_explain_refusal(p, e)) from None
+                self.skipped.append((p.spec, _explain_refusal(p, e)))
+                refused.setdefault(p.origin, self.skipped[-1][1])
+        for origin, why in refused.items():
+            if origin not in attached:
+                self.close()
+                raise CaptureError(why)
+        self.attached_ns = time.time_ns()
+
+    @staticmethod
+    def _attach_one(p: Point, prog: Program) -> Link:
+        if p.typed:
+            return attach_tracing(prog.fileno(), p.spec)
+        if p.kind == "raw_tp":
+            return attach_raw_tracepoint(prog.fileno(), p.name)
+        return attach_kprobe(prog.fileno(), p.name)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
@@ -360,6 +421,8 @@ class Session:
             self.stats.captured += drain()
 
     def detach(self) -> None:
+        if self.links:
+            self.detached_ns = time.time_ns()
         for link in self.links:
             link.close()
         self.links = []
@@ -371,6 +434,7 @@ class Session:
             self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
+            self.point_stats = stats.read(self.counters, self.points, self.counts_hits)
         return self.stats
 
     def close(self) -> None:

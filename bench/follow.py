@@ -1,0 +1,162 @@
+"""Following packets: how fast a glob of points attaches, and what many points cost per hit.
+
+    python -m bench.follow attach [GLOB ...] [--sizes 10,100,all] [--reps 3]
+    python -m bench.follow cost [--points 1,50] [--glob GLOB] [-n 20000]
+
+`attach`: for each glob and each size N (the first N matches, in list-devices order), a capture session as the
+fcap command makes it: resolve (BTF), load (build + verify each program), attach; points per second over load
+and attach. `cost`: N 64-byte UDP datagrams on lo with 1 point and with more attached, kernel run-time stats on:
+the BPF run time per hit and hits per datagram. Prints markdown tables. Needs root. Default globs: tracepoints
+on a kernel that refuses fentry (tp_btf/*), else fentry/ip_* and fentry/tcp_*."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bpf import features  # noqa: E402
+from bpf.btf import BTF  # noqa: E402
+from bpf.sys import enable_stats  # noqa: E402
+from bpf.uapi import AttachType  # noqa: E402
+from fcap.session import Config, Session  # noqa: E402
+
+
+def fentry_allowed() -> bool:
+    func = BTF.vmlinux().find("ip_output", "func")
+    return func is not None and features.tracing_program(AttachType.TRACE_FENTRY, func.id) is None
+
+
+def default_globs() -> list[str]:
+    return ["fentry/ip_*", "fentry/tcp_*"] if fentry_allowed() else ["tp_btf/*"]
+
+
+def session_for(glob: str, n: int | None, **cfg) -> Session:
+    s = Session(Config(points=[glob], **cfg))
+    s.resolve()
+    if n is not None:
+        s.points = s.points[:n]
+    return s
+
+
+def attach_once(glob: str, n: int | None) -> dict:
+    t0 = time.perf_counter()
+    s = session_for(glob, n)
+    t1 = time.perf_counter()
+    try:
+        s.open()
+        t2 = time.perf_counter()
+        s.attach()
+        t3 = time.perf_counter()
+        got = len(s.links)
+    finally:
+        s.close()
+    t4 = time.perf_counter()
+    return dict(matches=got + len(s.skipped), attached=got, skipped=len(s.skipped), resolve=t1 - t0,
+                load=t2 - t1, attach=t3 - t2, close=t4 - t3)
+
+
+def attach_table(globs: list[str], sizes: list[int | None], reps: int) -> list[str]:
+    kernel = os.uname().release
+    lines = [f"Attach rate on {kernel} (median of {reps}; load = build + verify every program):", "",
+             "| glob | points | attached | skipped | resolve s | load s | attach s | detach s | points/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for glob in globs:
+        total = len(session_for(glob, None).points)
+        for n in sizes:
+            if n is not None and n >= total and None in sizes:
+                continue
+            runs = [attach_once(glob, n) for _ in range(reps)]
+            m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            rate = m["attached"] / (m["load"] + m["attach"]) if m["load"] + m["attach"] else 0
+            lines.append(f"| `{glob}` | {int(m['matches'])}{' (all)' if n is None else ''} | {int(m['attached'])} "
+                         f"| {int(m['skipped'])} | {m['resolve']:.2f} | {m['load']:.2f} | {m['attach']:.2f} "
+                         f"| {m['close']:.2f} | {rate:.0f} |")
+    return lines
+
+
+def udp_flood(n: int, size: int = 64) -> None:
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sink.bind(("127.0.0.1", 0))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(sink.getsockname())
+    data = b"\x5a" * size
+    for _ in range(n):
+        s.send(data)
+    s.close()
+    sink.close()
+
+
+def cost_once(glob: str, npoints: int, n: int, **cfg) -> dict:
+    s = session_for(glob, npoints, **cfg)
+    try:
+        s.open()
+        s.attach()
+        with enable_stats():
+            before = [p.stats() for p in s.programs]
+            t0 = time.perf_counter()
+            udp_flood(n)
+            wall = time.perf_counter() - t0
+            after = [p.stats() for p in s.programs]
+        s.buffer.drain(lambda cpu, raw: None)
+    finally:
+        s.close()
+    ns = sum(a.run_time_ns - b.run_time_ns for a, b in zip(after, before))
+    hits = sum(a.run_cnt - b.run_cnt for a, b in zip(after, before))
+    return dict(points=len(s.points), hits=hits, ns_per_hit=ns / hits if hits else 0, hits_per_pkt=hits / n,
+                ns_per_pkt=ns / n, us_per_send=wall / n * 1e6)
+
+
+def cost_table(glob: str, sizes: list[int], n: int, reps: int, **cfg) -> list[str]:
+    lines = [f"Capture cost with many points on {os.uname().release}: {n} × 64-byte UDP on lo, points from `{glob}`, "
+             f"median of {reps}:", "",
+             "| points attached | hits per datagram | BPF ns per hit | BPF ns per datagram | sender µs per datagram |",
+             "|---|---|---|---|---|"]
+    for k in sizes:
+        runs = [cost_once(glob, k, n, **cfg) for _ in range(reps)]
+        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        lines.append(f"| {int(m['points'])} | {m['hits_per_pkt']:.1f} | {m['ns_per_hit']:.0f} | {m['ns_per_pkt']:.0f} "
+                     f"| {m['us_per_send']:.1f} |")
+    return lines
+
+
+def _sizes(text: str) -> list[int | None]:
+    return [None if x == "all" else int(x) for x in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.follow", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("attach")
+    a.add_argument("globs", nargs="*")
+    a.add_argument("--sizes", default="10,100,all")
+    a.add_argument("--reps", type=int, default=3)
+    c = sub.add_parser("cost")
+    c.add_argument("--glob")
+    c.add_argument("--points", default="1,50")
+    c.add_argument("-n", type=int, default=20000)
+    c.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.follow: needs root", file=sys.stderr)
+        return 2
+    if args.what == "attach":
+        lines = attach_table(args.globs or default_globs(), _sizes(args.sizes), args.reps)
+    else:
+        glob = args.glob or ("fentry/ip_*" if fentry_allowed() else "tp_btf/*")
+        lines = cost_table(glob, [int(x) for x in args.points.split(",")], args.n, args.reps)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
