@@ -59,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
+    f = p.add_argument_group("following packets")
+    f.add_argument("--track", action="store_true",
+                   help="the filter and predicates choose a packet at the first point it passes; then its skb is "
+                        "captured at every point until freed, with the first skb's address as packet id")
+    f.add_argument("--track-max", metavar="N", help="entries of the tracking map (default 16384; evictions counted)")
+    f.add_argument("--path", dest="live_path", action="store_true",
+                   help="print each packet's path (points in order, time between them, how it ended) as fcap path "
+                        "does, instead of the packets")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
     return p
@@ -92,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_info(argv[1:])
         if argv and argv[0] == "path":
             return cmd_path(argv[1:])
+        if argv and argv[0] == "drops":
+            return cmd_drops(argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -170,9 +180,10 @@ def cmd_semantic(a) -> int:
     try:
         if a.json:
             import json
-            json.dump([{"point": c.name, "meaning": c.meaning, "hooks": [p.spec for p in c.points],
-                        "prototypes": [p.prototype() for p in c.points],
-                        "refused": [{"hook": h, "why": w} for h, w in c.refused]} for c in choices], sys.stdout, indent=1)
+            rows = [{"point": c.name, "meaning": c.meaning, "hooks": [p.spec for p in c.points],
+                     "prototypes": [p.prototype() for p in c.points],
+                     "refused": [{"hook": h, "why": w} for h, w in c.refused]} for c in choices]
+            json.dump(rows, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
             sys.stdout.write(_semantic_lines(choices))
@@ -232,6 +243,36 @@ def cmd_info(argv: list[str]) -> int:
         sys.stdout.write(f"{p.prototype()};{where}\n")
         sys.stdout.write(f"  point: {p.spec}  skb: argument {p.skb_index} ({p.params[p.skb_index].name})\n")
     return code
+
+
+# ---- fcap drops ------------------------------------------------------------------------------
+
+def cmd_drops(argv: list[str]) -> int:
+    """fcap drops [-w FILE [FILTER]] [-- COMMAND]: drops counted per reason and location, a table on exit; with -w
+    they are captured too (at skb:drop unless -i says otherwise)."""
+    from . import dropscmd
+    opts, command = _split_command(argv)
+    args = _parser().parse_args(opts)
+    if args.read:
+        raise UsageError("fcap drops counts live drops; -r makes no sense here")
+    counter = dropscmd.Counter()
+    counter.start()
+    try:
+        if args.write:
+            args.points = args.points or ["skb:drop"]
+            status = cmd_capture(args, command)
+        else:
+            if not args.quiet:
+                sys.stderr.write(f"counting drops at {counter.point.spec}"
+                                 f"{'' if command else '; Ctrl-C prints the table'}\n")
+            status = dropscmd.wait(command)
+        dropscmd.write_table(counter)
+    except BrokenPipeError:
+        _quiet_stdout()
+        status = 0
+    finally:
+        counter.close()
+    return status
 
 
 # ---- reading files ---------------------------------------------------------------------------
@@ -330,8 +371,10 @@ def _config(args):
     if args.linktype:
         from .linktypes import lookup
         lookup(args.linktype)
+    track_max = _int(args.track_max, "tracking map size", 16384, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args)), count
+                  immediate=args.immediate, predicates=_predicates(args), track=args.track,
+                  track_max=track_max), count
 
 
 def _start(session, args, fmt: str | None, user):
@@ -418,6 +461,10 @@ def _output_format(args, session) -> str | None:
     """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
     from .pcapfile import format_for_path
     to_stdout = _to_stdout(args)
+    if args.live_path:
+        if args.write:
+            raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
+        return None
     if args.write is None and not to_stdout:
         return None
     fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
@@ -431,7 +478,11 @@ def _open_output(args, session, fmt: str | None):
     from .pcapfile import open_writer
     from .printer import Printer
     if fmt is None:
-        return Output(printer=Printer(args, sys.stdout))
+        tracker = None
+        if getattr(args, "live_path", False):
+            from .pathcmd import Tracker
+            tracker = Tracker()
+        return Output(printer=Printer(args, sys.stdout), tracker=tracker)
     to_stdout = _to_stdout(args)
     if to_stdout:
         f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)

@@ -131,6 +131,10 @@ class Names:
         out = f" reason={self.reason(rec.reason)}" if has_reason else ""
         return out + f" at={self.location(rec.location)}"
 
+    def describe(self, rec, has_reason: bool = True) -> str:
+        """'NO_SOCKET at FUNC+0xOFF' (as fcap path says it)."""
+        return (f"{self.reason(rec.reason)} " if has_reason else "") + f"at {self.location(rec.location)}"
+
 
 def note(points: list[Point]) -> str:
     """One line when a drop point of this kernel carries no reason (kfree_skb before Linux 5.17), else ""."""

@@ -138,6 +138,20 @@ CAPLEN_MAX = HDR_MAX + COPY_MAX
 COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.stats)
 COUNTERS = 3
 
+# ---- fcap drops (fcap.dropscmd): drops counted per (reason, location) in a hash map of u64 counts -------------
+DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
+
+# ---- --track (fcap.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
+# Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id (the first
+# skb's address) and the head the skb had when it was tracked.
+TRACK = Layout("Track", (("id", "Q"), ("head", "Q")))
+TRACK_COUNTERS = Layout("TrackCounters", (
+    ("started", "Q"),      # packets the filter and predicates chose to track
+    ("joined", "Q"),       # skbs found by their head: clones of a tracked packet
+    ("inserted", "Q"),     # map entries added
+    ("deleted", "Q"),      # map entries removed where the skb was freed
+))
+
 
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
 @dataclass(frozen=True)
@@ -159,10 +173,17 @@ class _Stack:
     ring_len: int = -216     # the record's length
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
+    track_key: int = -240    # --track: the tracking map's key (an skb's or a head's address)
+    track_val: int = -256    # --track: a value to insert (TRACK, 16 bytes)
+    track_id: int = -264     # --track: the packet id when the skb is tracked, else 0
+    track_ckey: int = -268   # --track: u32 key 0 of the tracking counters
+    drop_key: int = -288     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
+    drop_one: int = -296     # fcap drops: the value 1 to insert
 
 
 STACK = _Stack()
-_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4}
+_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 16, "track_ckey": 4,
+                "drop_key": 16}
 
 
 def _check_stack() -> None:

@@ -20,6 +20,7 @@ class Output:
     printer: object = None
     stream: bool = False
     path: str = ""            # what the user named (-w FILE), for error lines
+    tracker: object = None    # --path: a fcap.pathcmd.Tracker (each packet's path is printed, not the packet)
 
 
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
@@ -45,6 +46,7 @@ class CaptureLoop:
         self.drop_names = drops.Names() if any(drops.is_drop_point(p) for p in points) else None
         self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
+        self.points = {p.id: p for p in points}
 
     def catch_signals(self) -> None:
         """From now on SIGINT and SIGTERM end the capture gracefully."""
@@ -78,7 +80,7 @@ class CaptureLoop:
     def _drain(self) -> None:
         writer = self.out.writer
         if writer is None:
-            self.session.run(self._print, self._should_stop)
+            self.session.run(self._track if self.out.tracker else self._print, self._should_stop)
             return
         drain = self.session.file_drain(writer, limit=self.count, options=self._options)
         try:
@@ -122,6 +124,23 @@ class CaptureLoop:
         self.written += 1
         return not (self.count and self.written >= self.count)
 
+    def _track(self, rec) -> bool:
+        """--path's sink: the record as a hop of its packet's path; paths that ended are printed."""
+        from .pathcmd import Hop
+        from .show import describe
+        p = self.points[rec.point]
+        drop = self.drop_names.describe(rec, self.drop_points[rec.point]) if rec.point in self.drop_points else None
+        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.skb, p.alias or p.spec, rec.ifindex, rec.netns, drop,
+                  describe(rec.data, self.session.linktype.number, rec.orig_len))
+        try:
+            for text in self.out.tracker.feed(hop):
+                self.out.printer.out.write(text)
+        except BrokenPipeError:
+            self.broken = True
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
     def _should_stop(self) -> bool:
         if self.stopping or self.broken:
             return True
@@ -143,6 +162,8 @@ class CaptureLoop:
                 self._write_stats()
                 self.out.writer.close()
             elif self.out.printer is not None:
+                if self.out.tracker is not None:
+                    self.out.printer.out.write("".join(self.out.tracker.finish()))
                 self.out.printer.flush()
         except BrokenPipeError:
             self.broken = True
@@ -174,7 +195,12 @@ class CaptureLoop:
 
         def n(k: int, what: str) -> str:
             return f"{k} packet{'s' if k != 1 else ''} {what}\n"
-        return n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        out = n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        t = self.session.track_report
+        if t:
+            out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "
+                    f"{t['evicted']} tracking entries evicted (map of {t['size']})\n")
+        return out
 
     def _status(self) -> int:
         if self.error is not None:

@@ -6,6 +6,7 @@ printed when it ends, and memory is what the packets in flight hold."""
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import re
 from collections.abc import Iterable, Iterator
@@ -71,8 +72,8 @@ class Reservoir:
                 self.values[i] = v
 
     def percentile(self, q: float) -> int:
-        s = sorted(self.values)
-        return s[min(len(s) - 1, int(q * len(s)))] if s else 0
+        s = sorted(self.values)   # nearest rank
+        return s[max(0, math.ceil(q * len(s)) - 1)] if s else 0
 
 
 class Tracker:
@@ -109,6 +110,10 @@ class Tracker:
 
     def _take(self, hop: Hop) -> Iterator[str]:
         pkt = self.packets.get(hop.packet)
+        if pkt is not None and any(h.point == hop.point and h.ifindex == hop.ifindex for h in pkt.hops):
+            # the same point and device again: the kernel gave a freed skb's address to a new packet
+            yield self._report(hop.packet, "end not seen")
+            pkt = None
         if pkt is None:
             pkt = self.packets[hop.packet] = _Packet()
         pkt.hops.append(hop)
@@ -146,8 +151,9 @@ class Tracker:
 
     def summary(self) -> str:
         n = sum(self.ends.values())
-        lines = [f"{n} packet{'s' if n != 1 else ''}: {self.ends['dropped']} dropped, {self.ends['consumed']} consumed, "
-                 f"{self.ends['in flight']} in flight"]
+        e = self.ends
+        lines = [f"{n} packet{'s' if n != 1 else ''}: {e['dropped']} dropped, {e['consumed']} consumed, "
+                 f"{e['in flight']} in flight"]
         if self.hops:
             width = max(len(f"{a} -> {b}") for a, b in self.hops)
             lines.append(f"{'hop':<{width}}  {'n':>8}  {'p50 ns':>10}  {'p99 ns':>10}")

@@ -50,7 +50,7 @@ from bpf.asm import (
 from bpf.btf import BTF
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from . import drops, ringrec, stats
+from . import drops, ringrec, stats, track
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
                      LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG, STACK)
 from .points import Point
@@ -70,6 +70,8 @@ class Maps:
     ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: records go to the perf buffer
     ring_size: int = 0   # RING: bytes of each CPU's ring (a power of two)
     dynptr_kfunc: int = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
+    track: int = 0          # --track: the tracking map (LRU hash, fcap.track), 0: no tracking
+    track_counters: int = 0   # --track: its counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
 
 
 @dataclass
@@ -202,12 +204,16 @@ class Builder:
         self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         stats.emit_hit(self)   # (only where predicates or a filter may turn packets away)
+        track.emit_lookup(self)   # --track: a tracked skb goes past the predicates and the filter
         for pred in o.predicates:
             self.emit(pred(self))
+        track.emit_tracked_label(self)
         self.metadata()
         self.headers()
         if o.filter is not None:
+            track.emit_skip_filter(self)
             self.run_filter()
+        track.emit_filter_done(self)   # --track: the packet id, tracking starts, a free point forgets the skb
         self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
         self.output()
         self.emit(label("out"), movi(R0, 0), exit_())

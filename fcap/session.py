@@ -45,6 +45,8 @@ class Config:
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
+    track: bool = False       # --track (fcap.track): follow what the filter chose to every point until freed
+    track_max: int = 16384    # entries of the tracking map (two per packet, one more per clone)
 
 
 @dataclass
@@ -98,6 +100,9 @@ class Session:
         self.point_stats: list = []    # fcap.stats.PointStats per point, read at the end
         self.attached_ns = self.detached_ns = 0   # wall clock
         self.counts_hits = False       # the programs count hits (else hits == seen)
+        self.track_map = self.track_counters = None   # --track
+        self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
+        self.track_report: dict = {}
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -233,6 +238,8 @@ class Session:
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
+            if self.cfg.track:
+                self._make_track_maps(maps)
             cpus = online_cpus()
             pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
@@ -240,6 +247,8 @@ class Session:
                 ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
             self._load_all(maps)
+            if self.cfg.track:
+                self._load_helpers(maps)
             if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
                 self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
                 self.ring_size = maps.ring_size
@@ -274,6 +283,28 @@ class Session:
         if not kept and first_error is not None:
             raise first_error
         self.points = kept
+
+    def _make_track_maps(self, maps: cprog.Maps) -> None:
+        from bpf.maps import HashMap
+        self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
+        self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
+        self.maps += [self.track_map, self.track_counters]
+        maps.track, maps.track_counters = self.track_map.fileno(), self.track_counters.fileno()
+
+    def _load_helpers(self, maps: cprog.Maps) -> None:
+        """--track: where a free tracepoint is not a captured point, a program that forgets the freed skbs."""
+        from .track import FREE_POINTS, untrack_program
+        captured = {p.name for p in self.points if p.kind in ("tp_btf", "raw_tp")}
+        for name in FREE_POINTS:
+            if name in captured:
+                continue
+            try:
+                p = resolve(f"tp_btf/{name}")
+            except PointError:
+                continue
+            p.id = len(self.points) + len(self.helpers)
+            b = cprog.Builder(p, cprog.Options(start=cprog.START_DATA, snaplen=0), maps)
+            self.helpers.append((p, self._load(p, untrack_program(b))))
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
@@ -365,6 +396,12 @@ class Session:
             if origin not in attached:
                 self.close()
                 raise CaptureError(why)
+        for p, prog in self.helpers:
+            try:
+                self.links.append(self._attach_one(p, prog))
+            except BPFError as e:
+                self.close()
+                raise CaptureError(f"--track: {_explain_refusal(p, e)}") from None
         self.attached_ns = time.time_ns()
 
     @staticmethod
@@ -435,6 +472,11 @@ class Session:
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
             self.point_stats = stats.read(self.counters, self.points, self.counts_hits)
+        if self.track_map is not None and not self.track_map.fd.closed:
+            from . import track
+            remaining = sum(1 for _ in self.track_map.keys())
+            self.track_report = dict(track.read_counters(self.track_counters),
+                                     evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max)
         return self.stats
 
     def close(self) -> None:
@@ -447,6 +489,8 @@ class Session:
             self.buffer.close()
             self.buffer = None
         ids = []
+        self.programs += [prog for _p, prog in self.helpers]
+        self.helpers = []
         for prog in self.programs:
             try:
                 ids.append(prog.info().id)
@@ -465,6 +509,8 @@ class Session:
         from bpf import asm
         size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
+        if self.cfg.track:
+            maps.track, maps.track_counters = -5, -6
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
             maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)
