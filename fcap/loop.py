@@ -239,8 +239,7 @@ def skipped_line(session) -> str:
         return ""
     names = ", ".join(spec for spec, _why in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
     total = len(skipped) + len(session.points)
-    return (f"skipped {len(skipped)} of {total} points the kernel refused: {names} "
-            f"(first: {skipped[0][1]})\n")
+    return f"skipped {len(skipped)} of {total} points: {names} (the first because {skipped[0][1]})\n"
 
 
 def write_stderr(text: str) -> None:

@@ -232,6 +232,7 @@ class Session:
         try:
             events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
             self.maps.append(events)
+            self._skip_unbuildable()
             size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
             scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
             counters = PerCPUArrayMap(8 * layout.COUNTERS, len(self.points), name="fcap_counters")
@@ -261,6 +262,21 @@ class Session:
         except CaptureError:
             self.close()
             raise
+
+    def _skip_unbuildable(self) -> None:
+        """Glob matches the predicates cannot be built for (an argument some matches lack) are skipped."""
+        kept = []
+        for p in self.points:
+            try:
+                self.options(p)
+                kept.append(p)
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                self.skipped.append((p.spec, str(e)))
+        if not kept:
+            raise CaptureError(self.skipped[0][1])
+        self.points = kept
 
     def _load_all(self, maps: cprog.Maps) -> None:
         """A program per point. A glob's match that the kernel (or a predicate) refuses is skipped and noted in
