@@ -1,12 +1,14 @@
 """Following packets: how fast a glob of points attaches, and what many points cost per hit.
 
     python -m bench.follow attach [GLOB ...] [--sizes 10,100,all] [--reps 3]
-    python -m bench.follow cost [--points 1,50] [--glob GLOB] [-n 20000]
+    python -m bench.follow cost [--points 1,50] [--first POINT] [--glob GLOB] [-n 20000]
+    python -m bench.follow track [--points P,P,P] [-n 20000]
 
 `attach`: for each glob and each size N (the first N matches, in list-devices order), a capture session as the
 fcap command makes it: resolve (BTF), load (build + verify each program), attach; points per second over load
 and attach. `cost`: N 64-byte UDP datagrams on lo with 1 point and with more attached, kernel run-time stats on:
-the BPF run time per hit and hits per datagram. Prints markdown tables. Needs root. Default globs: tracepoints
+the BPF run time per hit and hits per datagram. `track`: the same points and filter with and without --track.
+Prints markdown tables. Needs root. Default globs: tracepoints
 on a kernel that refuses fentry (tp_btf/*), else fentry/ip_* and fentry/tcp_*."""
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def default_globs() -> list[str]:
     return ["fentry/ip_*", "fentry/tcp_*"] if fentry_allowed() else ["tp_btf/*"]
 
 
-def session_for(glob: str, n: int | None, **cfg) -> Session:
-    s = Session(Config(points=[glob], **cfg))
+def session_for(glob: str | list[str], n: int | None, **cfg) -> Session:
+    s = Session(Config(points=[glob] if isinstance(glob, str) else glob, **cfg))
     s.resolve()
     if n is not None:
         s.points = s.points[:n]
@@ -95,8 +97,8 @@ def udp_flood(n: int, size: int = 64) -> None:
     sink.close()
 
 
-def cost_once(glob: str, npoints: int, n: int, **cfg) -> dict:
-    s = session_for(glob, npoints, **cfg)
+def cost_once(points: list[str], npoints: int | None, n: int, **cfg) -> dict:
+    s = session_for(points, npoints, **cfg)
     try:
         s.open()
         s.attach()
@@ -115,16 +117,36 @@ def cost_once(glob: str, npoints: int, n: int, **cfg) -> dict:
                 ns_per_pkt=ns / n, us_per_send=wall / n * 1e6)
 
 
-def cost_table(glob: str, sizes: list[int], n: int, reps: int, **cfg) -> list[str]:
-    lines = [f"Capture cost with many points on {os.uname().release}: {n} × 64-byte UDP on lo, points from `{glob}`, "
-             f"median of {reps}:", "",
-             "| points attached | hits per datagram | BPF ns per hit | BPF ns per datagram | sender µs per datagram |",
-             "|---|---|---|---|---|"]
+def _median(runs: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def _row(label: str, m: dict) -> str:
+    return (f"| {label} | {int(m['points'])} | {m['hits_per_pkt']:.1f} | {m['ns_per_hit']:.0f} | {m['ns_per_pkt']:.0f} "
+            f"| {m['us_per_send']:.1f} |")
+
+
+HEAD = ["| case | points attached | hits per datagram | BPF ns per hit | BPF ns per datagram | sender µs per datagram |",
+        "|---|---|---|---|---|---|"]
+
+
+def cost_table(first: str, glob: str, sizes: list[int], n: int, reps: int) -> list[str]:
+    lines = [f"Capture cost with many points on {os.uname().release}: {n} × 64-byte UDP on lo (a sink that never "
+             f"reads: the datagrams are dropped), `{first}` then the matches of `{glob}`, kernel run-time stats on, "
+             f"median of {reps}:", ""] + HEAD
     for k in sizes:
-        runs = [cost_once(glob, k, n, **cfg) for _ in range(reps)]
-        m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        lines.append(f"| {int(m['points'])} | {m['hits_per_pkt']:.1f} | {m['ns_per_hit']:.0f} | {m['ns_per_pkt']:.0f} "
-                     f"| {m['us_per_send']:.1f} |")
+        m = _median([cost_once([first, glob], k, n) for _ in range(reps)])
+        lines.append(_row(f"{k} point{'s' if k > 1 else ''}", m))
+    return lines
+
+
+def track_table(points: list[str], n: int, reps: int) -> list[str]:
+    """The tracking map's cost: the same points and filter with and without --track."""
+    lines = [f"Tracking cost on {os.uname().release}: {n} × 64-byte UDP on lo, points {', '.join(points)}, filter "
+             f"'udp', median of {reps}:", ""] + HEAD
+    for track in (False, True):
+        m = _median([cost_once(points, None, n, filter="udp", track=track) for _ in range(reps)])
+        lines.append(_row("--track" if track else "filter at every point", m))
     return lines
 
 
@@ -142,18 +164,26 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--reps", type=int, default=3)
     c = sub.add_parser("cost")
     c.add_argument("--glob")
+    c.add_argument("--first", default="tp_btf/net_dev_queue", help="the point the single-point case keeps")
     c.add_argument("--points", default="1,50")
     c.add_argument("-n", type=int, default=20000)
     c.add_argument("--reps", type=int, default=3)
+    t = sub.add_parser("track")
+    t.add_argument("--points", default="tp_btf/net_dev_queue,tp_btf/netif_receive_skb,tp_btf/kfree_skb")
+    t.add_argument("-n", type=int, default=20000)
+    t.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.follow: needs root", file=sys.stderr)
         return 2
     if args.what == "attach":
+        attach_once((args.globs or default_globs())[0], 1)   # (warm: the BTF name index each start builds once)
         lines = attach_table(args.globs or default_globs(), _sizes(args.sizes), args.reps)
-    else:
+    elif args.what == "cost":
         glob = args.glob or ("fentry/ip_*" if fentry_allowed() else "tp_btf/*")
-        lines = cost_table(glob, [int(x) for x in args.points.split(",")], args.n, args.reps)
+        lines = cost_table(args.first, glob, [int(x) for x in args.points.split(",")], args.n, args.reps)
+    else:
+        lines = track_table(args.points.split(","), args.n, args.reps)
     print("\n".join(lines))
     return 0
 

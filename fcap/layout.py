@@ -148,8 +148,7 @@ TRACK = Layout("Track", (("id", "Q"), ("head", "Q")))
 TRACK_COUNTERS = Layout("TrackCounters", (
     ("started", "Q"),      # packets the filter and predicates chose to track
     ("joined", "Q"),       # skbs found by their head: clones of a tracked packet
-    ("inserted", "Q"),     # map entries added
-    ("deleted", "Q"),      # map entries removed where the skb was freed
+    ("deleted", "Q"),      # map entries removed where the skb was freed (inserted: 2 per packet, 1 per clone)
 ))
 
 

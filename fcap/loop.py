@@ -216,7 +216,8 @@ SCREENFUL = 24   # points named one by one in the listening line; past that, cou
 
 def listening_line(session) -> str:
     lt = session.linktype
-    return (f"listening on {point_names(session.points)}, link-type {lt.name} ({lt.description}), "
+    attached = [p for p in session.points if p.id not in session.unattached]
+    return (f"listening on {point_names(attached)}, link-type {lt.name} ({lt.description}), "
             f"snapshot length {session.cfg.snaplen} bytes\n")
 
 
@@ -238,7 +239,7 @@ def skipped_line(session) -> str:
     if not skipped:
         return ""
     names = ", ".join(spec for spec, _why in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
-    total = len(skipped) + len(session.points)
+    total = len(skipped) + len(session.points) - len(session.unattached)
     return f"skipped {len(skipped)} of {total} points: {names} (the first because {skipped[0][1]})\n"
 
 

@@ -64,6 +64,9 @@ def default_linktype(points: list[Point]) -> LinkType:
     return lookup("LINUX_SLL2")
 
 
+ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
+
+
 class KernelRefusal(CaptureError):
     """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
 
@@ -75,6 +78,8 @@ def _explain_refusal(point: Point, e: BPFError) -> str:
                 f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")
     if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH) and point.kind == "kprobe":
         return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
+    if e.errno == ENOTSUPP:
+        return f"{point.spec}: the kernel does not support a trampoline there (ENOTSUPP)"
     return f"{point.spec}: {e}"
 
 
@@ -97,6 +102,7 @@ class Session:
         self.ring_size = 0
         self.drain = None
         self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
+        self.unattached: set[int] = set()   # ids of loaded points the kernel would not attach (their IDBs stay)
         self.point_stats: list = []    # fcap.stats.PointStats per point, read at the end
         self.attached_ns = self.detached_ns = 0   # wall clock
         self.counts_hits = False       # the programs count hits (else hits == seen)
@@ -308,19 +314,20 @@ class Session:
         maps.track, maps.track_counters = self.track_map.fileno(), self.track_counters.fileno()
 
     def _load_helpers(self, maps: cprog.Maps) -> None:
+        for p, items in self._helper_programs(maps):
+            self.helpers.append((p, self._load(p, items)))
+
+    def _helper_programs(self, maps: cprog.Maps):
         """--track: where a free tracepoint is not a captured point, a program that forgets the freed skbs."""
         from .track import FREE_POINTS, untrack_program
         captured = {p.name for p in self.points if p.kind in ("tp_btf", "raw_tp")}
-        for name in FREE_POINTS:
-            if name in captured:
-                continue
+        for i, name in enumerate(n for n in FREE_POINTS if n not in captured):
             try:
                 p = resolve(f"tp_btf/{name}")
             except PointError:
                 continue
-            p.id = len(self.points) + len(self.helpers)
-            b = cprog.Builder(p, cprog.Options(start=cprog.START_DATA, snaplen=0), maps)
-            self.helpers.append((p, self._load(p, untrack_program(b))))
+            p.id = len(self.points) + i
+            yield p, untrack_program(cprog.Builder(p, cprog.Options(start=cprog.START_DATA, snaplen=0), maps))
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
@@ -407,6 +414,7 @@ class Session:
                     self.close()
                     raise CaptureError(_explain_refusal(p, e)) from None
                 self.skipped.append((p.spec, _explain_refusal(p, e)))
+                self.unattached.add(p.id)
                 refused.setdefault(p.origin, self.skipped[-1][1])
         for origin, why in refused.items():
             if origin not in attached:
@@ -535,6 +543,10 @@ class Session:
         for p in self.points:
             out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
+        if self.cfg.track:
+            for p, items in self._helper_programs(maps):
+                out.append(f"; {p.spec}: --track forgets the skbs freed here (nothing captured)")
+                out.append(asm.disassemble(items))
         return "\n".join(out)
 
 
