@@ -39,13 +39,10 @@ IF_TSRESOL = 9
 IF_TSOFFSET = 14
 EPB_FLAGS = 2  # also pack_flags in the obsolete Packet Block
 EPB_PACKETID = 5
-ISB_STARTTIME = 2
-ISB_ENDTIME = 3
-ISB_IFRECV = 4
-ISB_IFDROP = 5
-ISB_FILTERACCEPT = 6
-ISB_OSDROP = 7
-ISB_USRDELIV = 8
+ISB_STARTTIME, ISB_ENDTIME, ISB_IFRECV, ISB_IFDROP, ISB_FILTERACCEPT, ISB_OSDROP, ISB_USRDELIV = range(2, 9)
+ISB_OPTIONS = {ISB_STARTTIME: "start_ns", ISB_ENDTIME: "end_ns", ISB_IFRECV: "ifrecv", ISB_IFDROP: "ifdrop",
+               ISB_FILTERACCEPT: "filteraccept", ISB_OSDROP: "osdrop", ISB_USRDELIV: "usrdeliv"}   # -> field
+ISB_TIMES = (ISB_STARTTIME, ISB_ENDTIME)   # timestamps (high, low u32s); the others are u64 counters
 
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
@@ -341,26 +338,24 @@ class PcapngWriter(Writer):
         else:
             w(self._TRAILER[pad].pack(total))
 
-    def write_isb(self, iface: int, ts_ns: int, start_ns: int | None = None, end_ns: int | None = None,
-                  ifrecv: int | None = None, ifdrop: int | None = None, filteraccept: int | None = None,
-                  osdrop: int | None = None, usrdeliv: int | None = None, comment: str | None = None) -> None:
-        """An Interface Statistics Block for interface `iface` at ts_ns (ns, as the interfaces' if_tsresol);
-        the options given (None: left out)."""
+    def write_isb(self, iface: int, ts_ns: int, **options) -> None:
+        """An Interface Statistics Block for interface `iface` at ts_ns (ns, as the interfaces' if_tsresol), with
+        the options given by InterfaceStats' names (start_ns, end_ns, ifrecv, ... comment)."""
         if not 0 <= iface < len(self._snaplens):
             raise ValueError(f"no interface {iface!r}; add_interface() defined {len(self._snaplens)}")
         opts = b""
-        for code, ts in ((ISB_STARTTIME, start_ns), (ISB_ENDTIME, end_ns)):
-            if ts is not None:
-                opts += _option(code, struct.pack("=II", ts >> 32, ts & 0xFFFFFFFF))
-        for code, n in ((ISB_IFRECV, ifrecv), (ISB_IFDROP, ifdrop), (ISB_FILTERACCEPT, filteraccept),
-                        (ISB_OSDROP, osdrop), (ISB_USRDELIV, usrdeliv)):
-            if n is not None:
-                opts += _option(code, struct.pack("=Q", n))
+        for code, name in ISB_OPTIONS.items():
+            v = options.pop(name, None)
+            if v is not None:
+                opts += _option(code, struct.pack("=II", v >> 32, v & 0xFFFFFFFF) if code in ISB_TIMES else
+                                struct.pack("=Q", v))
+        comment = options.pop("comment", None)
+        if options:
+            raise TypeError(f"write_isb: unknown options {', '.join(options)}")
         if comment is not None:
             opts += _option(OPT_COMMENT, comment.encode())
-        if opts:
-            opts += _END_OF_OPTIONS
-        self._w(_block(BT_ISB, struct.pack("=III", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF) + opts))
+        self._w(_block(BT_ISB, struct.pack("=III", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF) +
+                       (opts + _END_OF_OPTIONS if opts else b"")))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
                   packet_id: int | None = None) -> tuple[bytes, bytes]:
@@ -644,15 +639,14 @@ def _statistics_block(section: _Section, btype: int, body: bytes, total: int, wh
                               f"but {len(section.ifaces)} interfaces are described")
     iface = section.ifaces[iface_id]
     fields: dict = {}
-    names = {ISB_STARTTIME: "start_ns", ISB_ENDTIME: "end_ns", ISB_IFRECV: "ifrecv", ISB_IFDROP: "ifdrop",
-             ISB_FILTERACCEPT: "filteraccept", ISB_OSDROP: "osdrop", ISB_USRDELIV: "usrdeliv"}
     for code, value in _options(body, 12, e, where):
         if code == OPT_COMMENT:
             fields["comment"] = _text(value)
-        elif code in names and len(value) == 8:
+        elif code in ISB_TIMES and len(value) == 8:
             a, b = struct.unpack(e + "II", value)
-            n = struct.unpack(e + "Q", value)[0]
-            fields[names[code]] = iface.ts_ns((a << 32) | b) if code in (ISB_STARTTIME, ISB_ENDTIME) else n
+            fields[ISB_OPTIONS[code]] = iface.ts_ns((a << 32) | b)
+        elif code in ISB_OPTIONS and len(value) == 8:
+            fields[ISB_OPTIONS[code]] = struct.unpack(e + "Q", value)[0]
     return InterfaceStats(iface_id, iface.ts_ns((hi << 32) | lo), iface.name, **fields)
 
 
