@@ -14,6 +14,7 @@ on a kernel that refuses fentry (tp_btf/*), else fentry/ip_* and fentry/tcp_*.""
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import socket
 import statistics
@@ -61,8 +62,13 @@ def attach_once(glob: str, n: int | None) -> dict:
     finally:
         s.close()
     t4 = time.perf_counter()
+    for spec, why in s.skipped:
+        WHY[why[len(spec) + 2:] if why.startswith(spec + ": ") else why] += 1
     return dict(matches=got + len(s.skipped), attached=got, skipped=len(s.skipped), resolve=t1 - t0,
                 load=t2 - t1, attach=t3 - t2, close=t4 - t3)
+
+
+WHY: collections.Counter = collections.Counter()   # why matches were skipped, over every run
 
 
 def attach_table(globs: list[str], sizes: list[int | None], reps: int) -> list[str]:
@@ -81,6 +87,9 @@ def attach_table(globs: list[str], sizes: list[int | None], reps: int) -> list[s
             lines.append(f"| `{glob}` | {int(m['matches'])}{' (all)' if n is None else ''} | {int(m['attached'])} "
                          f"| {int(m['skipped'])} | {m['resolve']:.2f} | {m['load']:.2f} | {m['attach']:.2f} "
                          f"| {m['close']:.2f} | {rate:.0f} |")
+    if WHY:
+        lines += ["", "Why matches were skipped (every run):", ""]
+        lines += [f"- {n} × {why}" for why, n in WHY.most_common()]
     return lines
 
 
