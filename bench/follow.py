@@ -3,6 +3,7 @@
     python -m bench.follow attach [GLOB ...] [--sizes 10,100,all] [--reps 3]
     python -m bench.follow cost [--points 1,50] [--first POINT] [--glob GLOB] [-n 20000]
     python -m bench.follow track [--points P,P,P] [-n 20000]
+    python -m bench.follow retarget
 
 `attach`: for each glob and each size N (the first N matches, in list-devices order), a capture session as the
 fcap command makes it: resolve (BTF), load (build + verify each program), attach; points per second over load
@@ -160,6 +161,33 @@ def track_table(points: list[str], n: int, reps: int) -> list[str]:
     return lines
 
 
+def retarget() -> list[str]:
+    """Can one loaded fentry program attach to another function (BPF_LINK_CREATE with target_btf_id)?"""
+    import errno as _errno
+
+    from bpf import asm
+    from bpf.prog import load
+    from bpf.sys import LinkCreateAttr, bpf_errno
+    from bpf.uapi import Cmd, ProgType
+    from fcap.points import resolve
+    if not fentry_allowed():
+        return [f"{os.uname().release}: fentry programs are refused here; nothing to re-target"]
+    a, b = resolve("fentry/ip_output"), resolve("fentry/ip_finish_output")
+    prog = load(ProgType.TRACING, [asm.movi(asm.R0, 0), asm.exit_()], name="retarget",
+                expected_attach_type=AttachType.TRACE_FENTRY, attach_btf_id=a.btf_id)
+    out = []
+    with prog:
+        for what, target in (("its own target (0)", 0), ("its own target by id", a.btf_id),
+                             ("another function (ip_finish_output)", b.btf_id)):
+            attr = LinkCreateAttr(prog_fd=prog.fileno(), attach_type=AttachType.TRACE_FENTRY, target_btf_id=target)
+            fd, err = bpf_errno(Cmd.LINK_CREATE, attr)
+            out.append(f"{os.uname().release}: LINK_CREATE of an fentry/ip_output program to {what}: "
+                       f"{'a link' if fd >= 0 else _errno.errorcode.get(err, err)}")
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
 def _sizes(text: str) -> list[int | None]:
     return [None if x == "all" else int(x) for x in text.split(",")]
 
@@ -178,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--points", default="1,50")
     c.add_argument("-n", type=int, default=20000)
     c.add_argument("--reps", type=int, default=3)
+    sub.add_parser("retarget")
     t = sub.add_parser("track")
     t.add_argument("--points", default="tp_btf/net_dev_queue,tp_btf/netif_receive_skb,tp_btf/kfree_skb")
     t.add_argument("-n", type=int, default=20000)
@@ -192,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "cost":
         glob = args.glob or ("fentry/ip_*" if fentry_allowed() else "tp_btf/*")
         lines = cost_table(args.first, glob, [int(x) for x in args.points.split(",")], args.n, args.reps)
+    elif args.what == "retarget":
+        lines = retarget()
     else:
         lines = track_table(args.points.split(","), args.n, args.reps)
     print("\n".join(lines))

@@ -1,7 +1,7 @@
 """`fcap path FILE` and `fcap ... --path`: each packet's points in time order with the time between them, the device
 and network namespace at each, and how it ended (dropped, with the reason and where; consumed; or still in flight),
 then per-hop latency percentiles. Streams: records are put in time order within a window, a packet's path is
-printed when it ends, and memory is what the packets in flight hold."""
+printed when it ends, and memory is what the packets in flight hold (and at most HOLD_MAX records waiting)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from .show import describe, format_time
 WINDOW_NS = 1_000_000_000   # records may come out of time order by this much (per-CPU batches)
 IDLE_NS = 10_000_000_000    # a packet not seen for this long (capture time) is reported as it stands
 SAMPLE_MAX = 10_000         # latencies kept per hop (reservoir sampling past that)
+HOLD_MAX = 100_000          # records held for reordering at most (at high rates the window is shorter)
 DROP_POINTS = ("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "skb:drop")
 CONSUME_POINTS = ("consume_skb", "skb:consume")
 
@@ -95,7 +96,7 @@ class Tracker:
         heapq.heappush(self.heap, (hop.ts_ns, self.seq, hop))
         self.seq += 1
         self.newest = max(self.newest, hop.ts_ns)
-        while self.heap and self.heap[0][0] <= self.newest - self.window:
+        while self.heap and (self.heap[0][0] <= self.newest - self.window or len(self.heap) > HOLD_MAX):
             yield from self._take(heapq.heappop(self.heap)[2])
         if self.newest - self.last_sweep > self.idle:
             self.last_sweep = self.newest
