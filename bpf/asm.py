@@ -157,6 +157,11 @@ def fetch_add(size: int, dst: int, off: int, src: int) -> Insn:
     return Insn(STX | ATOMIC | size, dst, src, off, ADD | FETCH)
 
 
+def atomic_add(size: int, dst: int, off: int, src: int) -> Insn:
+    """*(size *)(dst + off) += src, atomically, nothing fetched (the old XADD: every kernel with eBPF)."""
+    return Insn(STX | ATOMIC | size, dst, src, off, ADD)
+
+
 def ld_imm64(dst: int, value: int) -> Insn:
     return Insn(LD | DW | IMM, dst, 0, 0, 0, imm64=value & 0xFFFFFFFFFFFFFFFF)
 

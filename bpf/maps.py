@@ -1,4 +1,4 @@
-"""BPF maps: array, per-CPU array and perf event array (their fds and element access)."""
+"""BPF maps: array, per-CPU array, hash (plain or LRU) and perf event array (their fds and element access)."""
 
 from __future__ import annotations
 
@@ -95,6 +95,36 @@ class ArrayMap(Map):
         size = self.stride * self.max_entries
         size = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
         return mmap.mmap(self.fd.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+class HashMap(Map):
+    """A hash map (lru=True: the kernel evicts the least recently used entry when it is full)."""
+
+    def __init__(self, key_size: int, value_size: int, max_entries: int, name: str = "", lru: bool = False):
+        super().__init__(MapType.LRU_HASH if lru else MapType.HASH, key_size, value_size, max_entries, 0, name)
+
+    def keys(self):
+        """Every key, as bytes (BPF_MAP_GET_NEXT_KEY from the start; a map changing meanwhile may repeat or skip
+        some)."""
+        cur = None
+        nxt = ctypes.create_string_buffer(self.key_size)
+        while True:
+            k = self._key(cur) if cur is not None else None
+            attr = MapElemAttr(map_fd=self.fd.fileno(), key=addr(k), value=addr(nxt))
+            ret, err = bpf_errno(Cmd.MAP_GET_NEXT_KEY, attr)
+            if ret < 0:
+                if err == errno.ENOENT:
+                    return
+                raise SyscallError(f"walk map {self.name}", err)
+            cur = nxt.raw
+            yield cur
+
+    def items(self):
+        """(key, value) of every entry (the ones deleted during the walk left out)."""
+        for k in self.keys():
+            v = self.lookup(k)
+            if v is not None:
+                yield k, v
 
 
 class PerCPUArrayMap(Map):

@@ -46,6 +46,7 @@ class MapType(IntEnum):
     PERF_EVENT_ARRAY = 4
     PERCPU_HASH = 5
     PERCPU_ARRAY = 6
+    LRU_HASH = 9
     RINGBUF = 27
 
 

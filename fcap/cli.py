@@ -9,6 +9,7 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse  # noqa: E402
+import fnmatch  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -87,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
                    help="one member per line (default) or all on one line")
     g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
+    f = p.add_argument_group("following packets")
+    f.add_argument("--track", action="store_true",
+                   help="the filter and predicates choose a packet at the first point it passes; then its skb is "
+                        "captured at every point until freed, with the first skb's address as packet id")
+    f.add_argument("--track-max", metavar="N", help="entries of the tracking map (default 16384; evictions counted)")
+    f.add_argument("--path", dest="live_path", action="store_true",
+                   help="print each packet's path (points in order, time between them, how it ended) as fcap path "
+                        "does, instead of the packets")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
     return p
@@ -126,16 +135,8 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in ("list-devices", "list"):
-            return cmd_list(argv[1:])
-        if argv and argv[0] == "info":
-            return cmd_info(argv[1:])
-        if argv and argv[0] == "extcap":
-            from .extcap import main as extcap_main
-            return extcap_main(argv[1:], main)
-        if argv and argv[0] == "features":
-            from .features import main as features_main
-            return features_main(argv[1:])
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
         if args.list:
@@ -151,6 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e))
     except KeyboardInterrupt:
         return 130
+
+
+def cmd_extcap(argv: list[str]) -> int:
+    from .extcap import main as extcap_main
+    return extcap_main(argv, main)
+
+
+def cmd_features(argv: list[str]) -> int:
+    from .features import main as features_main
+    return features_main(argv)
 
 
 def _fail(msg: str, code: int = 1) -> int:
@@ -171,7 +182,11 @@ def cmd_list(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog=f"{PROG} list-devices", description="every capture point taking an skb")
     ap.add_argument("pattern", nargs="?", help="glob over names, e.g. 'ip_*'")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--semantic", action="store_true",
+                    help="the semantic points (ip:send, skb:drop, ...) and the hook each maps to on this kernel")
     a = ap.parse_args(argv)
+    if a.semantic:
+        return cmd_semantic(a)
     try:
         items = list_points(a.pattern)
     except (BTFError, OSError) as e:
@@ -196,6 +211,45 @@ def cmd_list(argv: list[str]) -> int:
     if a.pattern and not items:
         return _fail(f"no capture point matches {a.pattern!r}")
     return 0
+
+
+def cmd_semantic(a) -> int:
+    """list-devices --semantic: each semantic point, its hook on this kernel (or why none), what it means."""
+    from bpf.btf import BTFError
+
+    from .semantic import table
+    if os.geteuid() != 0:
+        return _fail("list-devices --semantic probes what this kernel loads: run it as root")
+    try:
+        choices = [c for c in table() if not a.pattern or fnmatch.fnmatch(c.name, a.pattern)]
+    except (BTFError, OSError) as e:
+        return _fail(f"cannot read the kernel's BTF: {e}")
+    try:
+        if a.json:
+            import json
+            rows = [{"point": c.name, "meaning": c.meaning, "hooks": [p.spec for p in c.points],
+                     "prototypes": [p.prototype() for p in c.points],
+                     "refused": [{"hook": h, "why": w} for h, w in c.refused]} for c in choices]
+            json.dump(rows, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(_semantic_lines(choices))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
+
+def _semantic_lines(choices) -> str:
+    width = max((len(c.hooks) for c in choices), default=1)
+    out = []
+    for c in choices:
+        if not c.points:
+            out.append(f"{c.name:<15} {'-':<{width}}  {c.meaning}; this kernel cannot serve it: {c.why_not()}\n")
+        else:
+            passed = f"; not {c.why_not()}" if c.refused else ""
+            out.append(f"{c.name:<15} {c.hooks:<{width}}  {c.meaning}{passed}\n")
+    return "".join(out)
 
 
 def _refused_kinds() -> str:
@@ -238,7 +292,55 @@ def cmd_info(argv: list[str]) -> int:
     return code
 
 
+# ---- fcap drops ------------------------------------------------------------------------------
+
+def cmd_drops(argv: list[str]) -> int:
+    """fcap drops [-w FILE [FILTER]] [-- COMMAND]: drops counted per reason and location, a table on exit; with -w
+    they are captured too (at skb:drop unless -i says otherwise)."""
+    from . import dropscmd
+    opts, command = _split_command(argv)
+    args = _parser().parse_args(opts)
+    if args.read:
+        raise UsageError("fcap drops counts live drops; -r makes no sense here")
+    counter = dropscmd.Counter()
+    counter.start()
+    try:
+        if args.write:
+            args.points = args.points or ["skb:drop"]
+            status = cmd_capture(args, command)
+        else:
+            if not args.quiet:
+                sys.stderr.write(f"counting drops at {counter.point.spec}"
+                                 f"{'' if command else '; Ctrl-C prints the table'}\n")
+            status = dropscmd.wait(command)
+        dropscmd.write_table(counter)
+    except BrokenPipeError:
+        _quiet_stdout()
+        status = 0
+    finally:
+        counter.close()
+    return status
+
+
 # ---- reading files ---------------------------------------------------------------------------
+
+def cmd_path(argv: list[str]) -> int:
+    """fcap path FILE: each packet's points in order, the time between them, how it ended; hop latencies."""
+    from .pathcmd import hops_of_file, report
+    from .pcapfile import PcapFormatError
+    ap = argparse.ArgumentParser(prog=f"{PROG} path", description="each packet's path through the points of a "
+                                 "pcapng file fcap wrote (several points, e.g. -i skb:drop -i dev:queue --track)")
+    ap.add_argument("file")
+    a = ap.parse_args(argv)
+    try:
+        report(hops_of_file(a.file), sys.stdout.write)
+        sys.stdout.flush()
+    except PcapFormatError as e:
+        return _fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
 
 def cmd_read(args) -> int:
     from .errors import PcapFormatError
@@ -366,8 +468,10 @@ def _config(args):
         lookup(args.linktype)
     if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
         raise UsageError(f"unknown capture direction `{args.direction}'")
+    track_max = _int(args.track_max, "tracking map size", 16384, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump), count
+                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
+                  track_max=track_max), count
 
 
 def _rotation(args):
@@ -496,6 +600,10 @@ def _output_format(args, session) -> str | None:
     """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
     from .pcapfile import format_for_path
     to_stdout = _to_stdout(args)
+    if args.live_path:
+        if args.write:
+            raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
+        return None
     if args.write is None and not to_stdout:
         return None
     fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
@@ -508,7 +616,11 @@ def _open_output(args, session, fmt: str | None, rotation=None):
     from .loop import Output
     from .printer import Printer
     if fmt is None:
-        return Output(printer=Printer(args, sys.stdout))
+        tracker = None
+        if getattr(args, "live_path", False):
+            from .pathcmd import Tracker
+            tracker = Tracker()
+        return Output(printer=Printer(args, sys.stdout), tracker=tracker)
 
     def start(f):
         """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
@@ -518,7 +630,7 @@ def _open_output(args, session, fmt: str | None, rotation=None):
         for p in session.points:
             if fmt == "pcap" and p.id > 0:
                 break
-            writer.add_interface(p.spec, lt.number, session.cfg.snaplen, description=p.prototype())
+            writer.add_interface(p.if_name, lt.number, session.cfg.snaplen, description=p.if_description())
         return writer
     if rotation is not None:
         from .rotate import RotatingWriter
@@ -533,11 +645,17 @@ def _open_output(args, session, fmt: str | None, rotation=None):
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:
-    from .loop import CaptureLoop, CommandError, listening_line, write_stderr
+    from . import drops
+    from .loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
     loop = CaptureLoop(session, out, count=count, command=command)
     loop.catch_signals()
     if not args.quiet:
         write_stderr(listening_line(session))
+        if session.skipped:
+            write_stderr(f"{PROG}: {skipped_line(session)}")
+        note = drops.note(session.points)
+        if note:
+            write_stderr(f"{PROG}: {note}\n")
     try:
         status = loop.run()
     except CommandError as e:
@@ -567,3 +685,8 @@ def run() -> None:
 
 if __name__ == "__main__":
     run()
+
+
+# fcap NAME ...: the commands beside capturing and reading
+SUBCOMMANDS = {"list-devices": cmd_list, "list": cmd_list, "info": cmd_info, "extcap": cmd_extcap,
+               "features": cmd_features, "path": cmd_path, "drops": cmd_drops}

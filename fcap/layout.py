@@ -84,22 +84,23 @@ META = Layout("Meta", (
     ("ts", "Q"),           # monotonic ns (ktime_get_ns)
     ("skb", "Q"),          # the skb's address: the pcapng packet id
     ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
+    ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
     ("comm", "16s"),
     ("len", "I"),          # skb->len
     ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
     ("ifindex", "I"),
     ("mark", "I"),
     ("netns", "I"),        # the device's network namespace inode number
+    ("reason", "I"),       # drop points: enum skb_drop_reason
     ("proto", "H"),        # skb->protocol, network order
     ("hdr", "H"),          # made-up link header + header bytes before skb->data, in the scratch after META
     ("skip", "H"),         # skb bytes before the linktype's start (the start lies past skb->data)
     ("pkt_type", "B"),
-    ("point", "B"),        # the point's id (low byte; the pcapng interface)
-    ("hatype", "H"),       # the device's ARPHRD type
     ("flags", "B"),        # FLAG_*
-    ("", "x"),
+    ("point", "H"),        # the point's id (the pcapng interface)
+    ("hatype", "H"),       # the device's ARPHRD type
     ("queue", "H"),        # FLAG_QUEUE: the device queue the packet was given (transmit) or came from (receive)
-    ("", "6x"),
+    ("", "2x"),
     ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
     ("btype", "I"),
     ("total", "I"),
@@ -112,7 +113,7 @@ META = Layout("Meta", (
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 112 and PCAP_HDR == 16 and EPB_HDR == 28
+assert META_SIZE == 120 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 
@@ -156,8 +157,21 @@ DUMP_MAX = 4096          # bytes of one dump (struct net_device is 2,496 bytes o
 DUMPS_MAX = 16384        # all the dumps of a record
 
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
-COUNTER_SEEN, COUNTER_LOST = 0, 1
-COUNTERS = 2
+COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.stats)
+COUNTERS = 3
+
+# ---- fcap drops (fcap.dropscmd): drops counted per (reason, location) in a hash map of u64 counts -------------
+DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
+
+# ---- --track (fcap.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
+# Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id (the first
+# skb's address) and the head the skb had when it was tracked.
+TRACK = Layout("Track", (("id", "Q"), ("head", "Q")))
+TRACK_COUNTERS = Layout("TrackCounters", (
+    ("started", "Q"),      # packets the filter and predicates chose to track
+    ("joined", "Q"),       # skbs found by their head: clones of a tracked packet
+    ("deleted", "Q"),      # map entries removed where the skb was freed (inserted: 2 per packet, 1 per clone)
+))
 
 
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
@@ -181,10 +195,17 @@ class _Stack:
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
     scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
+    track_key: int = -248    # --track: the tracking map's key (an skb's or a head's address)
+    track_val: int = -264    # --track: a value to insert (TRACK, 16 bytes)
+    track_id: int = -272     # --track: the packet id when the skb is tracked, else 0
+    track_ckey: int = -276   # --track: u32 key 0 of the tracking counters
+    drop_key: int = -296     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
+    drop_one: int = -304     # fcap drops: the value 1 to insert
 
 
 STACK = _Stack()
-_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4}
+_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 16, "track_ckey": 4,
+                "drop_key": 16}
 
 
 def _check_stack() -> None:
@@ -299,6 +320,8 @@ class Record:
     orig_len: int       # the packet's length from the linktype's start
     dumps: tuple = ()   # fcap.dumps.Dump per --dump PATH
     queue: int | None = None   # the device queue (FLAG_QUEUE), else None
+    reason: int = 0     # drop points: enum skb_drop_reason
+    location: int = 0   # drop points: where the skb was freed
 
 
 def parse_record(raw) -> Record:
@@ -311,4 +334,5 @@ def parse_record(raw) -> Record:
         data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
     return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
         errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
-        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None)
+        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None,
+        reason=m.reason, location=m.location)

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from . import drops, stats
 from .epbopts import Options
 from .errors import CommandError
 
@@ -21,6 +22,7 @@ class Output:
     stream: bool = False
     path: str = ""            # what the user named (-w FILE), for error lines
     clock: Callable[[], bool] | None = None   # -G: called at each poll; True once -W's last file is done
+    tracker: object = None    # --path: a fcap.pathcmd.Tracker (each packet's path is printed, not the packet)
 
 
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
@@ -44,7 +46,10 @@ class CaptureLoop:
         self.files_done = False      # -G -W: the last file's interval is over
         points = session.points
         self.options = Options(points)
-        self.names = {p.id: p.spec for p in points} if len(points) > 1 else {}
+        self.drop_names = drops.Names() if any(drops.is_drop_point(p) for p in points) else None
+        self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
+        self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
+        self.points = {p.id: p for p in points}
 
     def catch_signals(self) -> None:
         """From now on SIGINT and SIGTERM end the capture gracefully."""
@@ -78,12 +83,12 @@ class CaptureLoop:
     def _drain(self) -> None:
         writer = self.out.writer
         if writer is None:
-            self.session.run(self._print, self._should_stop)
+            self.session.run(self._track if self.out.tracker else self._print, self._should_stop)
             return
         if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
             self.session.run(self._write, self._should_stop)
             return
-        drain = self.session.file_drain(writer, limit=self.count, options=self.options)
+        drain = self.session.file_drain(writer, limit=self.count, options=self._options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -110,21 +115,49 @@ class CaptureLoop:
         comments, more = records_options(rec.dumps)
         try:
             self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                                  comments=comments, more=more, **self.options(rec))
+                                  comments=comments, more=more, **self._options(rec))
         except OSError as e:
             self._write_failed(e)
             return False
         self.written += 1
         return not (self.count and self.written >= self.count)
 
+    def _options(self, rec) -> dict:
+        """A pcapng block's options for a record whose block user space lays out; at drop points the comment
+        also says why and where the packet was dropped."""
+        opts = self.options(rec)
+        if rec.point in self.drop_points:
+            opts["comment"] += self.drop_names.text(rec, self.drop_points[rec.point])
+        return opts
+
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""
         offset = self.session.clock_offset_ns
+        name = self.names.get(rec.point)
+        if rec.point in self.drop_points:   # the point's name, then why and where it dropped the packet
+            why = self.drop_names.text(rec, self.drop_points[rec.point]).strip()
+            name = f"{name or self.session.points[0].if_name} [{why}]"
         try:
-            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len,
-                                    self.names.get(rec.point))
+            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len, name)
             if rec.dumps:
                 self.out.printer.dumps(rec.dumps)
+        except BrokenPipeError:
+            self.broken = True
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
+    def _track(self, rec) -> bool:
+        """--path's sink: the record as a hop of its packet's path; paths that ended are printed."""
+        from .pathcmd import Hop
+        from .show import describe
+        p = self.points[rec.point]
+        drop = self.drop_names.describe(rec, self.drop_points[rec.point]) if rec.point in self.drop_points else None
+        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.skb, p.alias or p.spec, rec.ifindex, rec.netns, drop,
+                  describe(rec.data, self.session.linktype.number, rec.orig_len))
+        try:
+            for text in self.out.tracker.feed(hop):
+                self.out.printer.out.write(text)
         except BrokenPipeError:
             self.broken = True
             return False
@@ -164,13 +197,26 @@ class CaptureLoop:
         self.session.close()
         try:
             if self.out.writer is not None:
+                self._write_stats()
                 self.out.writer.close()
             elif self.out.printer is not None:
+                if self.out.tracker is not None:
+                    self.out.printer.out.write("".join(self.out.tracker.finish()))
                 self.out.printer.flush()
         except BrokenPipeError:
             self.broken = True
         except OSError as e:
             self._write_failed(e)
+
+    def _write_stats(self) -> None:
+        """A pcapng file ends with each point's counts (Interface Statistics Blocks), unless writing failed. Not a
+        series of -C/-G files: the counts are the whole capture's, no one file's."""
+        s = self.session
+        w = self.out.writer
+        if (getattr(w, "fmt", None) != "pcapng" or not hasattr(w, "write_isb") or self.error is not None
+                or self.broken or not s.point_stats):
+            return
+        stats.write_isbs(self.out.writer, s.point_stats, s.attached_ns, s.detached_ns or s.attached_ns)
 
     def _end_command(self) -> None:
         """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
@@ -190,7 +236,12 @@ class CaptureLoop:
 
         def n(k: int, what: str) -> str:
             return f"{k} packet{'s' if k != 1 else ''} {what}\n"
-        return n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        out = n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        t = self.session.track_report
+        if t:
+            out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "
+                    f"{t['evicted']} tracking entries evicted (map of {t['size']})\n")
+        return out
 
     def _status(self) -> int:
         if self.error is not None:
@@ -212,11 +263,36 @@ def reader_gone(fd: int) -> bool:
     return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
 
 
+SCREENFUL = 24   # points named one by one in the listening line; past that, counted per -i
+
+
 def listening_line(session) -> str:
     lt = session.linktype
-    names = ", ".join(p.spec for p in session.points)
-    return (f"listening on {names}, link-type {lt.name} ({lt.description}), "
+    attached = [p for p in session.points if p.id not in session.unattached]
+    return (f"listening on {point_names(attached)}, link-type {lt.name} ({lt.description}), "
             f"snapshot length {session.cfg.snaplen} bytes\n")
+
+
+def point_names(points) -> str:
+    """The points by name, or past a screenful their count and, per -i, a glob's count or the point."""
+    if len(points) <= SCREENFUL:
+        return ", ".join(p.label for p in points)
+    groups: dict[str, int] = {}
+    for p in points:
+        key = p.origin or p.label
+        groups[key] = groups.get(key, 0) + 1
+    parts = [f"{k} ({n})" if n > 1 else k for k, n in groups.items()]
+    return f"{len(points)} points: " + ", ".join(parts)
+
+
+def skipped_line(session) -> str:
+    """One line for the glob matches the kernel refused (none: "")."""
+    skipped = session.skipped
+    if not skipped:
+        return ""
+    names = ", ".join(spec for spec, _why in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+    total = len(skipped) + len(session.points) - len(session.unattached)
+    return f"skipped {len(skipped)} of {total} points: {names} (the first because {skipped[0][1]})\n"
 
 
 def write_stderr(text: str) -> None:

@@ -44,6 +44,10 @@ VERDICT_HW, VERDICT_TC, VERDICT_XDP = 0, 1, 2   # epb_verdict types: opaque byte
 # The per-packet options, in the order PcapngWriter writes them (and the capture program, fcap.ringrec, too)
 EPB_OPTION_ORDER = (EPB_FLAGS, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, OPT_COMMENT)
 OPT_CUSTOM = (2988, 2989, 19372, 19373)   # custom options: UTF-8 / binary, copyable / not; the value starts with a PEN
+ISB_STARTTIME, ISB_ENDTIME, ISB_IFRECV, ISB_IFDROP, ISB_FILTERACCEPT, ISB_OSDROP, ISB_USRDELIV = range(2, 9)
+ISB_OPTIONS = {ISB_STARTTIME: "start_ns", ISB_ENDTIME: "end_ns", ISB_IFRECV: "ifrecv", ISB_IFDROP: "ifdrop",
+               ISB_FILTERACCEPT: "filteraccept", ISB_OSDROP: "osdrop", ISB_USRDELIV: "usrdeliv"}   # -> field
+ISB_TIMES = (ISB_STARTTIME, ISB_ENDTIME)   # timestamps (high, low u32s); the others are u64 counters
 
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
@@ -316,6 +320,25 @@ class PcapngWriter(Writer):
             w(b"\0" * pad + opts + self._U32.pack(total))
         else:
             w(self._TRAILER[pad].pack(total))
+
+    def write_isb(self, iface: int, ts_ns: int, **options) -> None:
+        """An Interface Statistics Block for interface `iface` at ts_ns (ns, as the interfaces' if_tsresol), with
+        the options given by InterfaceStats' names (start_ns, end_ns, ifrecv, ... comment)."""
+        if not 0 <= iface < len(self._snaplens):
+            raise ValueError(f"no interface {iface!r}; add_interface() defined {len(self._snaplens)}")
+        opts = b""
+        for code, name in ISB_OPTIONS.items():
+            v = options.pop(name, None)
+            if v is not None:
+                opts += _option(code, struct.pack("=II", v >> 32, v & 0xFFFFFFFF) if code in ISB_TIMES else
+                                struct.pack("=Q", v))
+        comment = options.pop("comment", None)
+        if options:
+            raise TypeError(f"write_isb: unknown options {', '.join(options)}")
+        if comment is not None:
+            opts += _option(OPT_COMMENT, comment.encode())
+        self._w(_block(BT_ISB, struct.pack("=III", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF) +
+                       (opts + _END_OF_OPTIONS if opts else b"")))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
                   packet_id: int | None = None, queue: int | None = None,

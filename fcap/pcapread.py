@@ -10,9 +10,9 @@ from typing import BinaryIO, NamedTuple
 
 from .errors import PcapFormatError
 from .pcapfile import (BT_EPB, BT_IDB, BT_ISB, BT_OPB, BT_SHB, BT_SPB, BYTE_ORDER_MAGIC, DEFAULT_SNAPLEN, EPB_FLAGS,
-                       EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, IF_NAME, IF_TSOFFSET, IF_TSRESOL, OPT_COMMENT, OPT_CUSTOM,
-                       OPT_ENDOFOPT, PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_MAJOR, VERDICT_TC,
-                       VERDICT_XDP)
+                       EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, IF_NAME, IF_TSOFFSET, IF_TSRESOL, ISB_OPTIONS, ISB_TIMES,
+                       OPT_COMMENT, OPT_CUSTOM, OPT_ENDOFOPT, PCAPNG_MAJOR, PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS,
+                       PCAP_MAGIC_US, VERDICT_TC, VERDICT_XDP)
 
 _NS = 1_000_000_000
 _CHUNK = 1 << 20
@@ -23,6 +23,23 @@ _BYTE_ORDERS = {struct.pack("<I", BYTE_ORDER_MAGIC): "<", struct.pack(">I", BYTE
 _BLOCK_NAMES = {BT_SHB: "Section Header Block", BT_IDB: "Interface Description Block", BT_OPB: "Packet Block",
                 BT_SPB: "Simple Packet Block", 4: "Name Resolution Block", BT_ISB: "Interface Statistics Block",
                 BT_EPB: "Enhanced Packet Block", 10: "Decryption Secrets Block"}
+
+
+class InterfaceStats(NamedTuple):
+    """An Interface Statistics Block as read (read(..., stats=True)): counters the block lacks are None;
+    timestamps in ns as the interface's resolution gives them."""
+
+    iface: int
+    ts_ns: int
+    iface_name: str | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    ifrecv: int | None = None
+    ifdrop: int | None = None
+    filteraccept: int | None = None
+    osdrop: int | None = None
+    usrdeliv: int | None = None
+    comment: str | None = None
 
 
 class Record(NamedTuple):
@@ -42,17 +59,18 @@ class Record(NamedTuple):
     verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
 
 
-def read(source: BinaryIO | str | os.PathLike) -> Iterator[Record]:
+def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[Record]:
     """Records of a pcap (any of the 4 magics) or pcapng file, a path or a binary file object (a pipe too).
-    Given a file object, its first bytes are checked before this returns."""
+    Given a file object, its first bytes are checked before this returns. With stats, a pcapng file's Interface
+    Statistics Blocks come too, as InterfaceStats, where they are."""
     if isinstance(source, (str, os.PathLike)):
-        return _read_path(source)
-    return _records(_Input(source))
+        return _read_path(source, stats)
+    return _records(_Input(source), stats)
 
 
-def _read_path(path) -> Iterator[Record]:
+def _read_path(path, stats: bool) -> Iterator[Record]:
     with open(path, "rb") as f:
-        yield from _records(_Input(f))
+        yield from _records(_Input(f), stats)
 
 
 class _Input:
@@ -81,12 +99,12 @@ class _Input:
         return b
 
 
-def _records(inp: _Input) -> Iterator[Record]:
+def _records(inp: _Input, stats: bool = False) -> Iterator[Record]:
     head = inp.read(4)
     if len(head) < 4:
         raise PcapFormatError(f"truncated dump file; tried to read 4 file header bytes, only got {len(head)}")
     if head == _SHB_TYPE:
-        return _read_pcapng(inp, head)
+        return _read_pcapng(inp, head, stats)
     for endian in "<>":
         (magic,) = struct.unpack(endian + "I", head)
         if magic in (PCAP_MAGIC_US, PCAP_MAGIC_NS, PCAP_MAGIC_KUZNETZOV):
@@ -165,7 +183,7 @@ class _Section:
         self.e, self.ifaces = "<", []
 
 
-def _read_pcapng(inp: _Input, head: bytes) -> Iterator[Record]:
+def _read_pcapng(inp: _Input, head: bytes, stats: bool) -> Iterator[Record]:
     section = _Section()
     number = 0  # block number (from 1), for messages
     h = head + inp.read(4)
@@ -177,8 +195,9 @@ def _read_pcapng(inp: _Input, head: bytes) -> Iterator[Record]:
             if len(h) < 8:
                 raise PcapFormatError(f"truncated pcapng dump file; tried to read 8 bytes, only got {len(h)}")
             body = _read_block(inp, h, section)
-            reader = _BLOCK_READERS.get(btype)
-            # any other block (name resolution, statistics, decryption secrets, custom...) is skipped
+            reader = _BLOCK_READERS.get(btype) if stats or btype != BT_ISB else None
+            # any other block (name resolution, decryption secrets, custom...) is skipped; statistics unless asked
+            # for (libpcap skips them)
             rec = reader(section, btype, body) if reader else None
         except PcapFormatError as e:
             raise _damage(str(e), _block_where(number, btype, at)) from None
@@ -376,5 +395,26 @@ def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:
     return Record(0, body[4:4 + caplen], length, iface.linktype, 0, iface.name)
 
 
+def _statistics_block(section: _Section, btype: int, body: bytes) -> InterfaceStats:
+    e = section.e
+    if len(body) < 12:
+        raise _too_short(btype)
+    iface_id, hi, lo = struct.unpack_from(e + "III", body)
+    if iface_id >= len(section.ifaces):
+        raise PcapFormatError(f"statistics of interface {iface_id}, but there's no Interface Description Block "
+                              "for that interface")
+    iface = section.ifaces[iface_id]
+    fields: dict = {}
+    for code, value in _options(body, 12, e, btype, strict=False):
+        if code == OPT_COMMENT:
+            fields["comment"] = _text(value)
+        elif code in ISB_TIMES and len(value) == 8:
+            a, b = struct.unpack(e + "II", value)
+            fields[ISB_OPTIONS[code]] = iface.ts_ns((a << 32) | b)
+        elif code in ISB_OPTIONS and len(value) == 8:
+            fields[ISB_OPTIONS[code]] = struct.unpack(e + "Q", value)[0]
+    return InterfaceStats(iface_id, iface.ts_ns((hi << 32) | lo), iface.name, **fields)
+
+
 _BLOCK_READERS: dict[int, Callable] = {BT_IDB: _interface_block, BT_EPB: _packet_block, BT_OPB: _packet_block,
-                                       BT_SPB: _simple_packet_block}
+                                       BT_SPB: _simple_packet_block, BT_ISB: _statistics_block}

@@ -37,6 +37,21 @@ class Point:
     skb_index: int             # which of them is the skb
     ret: Type | None = None    # return type (functions)
     id: int = 0                # this point's number in a capture (records carry it)
+    origin: str = ""           # the -i glob it came from ("" when named on its own)
+    alias: str = ""            # the semantic point it serves (skb:drop, ...), if any
+
+    @property
+    def label(self) -> str:
+        """How users see it: the spec, or the semantic point and the hook that serves it."""
+        return f"{self.alias} ({self.spec})" if self.alias else self.spec
+
+    @property
+    def if_name(self) -> str:
+        return self.alias or self.spec
+
+    def if_description(self) -> str:
+        """The pcapng interface's description: the prototype, after the hook when a semantic point is served."""
+        return f"{self.spec}: {self.prototype()}" if self.alias else self.prototype()
 
     @property
     def spec(self) -> str:
@@ -205,6 +220,34 @@ def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
     raise PointError(f"{spec}: no struct sk_buff * parameter called {arg!r} (there are: {names})")
 
 
+def _func_point(spec: str, kind: str, name: str, btf: BTF, func: Func, arg: str | None) -> Point:
+    proto = func.proto
+    params = [Param(p.name, p.type) for p in proto.params]
+    return Point(kind, name, btf, func.id, params, _pick_skb(spec, params, arg), ret=proto.ret)
+
+
+def _tp_point(spec: str, kind: str, name: str, btf: BTF, type_id: int, proto: FuncProto, arg: str | None) -> Point:
+    params = [Param(p.name or "", p.type) for p in proto.params[1:]]  # drop the leading void *__data
+    nskb = sum(is_skb_ptr(q.type) for q in params)
+    for i, p in enumerate(params):
+        if not p.name:
+            p.name = "skb" if is_skb_ptr(p.type) and nskb == 1 else tp_arg_name(name, i, p.type)
+    return Point(kind, name, btf, type_id, params, _pick_skb(spec, params, arg))
+
+
+# Tracepoint arguments have no names in BTF (btf_trace_NAME's prototype); these are the kernel's own (TP_PROTO),
+# for the arguments --where and the drop records use. Any other unnamed argument is argN.
+TP_ARG_NAMES = {("kfree_skb", 1): "location", ("kfree_skb", 2): "reason", ("kfree_skb", 3): "rx_sk",
+                ("consume_skb", 1): "location"}
+
+
+def tp_arg_name(tracepoint: str, index: int, t: Type) -> str:
+    name = TP_ARG_NAMES.get((tracepoint, index))
+    if name is None and t.strip().kind == "enum" and t.strip().name == "skb_drop_reason":
+        name = "reason"
+    return name or f"arg{index}"
+
+
 def resolve(spec: str, default_func_kind: str = "fentry") -> Point:
     """Resolve a -i argument into a Point; raises PointError with one clear line."""
     kind, name, arg = parse(spec)
@@ -220,24 +263,73 @@ def resolve(spec: str, default_func_kind: str = "fentry") -> Point:
             if found is None:
                 hint = f"; a tracepoint has that name: tp_btf/{name}" if _find_tracepoint(name) else _module_hint(name)
                 raise PointError(f"{spec}: no kernel function {name!r} in BTF{hint}")
-            btf, func = found
-            proto = func.proto
-            params = [Param(p.name, p.type) for p in proto.params]
-            idx = _pick_skb(spec, params, arg)
-            return Point(kind, name, btf, func.id, params, idx, ret=proto.ret)
+            return _func_point(spec, kind, name, *found, arg)
         found_tp = _find_tracepoint(name)
         if found_tp is None:
             hint = f"; a function has that name: fentry/{name}" if _find_func(name) else ""
             raise PointError(f"{spec}: no tracepoint {name!r} in BTF{hint}")
         btf, td, proto = found_tp
-        params = [Param(p.name or "", p.type) for p in proto.params[1:]]  # drop the leading void *__data
-        for i, p in enumerate(params):
-            if not p.name:
-                p.name = "skb" if is_skb_ptr(p.type) and sum(is_skb_ptr(q.type) for q in params) == 1 else f"arg{i}"
-        idx = _pick_skb(spec, params, arg)
-        return Point(kind, name, btf, td.id, params, idx)
+        return _tp_point(spec, kind, name, btf, td.id, proto, arg)
     except BTFError as e:
         raise PointError(f"{spec}: cannot read the kernel's BTF: {e}") from None
+
+
+# ---- globs -------------------------------------------------------------------------------------
+
+GLOB_CHARS = "*?["
+
+
+def is_glob(spec: str) -> bool:
+    return any(c in spec.partition(":")[0] for c in GLOB_CHARS)
+
+
+def expand(spec: str, default_func_kind: str = "fentry") -> list[Point]:
+    """Every point a glob names (fnmatch over the names list-devices prints): KIND/GLOB over that kind's names,
+    a bare GLOB over tracepoints (tp_btf) and functions (default_func_kind). With :ARG, the matches that have an
+    skb argument of that name. PointError when nothing matches."""
+    kind, pattern, arg = parse(spec)
+    out: list[Point] = []
+    seen: set[str] = set()
+    try:
+        for tp_kind, name, btf, obj in _candidates(kind is None or kind in ("tp_btf", "raw_tp"),
+                                                   kind is None or kind in FUNC_KINDS):
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            k = kind or (tp_kind if tp_kind == "tp_btf" else default_func_kind)
+            try:
+                p = _tp_point(spec, k, name, btf, *obj, arg) if tp_kind == "tp_btf" else \
+                    _func_point(spec, k, name, btf, obj, arg)
+            except PointError:   # no skb argument called ARG here
+                continue
+            if p.spec not in seen:
+                seen.add(p.spec)
+                p.origin = spec
+                out.append(p)
+    except BTFError as e:
+        raise PointError(f"{spec}: cannot read the kernel's BTF: {e}") from None
+    if not out:
+        what = {None: "tracepoint or function", "tp_btf": "tracepoint", "raw_tp": "tracepoint"}.get(kind, "function")
+        with_arg = f" with a struct sk_buff * argument called {arg!r}" if arg else " taking a struct sk_buff *"
+        raise PointError(f"{spec}: no {what}{with_arg} matches {pattern!r} (fcap list-devices lists them)")
+    return out
+
+
+def _candidates(tracepoints: bool, functions: bool):
+    """(kind, name, btf, what) of every tracepoint ("tp_btf", what = (typedef id, prototype)) and function
+    ("fentry", what = its Func) taking a struct sk_buff *, vmlinux first, then modules."""
+    btfs = list(_btfs())
+    if tracepoints:
+        for btf in btfs:
+            for td_name, proto in btf.typedefs_to_func_proto(TP_PREFIX):
+                if not any(is_skb_ptr(p.type) for p in proto.params[1:]):
+                    continue
+                td = next((t for t in btf.find_all(td_name, "typedef") if t.btf is btf), None)
+                if td is not None:
+                    yield "tp_btf", td_name[len(TP_PREFIX):], btf, (td.id, proto)
+    if functions:
+        for btf in btfs:
+            for func, _idx in btf.funcs_taking_pointer_to(SKB):
+                yield "fentry", func.name, btf, func
 
 
 # ---- discovery ---------------------------------------------------------------------------------
@@ -281,19 +373,15 @@ def _all_points() -> list[Listing]:
 
 def _scan_points() -> list[Listing]:
     out: list[Listing] = []
-    btfs = list(_btfs())
     seen: set[str] = set()
-    for btf in btfs:
-        for td_name, proto in btf.typedefs_to_func_proto(TP_PREFIX):
-            name = td_name[len(TP_PREFIX):]
-            params = proto.params[1:]
-            if not any(is_skb_ptr(p.type) for p in params) or name in seen:
+    for kind, name, btf, obj in _candidates(True, True):
+        spec = f"{kind}/{name}"
+        if kind == "tp_btf":
+            if name in seen:
                 continue
             seen.add(name)
-            ps = [Param(p.name or ("skb" if is_skb_ptr(p.type) else ""), p.type) for p in params]
-            out.append(Listing(f"tp_btf/{name}", "tp_btf", name, btf.name or "vmlinux",
-                               c_prototype(None, name, ps)))
-    for btf in btfs:
-        for func, _idx in btf.funcs_taking_pointer_to(SKB):
-            out.append(Listing(f"fentry/{func.name}", "fentry", func.name, btf.name or "vmlinux", c_decl(func)))
+            text = _tp_point(spec, kind, name, btf, *obj, None).prototype()
+        else:
+            text = c_decl(obj)
+        out.append(Listing(spec, kind, name, btf.name or "vmlinux", text))
     return out

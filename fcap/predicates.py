@@ -13,6 +13,7 @@ from bpf.btf import Array, Enum, Enum64, Int, Ptr, Type
 from bpf.cdecl import c_decl
 from bpf.uapi import Helper
 
+from .drops import close_names, reason_value, short
 from .points import Point
 from .layout import STACK
 from .errors import PathError, PredicateError
@@ -251,13 +252,18 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
 
 
 def _value(path: str, text: str, leaf: Type) -> int:
-    if isinstance(leaf, (Enum, Enum64)) and text in leaf.values:
-        return leaf.values[text] & 0xFFFFFFFFFFFFFFFF
+    if isinstance(leaf, (Enum, Enum64)):
+        v = reason_value(leaf, text)   # a name, whole or without the enum's prefix (NO_SOCKET)
+        if v is not None:
+            return v & 0xFFFFFFFFFFFFFFFF
     try:
         v = int(text, 0)
     except ValueError:
         hint = ""
         if isinstance(leaf, (Enum, Enum64)):
-            hint = f" (names of {c_decl(leaf)}: {', '.join(list(leaf.values)[:6])}, ...)"
+            close = close_names(leaf, text)
+            hint = (f"; did you mean {' or '.join(close)}?" if close else
+                    f" (its names: {', '.join(short(k) for k in list(leaf.values)[:6])}, ...)")
+            raise PredicateError(f"--where {path}: no {c_decl(leaf)} value called {text!r}{hint}") from None
         raise PredicateError(f"--where {path}: {text!r} is not a number{hint}") from None
     return v & 0xFFFFFFFFFFFFFFFF

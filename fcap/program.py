@@ -50,7 +50,7 @@ from bpf.asm import (
 from bpf.btf import BTF, BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from . import ancillary, ringrec
+from . import ancillary, drops, ringrec, stats, track
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
                      LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
                      RING_COPY_MAX, STACK)
@@ -71,6 +71,8 @@ class Maps:
     ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: records go to the perf buffer
     ring_size: int = 0   # RING: bytes of each CPU's ring (a power of two)
     dynptr_kfunc: int = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
+    track: int = 0          # --track: the tracking map (LRU hash, fcap.track), 0: no tracking
+    track_counters: int = 0   # --track: its counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Options:
     task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
     dumps: object = None             # fcap.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
     head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
+    count_seen: bool = False         # file rings: count each record in the counters too (fcap.stats: ISBs)
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -211,12 +214,17 @@ class Builder:
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         if dump_area(o):
             self.emit(addi(R7, dump_area(o)))
+        stats.emit_hit(self)   # (only where predicates or a filter may turn packets away)
+        track.emit_lookup(self)   # --track: a tracked skb goes past the predicates and the filter
         for pred in o.predicates:
             self.emit(pred(self))
+        track.emit_tracked_label(self)
         self.metadata()
         self.headers()
         if o.filter is not None:
+            track.emit_skip_filter(self)
             self.run_filter()
+        track.emit_filter_done(self)   # --track: the packet id, tracking starts, a free point forgets the skb
         self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
         if o.dumps is not None:
             o.dumps.emit(self)
@@ -238,7 +246,7 @@ class Builder:
         self.emit(andi(R8, f.pkt_type_mask))
         if self.p.direction == "out" and self.o.start == START_SLL2:
             self.emit(movi(R8, PACKET_OUTGOING))
-        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id & 0xFF),
+        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
         # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
@@ -250,6 +258,7 @@ class Builder:
         self._read_store(R8, f.ifindex, "ifindex")
         self._read_store(R8, f.hatype, "hatype")
         self.emit(label("no_dev"))
+        drops.emit_meta(self)   # drop points: reason, location
 
     def late_metadata(self) -> None:
         """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,

@@ -213,7 +213,9 @@ def _publish(b) -> None:
            ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
            mov(R4, FP), addi(R4, STACK.bell), movi(R5, 8), call(Helper.perf_event_output),
            # a published record is counted by the ring's own count (user space adds it to the program's count of
-           # failures: received = published + dropped), so success skips the counters
-           label("r_done"), RING.store_imm(R9, "busy", 0), ja("out"),
+           # failures: received = published + dropped), so success skips the counters (unless count_seen: the
+           # per-point counts of a multi-point pcapng file's ISBs)
+           label("r_done"), RING.store_imm(R9, "busy", 0),
+           [movi(R0, 0), ja("r_count")] if b.o.count_seen else ja("out"),
            label("r_unlock"), RING.store_imm(R9, "busy", 0),
            label("r_fail"), movi(R0, -1), label("r_count"))

@@ -17,11 +17,12 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
 from bpf.uapi import AttachType, Helper, MapFlags, ProgType
 
-from . import layout
+from . import layout, stats
 from . import program as cprog
 from .filter import compile_filter
 from .linktypes import LinkType, lookup
-from .points import Point, PointError, is_device_point, resolve, suggestion
+from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
+from .drops import is_drop_point
 from .errors import CaptureError
 
 DEFAULT_SNAPLEN = 262144
@@ -45,6 +46,8 @@ class Config:
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
     dumps: list = field(default_factory=list)   # --dump PATHs (fcap.dumps): records then go through the perf buffer
+    track: bool = False       # --track (fcap.track): follow what the filter chose to every point until freed
+    track_max: int = 16384    # entries of the tracking map (two per packet, one more per clone)
 
 
 @dataclass
@@ -62,6 +65,13 @@ def default_linktype(points: list[Point]) -> LinkType:
     return lookup("LINUX_SLL2")
 
 
+ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
+
+
+class KernelRefusal(CaptureError):
+    """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
+
+
 def _explain_refusal(point: Point, e: BPFError) -> str:
     kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
     problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
@@ -72,6 +82,8 @@ def _explain_refusal(point: Point, e: BPFError) -> str:
                 f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")
     if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH) and point.kind == "kprobe":
         return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
+    if e.errno == ENOTSUPP:
+        return f"{point.spec}: the kernel does not support a trampoline there (ENOTSUPP)"
     return f"{point.spec}: {e}"
 
 
@@ -95,6 +107,14 @@ class Session:
         self.drain = None
         self.dump_area = None     # fcap.dumps.Area when --dump PATHs are copied into the records
         self.parse = layout.parse_record   # a perf sample -> Record
+        self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
+        self.unattached: set[int] = set()   # ids of loaded points the kernel would not attach (their IDBs stay)
+        self.point_stats: list = []    # fcap.stats.PointStats per point, read at the end
+        self.attached_ns = self.detached_ns = 0   # wall clock
+        self.counts_hits = False       # the programs count hits (else hits == seen)
+        self.track_map = self.track_counters = None   # --track
+        self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
+        self.track_report: dict = {}
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -103,10 +123,13 @@ class Session:
         if not 0 < self.cfg.snaplen <= 0x7FFFFFFF:
             raise CaptureError(f"invalid snaplen {self.cfg.snaplen}")
         try:
-            for i, spec in enumerate(self.cfg.points):
-                p = resolve(spec, default_func_kind=self._best_function_kind(spec))
-                p.id = i
-                self.points.append(p)
+            seen: set[str] = set()
+            for spec in self.cfg.points:
+                for p in self._points_of(spec):
+                    if p.spec not in seen:   # (globs may overlap)
+                        seen.add(p.spec)
+                        p.id = len(self.points)
+                        self.points.append(p)
         except PointError as e:
             raise CaptureError(str(e)) from None
         except BTFError as e:
@@ -126,13 +149,21 @@ class Session:
             except FilterError as e:
                 raise CaptureError(f"{self.cfg.filter}: {e}") from None
 
+    def _points_of(self, spec: str) -> list[Point]:
+        """What one -i names: a semantic point's hooks, a glob's matches, or one point."""
+        from .semantic import is_semantic, resolve_semantic
+        if is_semantic(spec):
+            return resolve_semantic(spec)
+        kind = self._best_function_kind(spec)
+        return expand(spec, kind) if is_glob(spec) else [resolve(spec, default_func_kind=kind)]
+
     def _best_function_kind(self, spec: str) -> str:
         """For a bare FUNC: fentry where the kernel allows it, else kprobe, else fentry (to say why not)."""
         if "/" in spec:
             return "fentry"
         try:
             vm = BTF.vmlinux()
-            func = vm.find(spec.partition(":")[0], "func")
+            func = vm.find("ip_output" if is_glob(spec) else spec.partition(":")[0], "func")
             if func is None:
                 return "fentry"
             if features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs") is None:
@@ -157,7 +188,12 @@ class Session:
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
-                             head_loads=self.head_loads(point))
+                             head_loads=self.head_loads(point), count_seen=self.counts_ring_records())
+
+    def counts_ring_records(self) -> bool:
+        """Whether programs writing the file rings count each point's records too (an ISB per point says how many
+        it kept): for several points into one pcapng file. (One point's count is the rings' count of records.)"""
+        return self.cfg.record == layout.RECORD_PCAPNG and len(self.points) > 1
 
     def dynptr_kfunc(self, point: Point) -> int:
         """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
@@ -231,7 +267,9 @@ class Session:
 
         from .predicates import PredicateError
         try:
-            return cprog.build(point, self.options(point), maps)
+            opts = self.options(point)
+            self.counts_hits = stats.counts_hits(opts)
+            return cprog.build(point, opts, maps)
         except (cprog.ProgramError, PredicateError) as e:
             raise CaptureError(str(e)) from None
         except CBPFError as e:   # what the filter asks that fcap cannot run at this point
@@ -249,20 +287,24 @@ class Session:
         try:
             events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
             self.maps.append(events)
+            self._skip_unbuildable()
             size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
             scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
             counters = PerCPUArrayMap(8 * layout.COUNTERS, len(self.points), name="fcap_counters")
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
+            if self.cfg.track:
+                self._make_track_maps(maps)
             cpus = online_cpus()
             pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
             if kfunc:
                 ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
-            for p in self.points:
-                self.programs.append(self._load(p, self.build(p, maps)))
+            self._load_all(maps)
+            if self.cfg.track:
+                self._load_helpers(maps)
             if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
                 self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
                 self.ring_size = maps.ring_size
@@ -275,6 +317,66 @@ class Session:
         except CaptureError:
             self.close()
             raise
+
+    def _skip_unbuildable(self) -> None:
+        """Glob matches the predicates cannot be built for (an argument some matches lack) are skipped."""
+        kept = []
+        for p in self.points:
+            try:
+                self.options(p)
+                kept.append(p)
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                self.skipped.append((p.spec, str(e)))
+        if not kept:
+            raise CaptureError(self.skipped[0][1])
+        self.points = kept
+
+    def _load_all(self, maps: cprog.Maps) -> None:
+        """A program per point. A glob's match that the kernel (or a predicate) refuses is skipped and noted in
+        self.skipped; the points kept are numbered again in order. A refusal of every match is the error."""
+        kept: list[Point] = []
+        first_error: CaptureError | None = None
+        for p in self.points:
+            p.id = len(kept)
+            try:
+                self.programs.append(self._load(p, self.build(p, maps)))
+            except KernelRefusal:
+                raise
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                first_error = first_error or e
+                self.skipped.append((p.spec, str(e)))
+                continue
+            kept.append(p)
+        if not kept and first_error is not None:
+            raise first_error
+        self.points = kept
+
+    def _make_track_maps(self, maps: cprog.Maps) -> None:
+        from bpf.maps import HashMap
+        self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
+        self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
+        self.maps += [self.track_map, self.track_counters]
+        maps.track, maps.track_counters = self.track_map.fileno(), self.track_counters.fileno()
+
+    def _load_helpers(self, maps: cprog.Maps) -> None:
+        for p, items in self._helper_programs(maps):
+            self.helpers.append((p, self._load(p, items)))
+
+    def _helper_programs(self, maps: cprog.Maps):
+        """--track: where a free tracepoint is not a captured point, a program that forgets the freed skbs."""
+        from .track import FREE_POINTS, untrack_program
+        captured = {p.name for p in self.points if p.kind in ("tp_btf", "raw_tp")}
+        for i, name in enumerate(n for n in FREE_POINTS if n not in captured):
+            try:
+                p = resolve(f"tp_btf/{name}")
+            except PointError:
+                continue
+            p.id = len(self.points) + i
+            yield p, untrack_program(cprog.Builder(p, cprog.Options(start=cprog.START_DATA, snaplen=0), maps))
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
@@ -304,6 +406,8 @@ class Session:
             return 0
         if not all(p.typed for p in self.points):
             return 0
+        if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
+            return 0
         ids = {self.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 
@@ -320,11 +424,11 @@ class Session:
         if p.kind == "fentry" or p.kind == "fexit":
             refused = features.tracing_program(self._attach_type(p), p.btf_id, label=f"{p.kind} programs")
             if refused is not None and refused.errno == errno.EPERM:
-                raise CaptureError(_explain_refusal(p, refused))
+                raise KernelRefusal(_explain_refusal(p, refused))
         if p.kind == "kprobe":
             refused = features.kprobe_program()
             if refused is not None:
-                raise CaptureError(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
+                raise KernelRefusal(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
                                    f"packets: {suggestion(p.name)}")
         obj_fd = None
         try:
@@ -346,17 +450,40 @@ class Session:
                 obj_fd.close()
 
     def attach(self) -> None:
-        try:
-            for p, prog in zip(self.points, self.programs):
-                if p.typed:
-                    self.links.append(attach_tracing(prog.fileno(), p.spec))
-                elif p.kind == "raw_tp":
-                    self.links.append(attach_raw_tracepoint(prog.fileno(), p.name))
-                else:
-                    self.links.append(attach_kprobe(prog.fileno(), p.name))
-        except BPFError as e:
-            self.close()
-            raise CaptureError(_explain_refusal(p, e)) from None
+        """Attach every program. A glob's match the kernel will not attach is skipped (self.skipped) unless the
+        kernel attaches none of a glob's matches."""
+        attached: set[str] = set()
+        refused: dict[str, str] = {}   # glob -> why its first match was refused
+        for p, prog in zip(self.points, self.programs):
+            try:
+                self.links.append(self._attach_one(p, prog))
+                attached.add(p.origin)
+            except BPFError as e:
+                if not p.origin:
+                    self.close()
+                    raise CaptureError(_explain_refusal(p, e)) from None
+                self.skipped.append((p.spec, _explain_refusal(p, e)))
+                self.unattached.add(p.id)
+                refused.setdefault(p.origin, self.skipped[-1][1])
+        for origin, why in refused.items():
+            if origin not in attached:
+                self.close()
+                raise CaptureError(why)
+        for p, prog in self.helpers:
+            try:
+                self.links.append(self._attach_one(p, prog))
+            except BPFError as e:
+                self.close()
+                raise CaptureError(f"--track: {_explain_refusal(p, e)}") from None
+        self.attached_ns = time.time_ns()
+
+    @staticmethod
+    def _attach_one(p: Point, prog: Program) -> Link:
+        if p.typed:
+            return attach_tracing(prog.fileno(), p.spec)
+        if p.kind == "raw_tp":
+            return attach_raw_tracepoint(prog.fileno(), p.name)
+        return attach_kprobe(prog.fileno(), p.name)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
@@ -404,6 +531,8 @@ class Session:
             self.stats.captured += drain()
 
     def detach(self) -> None:
+        if self.links:
+            self.detached_ns = time.time_ns()
         for link in self.links:
             link.close()
         self.links = []
@@ -413,11 +542,19 @@ class Session:
             keys = range(len(self.points))
             self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
             self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
-            if self.ring is not None:   # file rings: the programs count failures only; a ring counts its records
+            ring_total = self.ring is not None and not self.counts_ring_records()
+            if ring_total:   # file rings: the programs count failures only; a ring counts its records
                 from .drain import ring_records
                 self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
+            self.point_stats = stats.read(self.counters, self.points, self.counts_hits,
+                                          self.stats.seen if ring_total else None)
+        if self.track_map is not None and not self.track_map.fd.closed:
+            from . import track
+            remaining = sum(1 for _ in self.track_map.keys())
+            self.track_report = dict(track.read_counters(self.track_counters),
+                                     evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max)
         return self.stats
 
     def close(self) -> None:
@@ -430,6 +567,8 @@ class Session:
             self.buffer.close()
             self.buffer = None
         ids = []
+        self.programs += [prog for _p, prog in self.helpers]
+        self.helpers = []
         for prog in self.programs:
             try:
                 ids.append(prog.info().id)
@@ -448,6 +587,8 @@ class Session:
         from bpf import asm
         size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
+        if self.cfg.track:
+            maps.track, maps.track_counters = -5, -6
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
             maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)
@@ -456,6 +597,10 @@ class Session:
         for p in self.points:
             out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
+        if self.cfg.track:
+            for p, items in self._helper_programs(maps):
+                out.append(f"; {p.spec}: --track forgets the skbs freed here (nothing captured)")
+                out.append(asm.disassemble(items))
         return "\n".join(out)
 
 

@@ -121,7 +121,12 @@ def test_ring_pcapng_blocks_as_the_writer_makes_them(tmp_path):
     for r in records:
         w.write(r.ts_ns, r.data, r.orig_len, iface=r.iface, flags=r.flags, comment=r.comment, packet_id=r.packet_id,
                 queue=r.queue, verdict=r.verdict)
-    assert buf.getvalue()[start:] == data[off:]
+    # the packets' blocks, then the point's statistics (an Interface Statistics Block, type 5) at the end
+    end = off
+    while end < len(data) and struct.unpack_from("=I", data, end)[0] != 5:
+        end += struct.unpack_from("=I", data, end + 4)[0]
+    assert buf.getvalue()[start:] == data[off:end]
+    assert struct.unpack_from("=II", data, end) == (5, len(data) - end), "not one ISB after the packets"
 
 
 def test_ring_wraps_and_counts_exactly(tmp_path):

@@ -432,7 +432,9 @@ def test_where_errors_are_one_line(where, words, tmp_path, root):
 
 @pytest.mark.parametrize("args, words", [
     (["-i", "tp_btf/kfree_skb", "--where", "{reason} == SKB_DROP_REASON_NOPE"],
-     ["fcap: --where {reason}", "'SKB_DROP_REASON_NOPE' is not a number", "SKB_DROP_REASON_NO_SOCKET"]),
+     ["fcap: --where {reason}", "no enum skb_drop_reason value called 'SKB_DROP_REASON_NOPE'", "did you mean"]),
+    (["-i", "tp_btf/kfree_skb", "--where", "{reason} == NO_SOCKETS"],
+     ["fcap: --where {reason}", "'NO_SOCKETS'", "did you mean NO_SOCKET"]),
     (["-i", POINT, "--comm", "0123456789abcdefg"], ["fcap: --comm", "longer than 15 bytes"]),
     (["-i", POINT, "--ifname", "0123456789abcdefg"], ["fcap: --ifname", "longer than 15 bytes"]),
     (["-i", POINT, "--pid", "12ab"], ["fcap: invalid pid '12ab'", "not a number"]),
