@@ -326,8 +326,8 @@ def cmd_drops(argv: list[str]) -> int:
 
 def cmd_path(argv: list[str]) -> int:
     """fcap path FILE: each packet's points in order, the time between them, how it ended; hop latencies."""
+    from .errors import PcapFormatError
     from .pathcmd import hops_of_file, report
-    from .pcapfile import PcapFormatError
     ap = argparse.ArgumentParser(prog=f"{PROG} path", description="each packet's path through the points of a "
                                  "pcapng file fcap wrote (several points, e.g. -i skb:drop -i dev:queue --track)")
     ap.add_argument("file")

@@ -383,7 +383,7 @@ def test_path_needs_a_file_fcap_wrote(tmp_path, root):
     junk.write_text("hello")
     for path, words in ((pcap, "a pcap file has no packet ids or points"),
                         (png, "its packets carry no fcap packet ids and comments"),
-                        (junk, "not a pcap or pcapng file"), (tmp_path / "none", "No such file")):
+                        (junk, "neither pcap nor pcapng"), (tmp_path / "none", "No such file")):
         r = run_fcap(["path", str(path)])
         err = r.stderr.decode()
         assert r.returncode == 1 and len(err.splitlines()) == 1 and words in err, err
