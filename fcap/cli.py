@@ -671,6 +671,11 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     return status
 
 
+# fcap NAME ...: the commands beside capturing and reading
+SUBCOMMANDS = {"list-devices": cmd_list, "list": cmd_list, "info": cmd_info, "extcap": cmd_extcap,
+               "features": cmd_features, "path": cmd_path, "drops": cmd_drops}
+
+
 def run() -> None:
     """The `fcap` command: main(), then out without the interpreter's teardown (freeing every object of a large
     process takes tens of milliseconds of CPU, all of it after the work is done and the files are closed)."""
@@ -685,8 +690,3 @@ def run() -> None:
 
 if __name__ == "__main__":
     run()
-
-
-# fcap NAME ...: the commands beside capturing and reading
-SUBCOMMANDS = {"list-devices": cmd_list, "list": cmd_list, "info": cmd_info, "extcap": cmd_extcap,
-               "features": cmd_features, "path": cmd_path, "drops": cmd_drops}
