@@ -45,6 +45,8 @@ class PacketModel:
       ANCILLARY: 4 = "pkttype", ...) into register dst as a u32, as Linux's socket filters see it, or jumping
       to label `reject` (no match). It may clobber R0-R5 and nothing else, and raises CBPFError for a field it
       cannot serve (the message names the field and why). Without it, programs with such loads are refused.
+    division_tracked: the verifier tracks ranges through a division (bpf.features.division_ranges() is None):
+      loops then make it forget what it knew with an xor rather than a division (see _Emitter.widen).
     """
 
     buf: int
@@ -53,6 +55,7 @@ class PacketModel:
     capacity: int
     slow_load: SlowLoad | None = None
     ancillary: Ancillary | None = None
+    division_tracked: bool = False
 
 
 _NEGATED = {asm.JEQ: asm.JNE, asm.JGT: asm.JLE, asm.JGE: asm.JLT}
@@ -294,16 +297,28 @@ class _Emitter:
             self.emit(asm.jmp32(op, _A, val, self.lbl(t), reg=reg), asm.ja(self.lbl(f)))
 
     def widen(self, live: int) -> None:
-        """`w /= 1` on A, X, M[] (when live) and buflen: no change to a u32, but the verifier forgets what it knew of
-        them (it tracks no ranges through a division), so the states at a loop head that differ only there are
-        pruned; without it each iteration's offsets make new states, and verifying takes a million
-        instructions for a few protochains."""
+        """Make the verifier forget what it knew of A, X, M[] (when live) and buflen without changing them, so
+        the states at a loop head that differ only there are pruned; without it each iteration's offsets make new
+        states, and verifying takes a million instructions for a few protochains. `w /= 1` does it where the
+        verifier tracks no ranges through a division; where it does (Linux 7.0+: 'ip6 protochain 0' then took 36x
+        the instructions to verify, a batch of them a million) they are xored with z, a word of the buffer xored
+        with itself: 0, which the verifier does not know. (5.10's verifier loses a bound with the xor: each way
+        where it serves.)"""
         regs = [reg for reg, bit in ((_A, LA), (_X, LX)) if live & bit] + [self.m.buflen]
-        for reg in regs:   # (then `w = w`: a u32 again, for the verifier too)
-            self.emit(asm.alu32(asm.DIV, reg, 1), asm.mov32(reg, reg))
-        for j in range(MEMWORDS):   # and the scratch words read before they are written again
-            if live & lm(j):
+        words = [j for j in range(MEMWORDS) if live & lm(j)]   # the scratch words read before they are written
+        if not self.m.division_tracked:
+            for reg in regs:   # (then `w = w`: a u32 again, for the verifier too)
+                self.emit(asm.alu32(asm.DIV, reg, 1), asm.mov32(reg, reg))
+            for j in words:
                 self.emit(asm.ldx(W, _T, FP, self.mem(j)), asm.alu32(asm.DIV, _T, 1), asm.stx(W, FP, self.mem(j), _T))
+            return
+        z = asm.R3   # (free at a back edge: no call is under way)
+        self.emit(asm.ldx(W, _T, self.m.buf, 0), asm.mov(z, _T), asm.alu64(asm.XOR, z, _T, reg=True))
+        for reg in regs:
+            self.emit(asm.alu64(asm.XOR, reg, z, reg=True))
+        for j in words:
+            self.emit(asm.ldx(W, _T, FP, self.mem(j)), asm.alu64(asm.XOR, _T, z, reg=True),
+                      asm.stx(W, FP, self.mem(j), _T))
 
     # ---- packet loads ----
 

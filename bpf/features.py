@@ -162,3 +162,20 @@ def helper(h: int, prog_type: ProgType = ProgType.RAW_TRACEPOINT, attach: Attach
                 raise NotSupported(name, f"{kind} may not call {name} on this kernel") from None
             # known and allowed; the zeroed arguments were what the verifier did not like
     return probe(f"{name} in {kind}", fn)
+
+
+def division_ranges() -> NotSupported | None:
+    """Does the verifier track value ranges through a division (Linux 7.0+)? A program divides a known 5 by 1
+    and reads past its stack only where the result is not 5: a verifier that tracks the division never walks
+    there and accepts it; one that does not refuses it. (bpf.cbpf makes loops verifiable with a division the
+    verifier cannot follow, or with an xor where it can.)"""
+    def fn():
+        insns = [asm.alu32(asm.MOV, asm.R0, 5), asm.alu32(asm.DIV, asm.R0, 1), asm.jmp32(asm.JEQ, asm.R0, 5, "ok"),
+                 asm.ldx(asm.DW, asm.R0, asm.FP, 8), asm.label("ok"), asm.movi(asm.R0, 0), asm.exit_()]
+        try:
+            load(ProgType.SOCKET_FILTER, insns, name="probe", what="probe division ranges").close()
+        except VerifierError:
+            raise NotSupported("ranges through a division", "the verifier tracks no ranges through a division "
+                                                             "(Linux 7.0+ does)") from None
+    return probe("ranges through a division", fn)
+

@@ -88,6 +88,7 @@ class Options:
     task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
     dumps: object = None             # fcap.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
     head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
+    division_tracked: bool = False   # the verifier tracks ranges through a division (bpf.cbpf's loops: an xor)
     count_seen: bool = False         # file rings: count each record in the counters too (fcap.stats: ISBs)
 
 
@@ -422,7 +423,8 @@ class Builder:
         # is the whole packet, but only [0, hdr + min(len - skip, cap)) is in the buffer: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
-                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary)
+                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary,
+                                 division_tracked=o.division_tracked)
         self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
         self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
                   jmp(JEQ, R0, 0, "out"))

@@ -188,7 +188,8 @@ class Session:
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
-                             head_loads=self.head_loads(point), count_seen=self.counts_ring_records())
+                             head_loads=self.head_loads(point), count_seen=self.counts_ring_records(),
+                             division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def counts_ring_records(self) -> bool:
         """Whether programs writing the file rings count each point's records too (an ISB per point says how many

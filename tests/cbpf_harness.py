@@ -165,6 +165,12 @@ def skb_ancillary(field: int, dst: int, reject: str) -> list:
     return [asm.ldx(W, dst, R6, off)] + ([asm.be(dst, 16)] if swap else [])
 
 
+def division_tracked() -> bool:
+    """The translator's choice for loops on this kernel, as fcap's capture programs make it."""
+    from bpf import features
+    return features.division_ranges() is None
+
+
 @dataclass
 class Harness:
     """One SCHED_CLS program running several translated cBPF programs on the bytes after the first BASE of the
@@ -198,11 +204,11 @@ class Harness:
                  asm.label("h_copied")]
         anc = skb_ancillary if self.ancillary else None
         if self.slow:
-            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8), anc)
+            model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8), anc, division_tracked())
         else:
             items += [asm.mov(buflen, wirelen), asm.jmp(asm.JLE, buflen, cap, "h_buflen"), asm.movi(buflen, cap),
                       asm.label("h_buflen")]
-            model = cbpf.PacketModel(buf, buflen, wirelen, cap, ancillary=anc)
+            model = cbpf.PacketModel(buf, buflen, wirelen, cap, ancillary=anc, division_tracked=division_tracked())
         for i, p in enumerate(self.progs):
             body = cbpf.translate(p, model, result=R0, done=f"f{i}_done", prefix=f"f{i}", stack_off=-80)
             self.per_filter.append(sum(1 for it in body if isinstance(it, asm.Insn)) + sum(
