@@ -195,9 +195,8 @@ class Harness:
         self.pktmap = ArrayMap(cap, 1, name="cbpf_pkt")
         self.resmap = ArrayMap(4 * max(1, len(self.progs)), 1, name="cbpf_res")
         ctx, buf, wirelen, buflen = R6, R7, R8, R9
-        items = [asm.mov(ctx, R1), asm.ld_map_value(buf, self.pktmap.fileno()),
-                 asm.ldx(W, wirelen, ctx, 0),        # __sk_buff.len
-                 asm.addi(wirelen, -BASE),
+        lengths = [asm.ldx(W, wirelen, ctx, 0), asm.addi(wirelen, -BASE)]     # __sk_buff.len
+        items = [asm.mov(ctx, R1), asm.ld_map_value(buf, self.pktmap.fileno()), *lengths,
                  asm.mov(R4, wirelen),
                  asm.jmp(asm.JLE, R4, cap, "h_fits"), asm.movi(R4, cap), asm.label("h_fits"),
                  asm.jmp(asm.JLT, R4, 1, "h_copied"),
@@ -209,10 +208,15 @@ class Harness:
         if self.slow:
             model = cbpf.PacketModel(buf, wirelen, wirelen, cap, skb_slow_load(BASE, -8), anc, division_tracked())
         else:
-            items += [asm.mov(buflen, wirelen), asm.jmp(asm.JLE, buflen, cap, "h_buflen"), asm.movi(buflen, cap),
-                      asm.label("h_buflen")]
             model = cbpf.PacketModel(buf, buflen, wirelen, cap, ancillary=anc, division_tracked=division_tracked())
         for i, p in enumerate(self.progs):
+            # Each filter starts from lengths read afresh, as in a capture program of its own: what an earlier
+            # filter's tests taught the verifier about them must not reach the next one (5.10's verifier walks
+            # paths with contradictory bounds, umin > umax, and turns a pointer plus such a value into a scalar).
+            items += lengths if i else []
+            if not self.slow:
+                items += [asm.mov(buflen, wirelen), asm.jmp(asm.JLE, buflen, cap, f"f{i}_buflen"),
+                          asm.movi(buflen, cap), asm.label(f"f{i}_buflen")]
             body = cbpf.translate(p, model, result=R0, done=f"f{i}_done", prefix=f"f{i}", stack_off=-80)
             self.per_filter.append(sum(1 for it in body if isinstance(it, asm.Insn)) + sum(
                 1 for it in body if isinstance(it, asm.Insn) and it.imm64 is not None))
