@@ -16,13 +16,8 @@ from bpf.errors import VerifierError
 from bpf.maps import ArrayMap
 from bpf.prog import load
 from bpf.uapi import Helper, ProgType
+from corpus import CAPTURES, CORPUS, FILTERS_TSV  # noqa: F401 - the tests read them from here too
 
-# tcpdump's test captures and libpcap's filters: ../shared/corpus beside the checkout (tests/vm/run copies it into
-# the guests from there), else /work/shared/corpus
-_BESIDE = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
-CORPUS = Path(os.environ.get("FCAP_CORPUS") or (_BESIDE if _BESIDE.exists() else "/work/shared/corpus"))
-FILTERS_TSV = CORPUS / "libpcap-filters.tsv"
-CAPTURES = CORPUS / "tcpdump-tests"
 SEED = 20240607
 SNAPLEN = 262144
 NETMASK = 0xFFFFFF00

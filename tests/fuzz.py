@@ -46,8 +46,8 @@ from bpf.btf import (BTF, Array, BTFError, Composite, Datasec, DeclTag, Enum, Fu
 from fcap import cli  # noqa: E402
 from fcap.errors import FcapError, PcapFormatError  # noqa: E402
 from fcap.pcapread import read  # noqa: E402
+from corpus import CAPTURES as CORPUS  # noqa: E402
 
-CORPUS = Path("/work/shared/corpus/tcpdump-tests")
 VMLINUX = "/sys/kernel/btf/vmlinux"
 FAILURE = Path(tempfile.gettempdir()) / "fcap-fuzz-failure.bin"
 HANG_S = 20

@@ -18,12 +18,12 @@ import fuzz
 from bpf.btf import BTF
 from fcap.errors import PcapFormatError
 from fcap.pcapread import read
+from corpus import CAPTURES as CORPUS
 from netns import fcap_argv
 from test_pcapfile import block, epb, idb, opt, pcap_blob, shb
 
 TCPDUMP = shutil.which("tcpdump")
 need_tcpdump = pytest.mark.skipif(TCPDUMP is None, reason="tcpdump is not installed")
-CORPUS = Path("/work/shared/corpus/tcpdump-tests")
 L = "<"
 UDP = bytes.fromhex("020000000002020000000001080045000020000100004011" "7cca7f0000017f000001"
                     "9c4000090000000000000000")

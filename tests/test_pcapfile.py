@@ -22,10 +22,8 @@ from fcap import linktypes
 from fcap.errors import FcapError, PcapFormatError
 from fcap.pcapfile import FLAG_INBOUND, FLAG_OUTBOUND, PcapngWriter, PcapWriter, format_for_path, open_writer
 from fcap.pcapread import Record, read
+from corpus import CAPTURES as CORPUS
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "tcpdump-tests"
-if not CORPUS.is_dir():
-    CORPUS = Path("/work/shared/corpus/tcpdump-tests")
 TSHARK = shutil.which("tshark")
 TCPDUMP = shutil.which("tcpdump")
 need_tshark = pytest.mark.skipif(TSHARK is None, reason="tshark is not installed")

@@ -23,6 +23,7 @@ from fcap.pcapfile import PcapWriter
 from fcap.pcapread import read
 from fcap.printer import Printer
 from fcap.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
+from corpus import CAPTURES as CORPUS
 
 scapy = pytest.importorskip("scapy.all", reason="scapy builds the test packets")
 from scapy.all import (ARP, ICMP, IP, TCP, UDP, CookedLinux, CookedLinuxV2, Dot1Q, Ether,  # noqa: E402
@@ -33,7 +34,6 @@ from scapy.all import (ARP, ICMP, IP, TCP, UDP, CookedLinux, CookedLinuxV2, Dot1
 
 TCPDUMP = shutil.which("tcpdump")
 need_tcpdump = pytest.mark.skipif(TCPDUMP is None, reason="tcpdump is not installed")
-CORPUS = Path("/work/shared/corpus/tcpdump-tests")
 T0 = 1_700_000_000_123_456_789
 LO4, LO6 = "127.0.0.1", "::1"
 
