@@ -9,14 +9,14 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import argparse  # noqa: E402
-import fnmatch  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
 from . import __version__  # noqa: E402
+from .console import PROG, fail, quiet_stdout  # noqa: E402
 from .errors import FcapError, UsageError  # noqa: E402
+from .listcmd import cmd_info, cmd_list  # noqa: E402
 
-PROG = "fcap"
 EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,
 or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
   fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_read(args)
         return cmd_capture(args, command)
     except UsageError as e:
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     except FcapError as e:
-        return _fail(str(e))
+        return fail(str(e))
     except KeyboardInterrupt:
         return 130
 
@@ -162,134 +162,6 @@ def cmd_extcap(argv: list[str]) -> int:
 def cmd_features(argv: list[str]) -> int:
     from .features import main as features_main
     return features_main(argv)
-
-
-def _fail(msg: str, code: int = 1) -> int:
-    try:
-        sys.stderr.write(f"{PROG}: {msg}\n")
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
-    return code
-
-
-# ---- list-devices / info ---------------------------------------------------------------------
-
-def cmd_list(argv: list[str]) -> int:
-    from bpf.btf import BTFError
-
-    from .points import list_points
-    ap = argparse.ArgumentParser(prog=f"{PROG} list-devices", description="every capture point taking an skb")
-    ap.add_argument("pattern", nargs="?", help="glob over names, e.g. 'ip_*'")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--semantic", action="store_true",
-                    help="the semantic points (ip:send, skb:drop, ...) and the hook each maps to on this kernel")
-    a = ap.parse_args(argv)
-    if a.semantic:
-        return cmd_semantic(a)
-    try:
-        items = list_points(a.pattern)
-    except (BTFError, OSError) as e:
-        return _fail(f"cannot read the kernel's BTF: {e}")
-    out = sys.stdout
-    try:
-        if a.json:
-            import json
-            json.dump([{"point": i.spec, "kind": i.kind, "name": i.name, "module": i.module,
-                        "prototype": i.prototype} for i in items], out, indent=1)
-            out.write("\n")
-        else:
-            out.write("".join(f"{i.spec}  {i.prototype}{'' if i.module == 'vmlinux' else f'  [{i.module}]'}\n"
-                              for i in items))
-        out.flush()
-    except BrokenPipeError:
-        _quiet_stdout()
-        return 0
-    note = _refused_kinds() if items else ""
-    if note:
-        sys.stderr.write(f"{PROG}: {note}\n")
-    if a.pattern and not items:
-        return _fail(f"no capture point matches {a.pattern!r}")
-    return 0
-
-
-def cmd_semantic(a) -> int:
-    """list-devices --semantic: each semantic point, its hook on this kernel (or why none), what it means."""
-    from bpf.btf import BTFError
-
-    from .semantic import table
-    if os.geteuid() != 0:
-        return _fail("list-devices --semantic probes what this kernel loads: run it as root")
-    try:
-        choices = [c for c in table() if not a.pattern or fnmatch.fnmatch(c.name, a.pattern)]
-    except (BTFError, OSError) as e:
-        return _fail(f"cannot read the kernel's BTF: {e}")
-    try:
-        if a.json:
-            import json
-            rows = [{"point": c.name, "meaning": c.meaning, "hooks": [p.spec for p in c.points],
-                     "prototypes": [p.prototype() for p in c.points],
-                     "refused": [{"hook": h, "why": w} for h, w in c.refused]} for c in choices]
-            json.dump(rows, sys.stdout, indent=1)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(_semantic_lines(choices))
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_stdout()
-    return 0
-
-
-def _semantic_lines(choices) -> str:
-    width = max((len(c.hooks) for c in choices), default=1)
-    out = []
-    for c in choices:
-        if not c.points:
-            out.append(f"{c.name:<15} {'-':<{width}}  {c.meaning}; this kernel cannot serve it: {c.why_not()}\n")
-        else:
-            passed = f"; not {c.why_not()}" if c.refused else ""
-            out.append(f"{c.name:<15} {c.hooks:<{width}}  {c.meaning}{passed}\n")
-    return "".join(out)
-
-
-def _refused_kinds() -> str:
-    """One line naming the kinds this kernel refuses (only when we may probe: root)."""
-    if os.geteuid() != 0:
-        return ""
-    from bpf import features
-    from bpf.btf import BTF
-    from bpf.uapi import AttachType
-    try:
-        func = BTF.vmlinux().find("ip_output", "func") or next(BTF.vmlinux().funcs())
-    except Exception:  # noqa: BLE001 - only a note
-        return ""
-    refused = []
-    r = features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs")
-    if r is not None:
-        refused.append(f"fentry/fexit programs: {r.reason}")
-    r = features.kprobe_program()
-    if r is not None:
-        refused.append(f"kprobe: {r.reason}")
-    if not refused:
-        return ""
-    return "note: on this kernel " + "; ".join(refused) + ". Capture at tp_btf/ points instead."
-
-
-def cmd_info(argv: list[str]) -> int:
-    from .points import PointError, resolve
-    if not argv:
-        return _fail("usage: fcap info POINT", 2)
-    code = 0
-    for spec in argv:
-        try:
-            p = resolve(spec)
-        except PointError as e:
-            code = _fail(str(e))
-            continue
-        where = "" if p.module == "vmlinux" else f"  [{p.module}]"
-        sys.stdout.write(f"{p.prototype()};{where}\n")
-        sys.stdout.write(f"  point: {p.spec}  skb: argument {p.skb_index} ({p.params[p.skb_index].name})\n")
-    return code
 
 
 # ---- fcap drops ------------------------------------------------------------------------------
@@ -315,7 +187,7 @@ def cmd_drops(argv: list[str]) -> int:
             status = dropscmd.wait(command)
         dropscmd.write_table(counter)
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         status = 0
     finally:
         counter.close()
@@ -336,9 +208,9 @@ def cmd_path(argv: list[str]) -> int:
         report(hops_of_file(a.file), sys.stdout.write)
         sys.stdout.flush()
     except PcapFormatError as e:
-        return _fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
+        return fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
     return 0
 
 
@@ -359,13 +231,13 @@ def cmd_read(args) -> int:
             sys.stdout.write(printer.count_line())
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
     except (OSError, PcapFormatError) as e:
         try:
             sys.stdout.flush()     # the packets before the damage, then what is wrong
         except BrokenPipeError:
-            _quiet_stdout()
-        return _fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
+            quiet_stdout()
+        return fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
     return 0
 
 
@@ -397,18 +269,8 @@ def cmd_linktypes(args) -> int:
         sys.stdout.write("".join(out))
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
     return 0
-
-
-def _quiet_stdout() -> None:
-    """After EPIPE: point stdout at /dev/null so the interpreter's final flush does not complain."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except OSError:
-        pass
 
 
 # ---- capturing -------------------------------------------------------------------------------
@@ -439,10 +301,10 @@ def cmd_capture(args, command: list[str]) -> int:
         out = _start(session, args, fmt, user, rotation)
     except FcapError as e:
         session.close()
-        return _fail(str(e))
+        return fail(str(e))
     except OSError as e:
         session.close()
-        return _fail(f"{e.filename or args.write}: {e.strerror}")
+        return fail(f"{e.filename or args.write}: {e.strerror}")
     return _run(session, args, out, count, command)
 
 
@@ -580,7 +442,7 @@ def _dump(session, args) -> int:
         sys.stdout.write(session.dump() + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
     return 0
 
 
@@ -659,13 +521,13 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     try:
         status = loop.run()
     except CommandError as e:
-        return _fail(str(e))
+        return fail(str(e))
     if loop.files_done:     # (tcpdump's line, before the summary)
         write_stderr(f"Maximum file limit reached: {out.writer.plan.files}\n")
     if loop.error is not None:
-        _fail(loop.error_line())
+        fail(loop.error_line())
     if loop.broken:
-        _quiet_stdout()
+        quiet_stdout()
     elif not args.quiet:
         write_stderr(loop.summary())
     return status

@@ -43,7 +43,7 @@ if str(HERE.parent) not in sys.path:
 
 from bpf.btf import (BTF, Array, BTFError, Composite, Datasec, DeclTag, Enum, Func, FuncProto,  # noqa: E402
                      Kind, c_decl)
-from fcap import cli  # noqa: E402
+from fcap import cli, listcmd  # noqa: E402
 from fcap.errors import FcapError, PcapFormatError  # noqa: E402
 from fcap.pcapread import read  # noqa: E402
 from corpus import CAPTURES as CORPUS  # noqa: E402
@@ -372,15 +372,23 @@ def _ask(t) -> None:
 
 @contextlib.contextmanager
 def as_the_kernels(btf: BTF):
-    """fcap sees `btf` as the running kernel's BTF (and no modules, and no probes of what the kernel refuses)."""
-    saved = BTF._vmlinux, BTF._modules, BTF.module_names, cli._refused_kinds
+    """fcap sees `btf` as the running kernel's BTF (and no modules, and no probes of what the kernel refuses), with
+    per-boot caches of its own: they are keyed by the files in /sys/kernel/btf, which still name the real kernel,
+    so what fcap learns from `btf` (its point list, its name lookups) must not reach the real kernel's caches."""
+    saved = BTF._vmlinux, BTF._modules, BTF.module_names, listcmd.refused_kinds, os.environ.get("XDG_CACHE_HOME")
     BTF._vmlinux, BTF._modules = btf, {}
     BTF.module_names = staticmethod(lambda: [])
-    cli._refused_kinds = lambda: ""
-    try:
-        yield
-    finally:
-        BTF._vmlinux, BTF._modules, BTF.module_names, cli._refused_kinds = saved
+    listcmd.refused_kinds = lambda: ""
+    with tempfile.TemporaryDirectory(prefix="fcap-fuzz-cache-") as cache:
+        os.environ["XDG_CACHE_HOME"] = cache
+        try:
+            yield
+        finally:
+            BTF._vmlinux, BTF._modules, BTF.module_names, listcmd.refused_kinds, xdg = saved
+            if xdg is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = xdg
 
 
 def fcap_on(btf: BTF) -> None:

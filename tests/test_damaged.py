@@ -210,7 +210,7 @@ def kernel_btf(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # (the per-boot caches stay the real BTF's)
     monkeypatch.setattr(BTF, "_vmlinux", None)
     monkeypatch.setattr(BTF, "_modules", {})
-    monkeypatch.setattr("fcap.cli._refused_kinds", lambda: "")
+    monkeypatch.setattr("fcap.listcmd.refused_kinds", lambda: "")
 
     def write(blob: bytes) -> None:
         (tmp_path / "vmlinux").write_bytes(blob)
