@@ -8,6 +8,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from . import pointcaps
+
 # (key, feature, what it needs): the rows of README's feature matrix, in its order. "needs" names the kernel
 # feature and the first mainline kernel that has it; whether a kernel has it is decided by trying, never by version.
 ROWS = [
@@ -96,7 +98,7 @@ def check_pidcomm() -> Result:
     except Exception as e:  # noqa: BLE001 - reported as the row's reason
         return Result("pidcomm", False, str(e))
     p = s.points[0]
-    if s.task_btf(p):
+    if pointcaps.task_btf(p):
         return Result("pidcomm", True, "yes (bpf_get_current_task_btf)")
     r = _try("pidcomm", lambda: _capture("tp_btf/net_dev_queue"))
     if not r.ok:
@@ -112,7 +114,7 @@ def check_filter_frags(key: str) -> Result:
     s = Session(Config(points=["tp_btf/net_dev_queue"], filter="udp", record="pcap", file_ring=True))
     try:
         s.resolve()
-        kfunc = s.dynptr_kfunc(s.points[0])
+        kfunc = pointcaps.dynptr_kfunc(s.points[0])
     except Exception as e:  # noqa: BLE001
         return Result(key, False, str(e))
     from bpf.btf import BTF
@@ -136,7 +138,7 @@ def filter_note(session) -> str:
     if session.cbpf is None:
         return ""
     typed = [p for p in session.points if p.typed]
-    if not typed or all(session.dynptr_kfunc(p) for p in typed):
+    if not typed or all(pointcaps.dynptr_kfunc(p) for p in typed):
         return ""
     from bpf.btf import BTF
     why = ("tracing programs may not call bpf_dynptr_from_skb here" if BTF.vmlinux().find("bpf_dynptr_from_skb", "func")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from bpf import features
 from bpf.btf import BTFError
 from bpf.errors import BPFError
-from bpf.uapi import AttachType
 
+from . import pointcaps
 from .errors import PointError
 from .points import Point, resolve
 
@@ -139,24 +139,16 @@ def _probe(p: Point) -> str:
         if r is None and not _in_kallsyms(p.name):
             return f"{p.name} is not in /proc/kallsyms (inlined or not probeable)"
         return r.reason if r is not None else ""
-    attach = {"tp_btf": AttachType.TRACE_RAW_TP, "fentry": AttachType.TRACE_FENTRY,
-              "fexit": AttachType.TRACE_FEXIT}[p.kind]
-    obj_fd = None
+    attach = pointcaps.attach_type(p)
     try:
-        if p.btf.base is not None:
-            from bpf.sys import btf_fd_by_name
-            obj_fd = btf_fd_by_name(p.module)
-        fd = obj_fd.fd if obj_fd else 0
-        policy = features.tracing_program(attach, p.btf_id, fd, label=f"{p.kind} programs")
-        if policy is not None and policy.errno == errno.EPERM:   # the kind is refused here altogether
-            return f"this kernel refuses {p.kind} programs (EPERM)"
-        r = features.tracing_program(attach, p.btf_id, fd, label=p.spec)
+        with pointcaps.btf_obj_fd(p) as fd:
+            policy = features.tracing_program(attach, p.btf_id, fd, label=f"{p.kind} programs")
+            if policy is not None and policy.errno == errno.EPERM:   # the kind is refused here altogether
+                return f"this kernel refuses {p.kind} programs (EPERM)"
+            r = features.tracing_program(attach, p.btf_id, fd, label=p.spec)
         return f"the kernel will not load a program there ({r.reason})" if r is not None else ""
     except (BPFError, BTFError) as e:
         return str(e)
-    finally:
-        if obj_fd is not None:
-            obj_fd.close()
 
 
 _kallsyms: set[str] | None = None

@@ -15,9 +15,9 @@ from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
-from bpf.uapi import AttachType, Helper, MapFlags, ProgType
+from bpf.uapi import AttachType, MapFlags, ProgType
 
-from . import layout, stats
+from . import layout, pointcaps, stats
 from . import program as cprog
 from .filter import compile_filter
 from .linktypes import LinkType, lookup
@@ -184,84 +184,17 @@ class Session:
         if want is not None:
             preds.insert(0, protocol_predicate(want))
         return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
-                             dynptr_kfunc=self.dynptr_kfunc(point) if self.cbpf is not None else 0,
+                             dynptr_kfunc=pointcaps.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
-                             meta=self.cfg.meta, task_btf=self.cfg.meta and self.task_btf(point),
+                             meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
-                             head_loads=self.head_loads(point), count_seen=self.counts_ring_records(),
+                             head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def counts_ring_records(self) -> bool:
         """Whether programs writing the file rings count each point's records too (an ISB per point says how many
         it kept): for several points into one pcapng file. (One point's count is the rings' count of records.)"""
         return self.cfg.record == layout.RECORD_PCAPNG and len(self.points) > 1
-
-    def dynptr_kfunc(self, point: Point) -> int:
-        """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
-        if not point.typed:
-            return 0
-        f = BTF.vmlinux().find("bpf_dynptr_from_skb", "func")
-        if f is None:
-            return 0
-
-        def fn():
-            from bpf import asm
-            items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
-                     asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
-                     asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
-            load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
-                 attach_btf_id=point.btf_id, what="probe skb dynptr").close()
-        return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
-
-    def head_loads(self, point: Point) -> bool:
-        """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
-        untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
-        if not point.typed:
-            return False
-
-        def fn():
-            from bpf import asm
-            vm = point.btf if point.btf.base is None else point.btf.base
-            skb = vm.find("sk_buff", "struct")
-            mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
-            items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
-                     asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
-                     asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
-                     asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
-            obj_fd = None
-            try:
-                if point.btf.base is not None:
-                    from bpf.sys import btf_fd_by_name
-                    obj_fd = btf_fd_by_name(point.module)
-                load(ProgType.TRACING, items, name="probe", expected_attach_type=self._attach_type(point),
-                     attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd.fd if obj_fd else 0,
-                     what="probe loads through skb->head").close()
-            finally:
-                if obj_fd is not None:
-                    obj_fd.close()
-        return features.probe(f"loads through skb->head in {point.kind}", fn) is None
-
-    def task_btf(self, point: Point) -> bool:
-        """Whether the point's program may call bpf_get_current_task_btf (5.11+) for pid/tid and comm."""
-        if not point.typed:
-            return False
-        obj_fd = None
-        try:
-            if point.btf.base is not None:
-                from bpf.sys import btf_fd_by_name
-                obj_fd = btf_fd_by_name(point.module)
-            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, self._attach_type(point),
-                                   point.btf_id, obj_fd.fd if obj_fd else 0, label=f"{point.kind} programs") is None
-        except BPFError:
-            return False
-        finally:
-            if obj_fd is not None:
-                obj_fd.close()
-
-    @staticmethod
-    def _attach_type(point: Point) -> AttachType:
-        return {"tp_btf": AttachType.TRACE_RAW_TP, "fentry": AttachType.TRACE_FENTRY,
-                "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
 
     def build(self, point: Point, maps: cprog.Maps) -> list:
         from bpf.cbpf import CBPFError
@@ -409,7 +342,7 @@ class Session:
             return 0
         if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
             return 0
-        ids = {self.dynptr_kfunc(p) for p in self.points}
+        ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 
     def file_drain(self, writer, options=None, limit: int = 0):
@@ -423,7 +356,7 @@ class Session:
     def _load(self, p: Point, items: list) -> Program:
         name = f"fcap_{p.name}"[:15]
         if p.kind == "fentry" or p.kind == "fexit":
-            refused = features.tracing_program(self._attach_type(p), p.btf_id, label=f"{p.kind} programs")
+            refused = features.tracing_program(pointcaps.attach_type(p), p.btf_id, label=f"{p.kind} programs")
             if refused is not None and refused.errno == errno.EPERM:
                 raise KernelRefusal(_explain_refusal(p, refused))
         if p.kind == "kprobe":
@@ -431,14 +364,11 @@ class Session:
             if refused is not None:
                 raise KernelRefusal(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
                                    f"packets: {suggestion(p.name)}")
-        obj_fd = None
         try:
             if p.typed:
-                if p.btf.base is not None:
-                    from bpf.sys import btf_fd_by_name
-                    obj_fd = btf_fd_by_name(p.module)
-                return load(ProgType.TRACING, items, name=name, expected_attach_type=self._attach_type(p),
-                            attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd.fd if obj_fd else 0, what=p.spec)
+                with pointcaps.btf_obj_fd(p) as obj_fd:
+                    return load(ProgType.TRACING, items, name=name, expected_attach_type=pointcaps.attach_type(p),
+                                attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
             prog_type = ProgType.KPROBE if p.kind == "kprobe" else ProgType.RAW_TRACEPOINT
             return load(prog_type, items, name=name, what=p.spec)
         except VerifierError as e:
@@ -446,9 +376,6 @@ class Session:
                                f"(--dump-ebpf shows the program)") from None
         except BPFError as e:
             raise CaptureError(_explain_refusal(p, e)) from None
-        finally:
-            if obj_fd is not None:
-                obj_fd.close()
 
     def attach(self) -> None:
         """Attach every program. A glob's match the kernel will not attach is skipped (self.skipped) unless the

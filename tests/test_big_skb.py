@@ -21,10 +21,11 @@ SETTLE = 0.3 * SLOW
 
 def _file_rings() -> bool:
     need_root()
+    from fcap import pointcaps
     from fcap.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
-    return bool(s.dynptr_kfunc(s.points[0]))
+    return bool(pointcaps.dynptr_kfunc(s.points[0]))
 
 
 def _transfer(tmp_path, snaplen: int | None, fmt: str = "pcap") -> tuple[list, bytes, int]:

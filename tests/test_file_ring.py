@@ -21,10 +21,11 @@ PR_SET_NAME = 15
 
 def _ring_available() -> None:
     need_root()
+    from fcap import pointcaps
     from fcap.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
-    if not s.dynptr_kfunc(s.points[0]):
+    if not pointcaps.dynptr_kfunc(s.points[0]):
         pytest.skip("this kernel has no skb dynptr in tracing programs: records go through the perf buffer")
 
 

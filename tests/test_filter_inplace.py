@@ -27,10 +27,11 @@ def _byte(off: int, k: int) -> int:
 
 def _slow_path_available() -> bool:
     need_root()
+    from fcap import pointcaps
     from fcap.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
-    return bool(s.dynptr_kfunc(s.points[0]))
+    return bool(pointcaps.dynptr_kfunc(s.points[0]))
 
 
 @pytest.mark.parametrize("linktype", ["EN10MB", "LINUX_SLL2"])

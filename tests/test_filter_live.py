@@ -100,10 +100,11 @@ BATCH = 16 if IN_VM else 64      # fcap processes at once (the VM has 2 GiB; ~45
 
 def filter_sees_frags() -> bool:
     """Whether fcap's filter can read bytes in page frags at the test's point (the skb dynptr kfunc)."""
+    from fcap import pointcaps
     from fcap.session import Config, Session
     s = Session(Config(points=[POINT], filter="tcp"))
     s.resolve()
-    return s.dynptr_kfunc(s.points[0]) != 0
+    return pointcaps.dynptr_kfunc(s.points[0]) != 0
 
 
 @dataclass
