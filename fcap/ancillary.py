@@ -14,8 +14,8 @@ from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
 from .layout import FLAG_MAC_SYNTH, META, PKT, PREFIX_MAX, STACK
+from .linktypes import PACKET_OUTGOING
 
-PACKET_OUTGOING = 4
 NBYTES = {B: 1, H: 2, W: 4, DW: 8}
 # field → (sk_buff member, size, big-endian): the plain loads
 SKB = {0: ("protocol", H, True), 12: ("mark", W, False), 16: ("queue_mapping", H, False), 32: ("hash", W, False),

@@ -6,6 +6,17 @@ from dataclasses import dataclass
 
 from .errors import FcapError
 
+# What the link headers fcap makes up say (Linux's if_ether.h and if_packet.h): the protocol and the packet type.
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+PACKET_OUTGOING = 4
+
+
+def loaded16(value: int) -> int:
+    """What a 16-bit load (little-endian, as the programs run) reads from a big-endian field holding `value`, such
+    as skb->protocol."""
+    return int.from_bytes(value.to_bytes(2, "big"), "little")
+
 
 @dataclass(frozen=True)
 class LinkType:

@@ -54,12 +54,12 @@ from . import ancillary, drops, ringrec, stats, track
 from .layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
                      LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
                      RING_COPY_MAX, STACK)
+from .linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
 from .points import Point
 from .errors import ProgramError
 
 # starts: where a linktype's bytes begin
 START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
-PACKET_OUTGOING = 4
 
 
 @dataclass
@@ -240,6 +240,8 @@ class Builder:
         self.read(W, R8, R6, f.len)
         self.emit(META.store(R7, "len", R8))
         self.read(H, R8, R6, f.protocol)
+        if self.o.start in (START_SLL2, START_MAC):   # (their link headers name it)
+            self.protocol_from_version()
         self.emit(META.store(R7, "proto", R8))
         self.read(B, R8, R6, f.pkt_type_byte)
         if f.pkt_type_shift:
@@ -298,6 +300,21 @@ class Builder:
         else:
             self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
                       addi(R3, off), call(Helper.probe_read_kernel))
+
+    def protocol_from_version(self) -> None:
+        """R8 = skb->protocol, or where it is still 0 (before __ip_local_out sets it: fentry/ip_send_skb,
+        udp_send_skb, ...) ETH_P_IP or ETH_P_IPV6 from the version nibble at the network header. Clobbers R9."""
+        f = self.f
+        self.emit(jmp(JNE, R8, 0, "proto_known"))
+        self.read(H, R9, R6, f.network)
+        self.emit(jmp(JEQ, R9, 0xFFFF, "proto_known"))
+        self.read(DW, R8, R6, f.head)
+        self.emit(mov(R3, R8), alu64(ADD, R3, R9, reg=True), mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 1),
+                  call(Helper.probe_read_kernel), movi(R8, 0), jmp(JNE, R0, 0, "proto_known"),
+                  ldx(B, R9, FP, STACK.tmp), rshi(R9, 4),
+                  jmp(JNE, R9, 4, "proto_v6"), movi(R8, loaded16(ETH_P_IP)), asm.ja("proto_known"),
+                  label("proto_v6"), jmp(JNE, R9, 6, "proto_known"), movi(R8, loaded16(ETH_P_IPV6)),
+                  label("proto_known"))
 
     def headers(self) -> None:
         """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the

@@ -20,7 +20,7 @@ from bpf.uapi import AttachType, MapFlags, ProgType
 from . import layout, pointcaps, stats
 from . import program as cprog
 from .filter import compile_filter
-from .linktypes import LinkType, lookup
+from .linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
 from .drops import is_drop_point
 from .errors import CaptureError
@@ -30,7 +30,7 @@ DEFAULT_BUFFER_KIB = 4096
 
 START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cprog.START_NETWORK,
              "IPV6": cprog.START_NETWORK, "LINUX_SLL2": cprog.START_SLL2, "IEEE802_11": cprog.START_MAC}
-PROTO_FOR = {"IPV4": 0x0800, "IPV6": 0x86DD}
+PROTO_FOR = {"IPV4": ETH_P_IP, "IPV6": ETH_P_IPV6}
 
 
 @dataclass
@@ -538,5 +538,5 @@ def protocol_predicate(ethertype: int) -> Callable:
 
     def emit(b: cprog.Builder) -> list:
         b.read(H, R8, cprog.R6, b.f.protocol)
-        return [jmp(JNE, R8, int.from_bytes(ethertype.to_bytes(2, "big"), "little"), "out")]
+        return [jmp(JNE, R8, loaded16(ethertype), "out")]
     return emit

@@ -517,6 +517,35 @@ def test_function_points(quiet_sink, tmp_path, kind):
         assert t.returncode == 0 and t.stdout.split() == [str(quiet_sink.port)] * n, t.stdout + t.stderr
 
 
+@pytest.mark.parametrize("func,family,addr,ethertype", [("ip_send_skb", socket.AF_INET, "127.0.0.1", 0x0800),
+                                                        ("ip6_send_skb", socket.AF_INET6, "::1", 0x86DD)])
+def test_before_the_ip_layer_names_the_protocol(tmp_path, func, family, addr, ethertype):
+    """At fentry/ip_send_skb the kernel has not set skb->protocol yet (__ip_local_out does): the LINUX_SLL2
+    header's protocol comes from the IP version, so the filter `udp port P` matches and Wireshark decodes IP/UDP."""
+    require_kind("fentry", func)
+    with socket.socket(family, socket.SOCK_DGRAM) as rx:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        rx.bind((addr, 0))
+        port = rx.getsockname()[1]
+        n, tag = 4, os.urandom(8)
+        send = ("import socket, sys; s = socket.socket(int(sys.argv[1]), socket.SOCK_DGRAM); "
+                "[s.sendto(bytes.fromhex(sys.argv[3]) + bytes([i]) * 40, (sys.argv[2], int(sys.argv[4]))) "
+                "for i in range(4)]")
+        path = str(tmp_path / f"{func}.pcapng")
+        r = run_fcap(["-i", f"fentry/{func}", "-w", path, f"udp port {port}",
+                      "--", sys.executable, "-c", send, str(int(family)), addr, tag.hex(), str(port)])
+    assert r.returncode == 0, r.stderr.decode()
+    assert f"listening on fentry/{func}, link-type LINUX_SLL2" in r.stderr.decode()
+    pkts = by_time(read_packets(path))
+    assert [struct.unpack(">H", p.raw[:2])[0] for p in pkts] == [ethertype] * n, [p.raw[:20].hex() for p in pkts]
+    assert [l4_payload(p) for p in pkts] == _sent(tag, n)
+    if shutil.which("tshark"):
+        t = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.protocols"], capture_output=True,
+                           text=True, timeout=60)
+        ip = "ip" if family == socket.AF_INET else "ipv6"
+        assert t.returncode == 0 and t.stdout.split() == [f"sll:ethertype:{ip}:udp:data"] * n, t.stdout + t.stderr
+
+
 # ---- 5. a drop point: LINUX_SLL2 ---------------------------------------------------------------------------------
 
 def test_drop_point_linux_sll2(tmp_path):
