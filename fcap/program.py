@@ -301,20 +301,20 @@ class Builder:
             self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
                       addi(R3, off), call(Helper.probe_read_kernel))
 
-    def protocol_from_version(self) -> None:
+    def protocol_from_version(self, tag: str = "") -> None:
         """R8 = skb->protocol, or where it is still 0 (before __ip_local_out sets it: fentry/ip_send_skb,
         udp_send_skb, ...) ETH_P_IP or ETH_P_IPV6 from the version nibble at the network header. Clobbers R9."""
-        f = self.f
-        self.emit(jmp(JNE, R8, 0, "proto_known"))
+        f, known, v6 = self.f, f"proto_known{tag}", f"proto_v6{tag}"
+        self.emit(jmp(JNE, R8, 0, known))
         self.read(H, R9, R6, f.network)
-        self.emit(jmp(JEQ, R9, 0xFFFF, "proto_known"))
+        self.emit(jmp(JEQ, R9, 0xFFFF, known))
         self.read(DW, R8, R6, f.head)
         self.emit(mov(R3, R8), alu64(ADD, R3, R9, reg=True), mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 1),
-                  call(Helper.probe_read_kernel), movi(R8, 0), jmp(JNE, R0, 0, "proto_known"),
+                  call(Helper.probe_read_kernel), movi(R8, 0), jmp(JNE, R0, 0, known),
                   ldx(B, R9, FP, STACK.tmp), rshi(R9, 4),
-                  jmp(JNE, R9, 4, "proto_v6"), movi(R8, loaded16(ETH_P_IP)), asm.ja("proto_known"),
-                  label("proto_v6"), jmp(JNE, R9, 6, "proto_known"), movi(R8, loaded16(ETH_P_IPV6)),
-                  label("proto_known"))
+                  jmp(JNE, R9, 4, v6), movi(R8, loaded16(ETH_P_IP)), asm.ja(known),
+                  label(v6), jmp(JNE, R9, 6, known), movi(R8, loaded16(ETH_P_IPV6)),
+                  label(known))
 
     def headers(self) -> None:
         """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the

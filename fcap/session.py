@@ -533,10 +533,12 @@ class Session:
 
 
 def protocol_predicate(ethertype: int) -> Callable:
-    """Keep only packets whose skb->protocol is `ethertype` (for the IPV4/IPV6 linktypes)."""
+    """Keep only packets whose skb->protocol is `ethertype` (for the IPV4/IPV6 linktypes); where the kernel has not
+    set it yet, the IP version says."""
     from bpf.asm import JNE, R8, H, jmp
 
     def emit(b: cprog.Builder) -> list:
         b.read(H, R8, cprog.R6, b.f.protocol)
+        b.protocol_from_version("_pred")
         return [jmp(JNE, R8, loaded16(ethertype), "out")]
     return emit

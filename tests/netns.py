@@ -348,6 +348,7 @@ class Pkt:
 
 ETH_HLEN = 14
 LINKTYPE_EN10MB, LINKTYPE_RAW, LINKTYPE_LINUX_SLL2 = 1, 101, 276
+LINKTYPE_IPV4, LINKTYPE_IPV6 = 228, 229
 
 
 def read_packets(path) -> list[Pkt]:
@@ -355,7 +356,8 @@ def read_packets(path) -> list[Pkt]:
     from fcap.pcapread import read
     out = []
     for r in read(path):
-        off = {LINKTYPE_EN10MB: ETH_HLEN, LINKTYPE_RAW: 0, LINKTYPE_LINUX_SLL2: 20}.get(r.linktype)
+        off = {LINKTYPE_EN10MB: ETH_HLEN, LINKTYPE_RAW: 0, LINKTYPE_IPV4: 0, LINKTYPE_IPV6: 0,
+               LINKTYPE_LINUX_SLL2: 20}.get(r.linktype)
         if off is None:
             raise AssertionError(f"{path}: unexpected linktype {r.linktype}")
         out.append(Pkt(r.ts_ns, bytes(r.data[off:]), r.orig_len - off, r.linktype, bytes(r.data), r.iface_name,

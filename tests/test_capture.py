@@ -521,27 +521,33 @@ def test_function_points(quiet_sink, tmp_path, kind):
                                                         ("ip6_send_skb", socket.AF_INET6, "::1", 0x86DD)])
 def test_before_the_ip_layer_names_the_protocol(tmp_path, func, family, addr, ethertype):
     """At fentry/ip_send_skb the kernel has not set skb->protocol yet (__ip_local_out does): the LINUX_SLL2
-    header's protocol comes from the IP version, so the filter `udp port P` matches and Wireshark decodes IP/UDP."""
+    header's protocol comes from the IP version, so the filter `udp port P` matches and Wireshark decodes IP/UDP;
+    -y ipv4 / -y ipv6 keep their protocol's packets by the same reckoning."""
     require_kind("fentry", func)
-    with socket.socket(family, socket.SOCK_DGRAM) as rx:
+    n, tag = 4, os.urandom(8)
+    lt = "ipv4" if family == socket.AF_INET else "ipv6"
+    paths = [str(tmp_path / f"{func}.pcapng"), str(tmp_path / f"{func}-{lt}.pcap")]
+    with socket.socket(family, socket.SOCK_DGRAM) as rx:   # (open throughout: no ICMP errors quoting the tag)
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         rx.bind((addr, 0))
         port = rx.getsockname()[1]
-        n, tag = 4, os.urandom(8)
-        send = ("import socket, sys; s = socket.socket(int(sys.argv[1]), socket.SOCK_DGRAM); "
-                "[s.sendto(bytes.fromhex(sys.argv[3]) + bytes([i]) * 40, (sys.argv[2], int(sys.argv[4]))) "
-                "for i in range(4)]")
-        path = str(tmp_path / f"{func}.pcapng")
-        r = run_fcap(["-i", f"fentry/{func}", "-w", path, f"udp port {port}",
-                      "--", sys.executable, "-c", send, str(int(family)), addr, tag.hex(), str(port)])
-    assert r.returncode == 0, r.stderr.decode()
-    assert f"listening on fentry/{func}, link-type LINUX_SLL2" in r.stderr.decode()
-    pkts = by_time(read_packets(path))
+        send = ["--", sys.executable, "-c", "import socket, sys; s = socket.socket(int(sys.argv[1]), "
+                "socket.SOCK_DGRAM); [s.sendto(bytes.fromhex(sys.argv[3]) + bytes([i]) * 40, (sys.argv[2], "
+                "int(sys.argv[4]))) for i in range(4)]", str(int(family)), addr, tag.hex(), str(port)]
+        runs = [run_fcap(["-i", f"fentry/{func}", "-w", paths[0], f"udp port {port}", *send]),
+                run_fcap(["-i", f"fentry/{func}", "-y", lt, "-w", paths[1], *send])]
+    for r in runs:
+        assert r.returncode == 0, r.stderr.decode()
+    assert f"listening on fentry/{func}, link-type LINUX_SLL2" in runs[0].stderr.decode()
+    pkts = by_time(read_packets(paths[0]))
     assert [struct.unpack(">H", p.raw[:2])[0] for p in pkts] == [ethertype] * n, [p.raw[:20].hex() for p in pkts]
     assert [l4_payload(p) for p in pkts] == _sent(tag, n)
+    pkts = by_time([p for p in read_packets(paths[1]) if tag in p.raw])
+    assert [p.raw[0] >> 4 for p in pkts] == [4 if family == socket.AF_INET else 6] * n
+    assert [l4_payload(p) for p in pkts] == _sent(tag, n)
     if shutil.which("tshark"):
-        t = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.protocols"], capture_output=True,
-                           text=True, timeout=60)
+        t = subprocess.run(["tshark", "-r", paths[0], "-T", "fields", "-e", "frame.protocols"],
+                           capture_output=True, text=True, timeout=60)
         ip = "ip" if family == socket.AF_INET else "ipv6"
         assert t.returncode == 0 and t.stdout.split() == [f"sll:ethertype:{ip}:udp:data"] * n, t.stdout + t.stderr
 
