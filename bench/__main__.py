@@ -22,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="run only these parts (repeatable; implies --no-write)")
     ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
                     "fcap.cli', to measure another version; implies --no-write)")
+    ap.add_argument("--dir", default=capture.OUT_DIR[0],
+                    help="where the capture files go (default /dev/shm: no disk; a disk file system's page cache "
+                    "costs each tool differently per byte)")
+    ap.add_argument("--disk-dir", default="/var/tmp",
+                    help="where the disk part's files go (default /var/tmp: a disk file system on most machines)")
     ap.add_argument("--levers", action="store_true",
                     help="measure fcap as of each fast-path lever's commit (bench/levers.py) and rewrite that table")
     return ap
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fcap:
         capture.FCAP[:] = shlex.split(args.fcap)
         args.no_write = True
+    capture.OUT_DIR[0] = args.dir
     suite.compile_checkout()
     try:
         return (levers.run if args.levers else suite.run)(args, _log)

@@ -18,7 +18,7 @@ from .traffic import CAPTURE_CPU, MAGIC, BenchError, Sender, pinned
 
 SNAPLEN = 128
 POINT = "tp_btf/net_dev_queue"
-OUT_DIR = "/dev/shm"
+OUT_DIR = ["/dev/shm"]     # where the capture files go (python -m bench --dir)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -110,7 +110,7 @@ class _Child:
         self.t0 = time.monotonic()
         self.argv = argv
         self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT_DIR)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT_DIR[0])
         self.ready_at: float | None = None
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -221,7 +221,7 @@ def run_one(sender: Sender, tool: Tool | None, payload: int, count: int, rate: f
         s = sender.send(payload, count, rate, batch)
         r.sent, r.sender_pps = s.packets, s.pps
         return r
-    path = os.path.join(OUT_DIR, f"fcap-bench-{os.getpid()}{tool.suffix}")
+    path = os.path.join(OUT_DIR[0], f"fcap-bench-{os.getpid()}{tool.suffix}")
     child = _Child(tool.command(path))
     stats = None
     try:

@@ -10,7 +10,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .capture import OUT_DIR, POINT, _Child, _proc_cpu_s, count_in_file, fcap_argv
+from . import capture
+from .capture import POINT, _Child, _proc_cpu_s, count_in_file, fcap_argv
 from .traffic import BenchError, Sender
 
 RING_KIB = 131072         # -B: 64 MiB per CPU on this 2-CPU machine
@@ -59,7 +60,7 @@ def _settled(path: str, quiet_s: float = 0.2, limit_s: float = 60) -> float:
 
 
 def one(sender: Sender, fmt: str, payload: int, snaplen: int, count: int) -> Ceiling:
-    path = os.path.join(OUT_DIR, f"fcap-bench-ceiling-{os.getpid()}.{fmt}")
+    path = os.path.join(capture.OUT_DIR[0], f"fcap-bench-ceiling-{os.getpid()}.{fmt}")
     child = _Child(fcap_argv() + ["-i", POINT, "-s", str(snaplen), "-B", str(RING_KIB), "-w", path])
     try:
         child.ready()

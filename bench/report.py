@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 
+from . import capture
 from .capture import Result, tools
 from .traffic import CAPTURE_CPU, RT_PRIORITY, SENDER_CPU
 
@@ -99,16 +100,43 @@ def startup_table(plan: dict, ready: dict, listing: dict) -> list[str]:
     return lines
 
 
+def fs_type(path: str) -> str:
+    """The type of the file system path is on (the longest mount point above it in /proc/self/mounts)."""
+    path, best, kind = os.path.realpath(path), "", "?"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                mnt = fields[1]
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
+def disk_section(where: str, disk: list[list[Result]]) -> list[str]:
+    lines = [f"### Flood at full speed, files on a disk file system ({where}: {fs_type(where)})", "",
+             "The same flood, the files where a user's `-w out.pcap` goes. The kernel's write path costs each tool "
+             "per byte differently than tmpfs does (fcap writes ~0.5 MB per system call, tcpdump its stdio buffer's "
+             "4 KiB). The page cache's writeback to the disk happens later in kernel threads, counted for neither "
+             "tool, in proportion to the bytes each writes.", ""]
+    for res in disk:
+        lines += [f"#### {res[0].payload}-byte payloads, {int(res[0].sent):,} datagrams", ""]
+        lines += flood_table(res) + [""]
+    return lines
+
+
 def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, ready: dict, listing: dict,
-           started: str, took: float, ceiling: list[str] | None = None) -> str:
+           started: str, took: float, ceiling: list[str] | None = None, disk: tuple = ("", [])) -> str:
     t = tools()
     rt = f"SCHED_FIFO {RT_PRIORITY}, " if RT_PRIORITY else ""
     lines = [BEGIN, "", f"Made by `{cmd}` on {started} ({took:.0f} s).", ""]
     lines += machine()
     lines += [f"- traffic: bench/sender.c (sendmmsg, batches of 32 at full speed, 8 in the sweep) on CPU "
               f"{SENDER_CPU}, UDP to a sink socket on 127.0.0.1 that the sender reads back; the capture process "
-              f"on CPU {CAPTURE_CPU} ({rt}taskset), files on /dev/shm; fcap's Python byte-compiled first (as pip "
-              "install does)",
+              f"on CPU {CAPTURE_CPU} ({rt}taskset), files in {capture.OUT_DIR[0]}; fcap's Python byte-compiled "
+              "first (as pip install does)",
               "- commands: " + "; ".join(f"`{tl.shown()}`" for tl in t.values()),
               "- in file: the sender's datagrams found in the file (distinct sequence numbers); missing = sent − in "
               "file; dropped, captured, received: the tool's own summary lines; CPU: the capture process's user+sys "
@@ -119,6 +147,8 @@ def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, read
         for res in full:
             lines += [f"#### {res[0].payload}-byte payloads, {int(res[0].sent):,} datagrams", ""]
             lines += flood_table(res) + [""]
+    if disk[1]:
+        lines += disk_section(*disk)
     if sweep:
         lines += ["### Rate sweep", ""] + sweep_table(sweep) + [""]
     if bpf:
@@ -136,7 +166,7 @@ def report(cmd: str, plan: dict, full, sweep, bpf, bpf_runtime: str | None, read
         lines += startup_table(plan, ready, listing)
     if ceiling:
         lines += ceiling
-    notes = [note for res in full + sweep for r in res for note in r.notes]
+    notes = [note for res in full + disk[1] + sweep for r in res for note in r.notes]
     if notes:
         lines += ["Notes: " + "; ".join(notes), ""]
     lines.append(END)

@@ -9,7 +9,8 @@ import statistics
 import subprocess
 import time
 
-from .capture import OUT_DIR, Tool, _Child
+from . import capture
+from .capture import Tool, _Child
 from .traffic import CAPTURE_CPU, pinned
 
 
@@ -24,7 +25,7 @@ def drop_caches() -> None:
 
 def ready_times(tool: Tool, n: int, cold: bool = False) -> list[float]:
     out = []
-    path = os.path.join(OUT_DIR, f"fcap-bench-ready-{os.getpid()}{tool.suffix}")
+    path = os.path.join(capture.OUT_DIR[0], f"fcap-bench-ready-{os.getpid()}{tool.suffix}")
     for _ in range(n):
         if cold:
             drop_caches()

@@ -11,13 +11,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import ceiling, report
+from . import capture, ceiling, report
 from .capture import POINT, SNAPLEN, Result, Tool, fcap_argv, run_one, tools
 from .startup import list_devices, ready_times
 from .traffic import Sender
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("flood", "sweep", "bpf", "startup", "ceiling")
+PARTS = ("flood", "disk", "sweep", "bpf", "startup", "ceiling")
 
 
 def plan(quick: bool) -> dict:
@@ -81,7 +81,9 @@ class Runs:
     plan: dict
     tools: dict[str, Tool]
     other_fcap: bool                  # fcap run as another command (--fcap): no bench.bpf_runtime table
+    disk_dir: str = "/var/tmp"        # where the "disk" part's files go
     full: list[list[Result]] = field(default_factory=list)
+    disk: list[list[Result]] = field(default_factory=list)
     sweep: list[list[Result]] = field(default_factory=list)
     bpf: list[Result] = field(default_factory=list)
     bpf_runtime: str | None = None
@@ -95,6 +97,20 @@ def _flood(sender: Sender, runs: Runs, log) -> None:
     log(f"flood at full speed ({plan['count']:,} datagrams, {plan['reps']} round(s))")
     for payload in plan["payloads"]:
         runs.full.append(rounds(sender, {"none": None, **runs.tools}, payload, 0, plan["count"], plan["reps"], log))
+
+
+def _disk(sender: Sender, runs: Runs, log) -> None:
+    """The flood again, the files on a disk file system: what a user's `-w out.pcap` costs (the page cache's cost
+    per byte, and so each tool's, depends on the file system and the size of the writes)."""
+    plan, kept = runs.plan, capture.OUT_DIR[0]
+    log(f"flood at full speed, files in {runs.disk_dir} ({report.fs_type(runs.disk_dir)})")
+    capture.OUT_DIR[0] = runs.disk_dir
+    try:
+        for payload in plan["payloads"]:
+            runs.disk.append(rounds(sender, {"none": None, **runs.tools}, payload, 0, plan["count"], plan["reps"],
+                                    log))
+    finally:
+        capture.OUT_DIR[0] = kept
 
 
 def _sweep(sender: Sender, runs: Runs, log) -> None:
@@ -133,7 +149,7 @@ def _ceiling(sender: Sender, runs: Runs, log) -> None:
     runs.ceiling = ceiling.run(sender, runs.plan["reps"], log)
 
 
-_PART = {"flood": _flood, "sweep": _sweep, "bpf": _bpf, "startup": _startup, "ceiling": _ceiling}
+_PART = {"flood": _flood, "disk": _disk, "sweep": _sweep, "bpf": _bpf, "startup": _startup, "ceiling": _ceiling}
 
 
 def run(args, log) -> int:
@@ -141,7 +157,7 @@ def run(args, log) -> int:
     args.only) or written into args.out, every run's numbers into args.json. Raises BenchError."""
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t_start = time.monotonic()
-    runs = Runs(plan(args.quick), tools(), bool(args.fcap))
+    runs = Runs(plan(args.quick), tools(), bool(args.fcap), disk_dir=args.disk_dir)
     sender = Sender()
     try:
         for name in PARTS:
@@ -152,7 +168,8 @@ def run(args, log) -> int:
     took = time.monotonic() - t_start
     cmd = "python -m bench" + (" --quick" if args.quick else "")
     text = report.report(cmd, runs.plan, runs.full, runs.sweep, runs.bpf, runs.bpf_runtime, runs.ready, runs.listing,
-                         started, took, ceiling=ceiling.table(runs.ceiling) if runs.ceiling else None)
+                         started, took, ceiling=ceiling.table(runs.ceiling) if runs.ceiling else None,
+                         disk=(runs.disk_dir, runs.disk))
     if args.json:
         _write_json(args.json, runs, started, args.quick)
     if args.no_write or args.only:
@@ -164,7 +181,7 @@ def run(args, log) -> int:
 
 
 def _write_json(path: str, runs: Runs, started: str, quick: bool) -> None:
-    results = [r for res in runs.full + runs.sweep for r in res] + runs.bpf
+    results = [r for res in runs.full + runs.disk + runs.sweep for r in res] + runs.bpf
     with open(path, "w") as f:
         json.dump({"started": started, "quick": quick, "point": POINT, "snaplen": SNAPLEN,
                    "runs": [asdict(r) for r in results], "ready": runs.ready, "listing": runs.listing,

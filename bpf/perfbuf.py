@@ -103,6 +103,11 @@ class PerfBuffer:
     def fileno(self) -> int:
         return self.epoll.fileno()
 
+    def watch(self, fd: int) -> None:
+        """poll() returns as soon as fd is readable too (e.g. a signal's wake-up fd: a stop without waiting for
+        the timeout)."""
+        self.epoll.register(fd, select.EPOLLIN)
+
     def poll(self, timeout_ms: int) -> bool:
         """Wait until a ring has data to read or the time passes; True if woken by data."""
         try:

@@ -510,7 +510,7 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     from . import drops
     from .loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
     loop = CaptureLoop(session, out, count=count, command=command)
-    loop.catch_signals()
+    loop.ready()
     if not args.quiet:
         write_stderr(listening_line(session))
         if session.skipped:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -50,11 +51,21 @@ class CaptureLoop:
         self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
         self.points = {p.id: p for p in points}
+        self.drain = None         # the file drain, made by ready()
+        self._wakeup: tuple = ()  # the signals' wake-up pipe (read end, write end)
 
-    def catch_signals(self) -> None:
-        """From now on SIGINT and SIGTERM end the capture gracefully."""
+    def ready(self) -> None:
+        """What the capture needs before `listening on`: SIGINT and SIGTERM end it gracefully and at once (their
+        wake-up fd is watched with the rings), and a file's drain is made (its rings mapped)."""
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = (rfd, wfd)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        self.session.buffer.watch(rfd)
+        writer = self.out.writer
+        if writer is not None and self.session.dump_area is None:
+            self.drain = self.session.file_drain(writer, limit=self.count, options=self._options)
 
     def run(self) -> int:
         self._start_command()
@@ -88,7 +99,7 @@ class CaptureLoop:
         if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
             self.session.run(self._write, self._should_stop)
             return
-        drain = self.session.file_drain(writer, limit=self.count, options=self._options)
+        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self._options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -195,6 +206,11 @@ class CaptureLoop:
     def _close(self) -> None:
         """Detach and free the programs, then close the output (the file keeps every record drained)."""
         self.session.close()
+        if self._wakeup:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = ()
         try:
             if self.out.writer is not None:
                 self._write_stats()
