@@ -16,13 +16,9 @@ from .errors import FcapError, UsageError
 
 ANY = "fcap-any"
 DEFAULT_POINT = "tp_btf/net_dev_queue"
-# one interface per point (semantic points, when fcap has them, take this list's place)
-POINTS = (
-    ("tp_btf/net_dev_queue", "transmit, before the qdisc"),
-    ("tp_btf/net_dev_start_xmit", "transmit, where tcpdump sees it"),
-    ("tp_btf/netif_receive_skb", "receive, where tcpdump sees it"),
-    ("tp_btf/kfree_skb", "packets the kernel drops"),
-)
+# the interfaces of earlier versions (a tracepoint each): still answered, no longer listed
+OLD_NAMES = {"fcap-net_dev_queue": "tp_btf/net_dev_queue", "fcap-net_dev_start_xmit": "tp_btf/net_dev_start_xmit",
+             "fcap-netif_receive_skb": "tp_btf/netif_receive_skb", "fcap-kfree_skb": "tp_btf/kfree_skb"}
 LAUNCHER = "fcap-extcap"
 MARK = "# fcap extcap launcher"
 
@@ -32,14 +28,31 @@ class ExtcapError(FcapError):
 
 
 def interface_name(point: str) -> str:
-    return "fcap-" + point.rpartition("/")[2]
+    """The interface of a semantic point (dev:queue -> fcap-dev-queue)."""
+    return "fcap-" + point.replace(":", "-")
 
 
 def _interfaces() -> dict[str, str]:
-    """Interface name -> point (None for the any-point interface)."""
-    out = {interface_name(p): p for p, _ in POINTS}
+    """Interface name -> point: one per semantic point (fcap list-devices --semantic), "" for the any-point one."""
+    from .semantic import TABLE
+    out = {interface_name(name): name for name in TABLE}
     out[ANY] = ""
     return out
+
+
+def _hook_name(point: str) -> str:
+    """The kernel name a point is at (for a semantic point: its first hook's, which every other hook matches in
+    whether a link-layer header is in place)."""
+    from .semantic import TABLE, is_semantic
+    if is_semantic(point) and point in TABLE:
+        point = TABLE[point][1][0][0]
+    return point.rpartition("/")[2]
+
+
+def _linktype(point: str):
+    from .linktypes import lookup
+    from .points import is_device_point
+    return lookup("EN10MB" if is_device_point(_hook_name(point)) else "LINUX_SLL2")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,9 +101,9 @@ def main(argv: list[str], fcap_main) -> int:
 
 
 def _point(iface: str, configured: str) -> str:
-    points = _interfaces()
+    points = {**OLD_NAMES, **_interfaces()}
     if iface not in points:
-        raise ExtcapError(f"no extcap interface {iface!r} (fcap's: {', '.join(points)})")
+        raise ExtcapError(f"no extcap interface {iface!r} (fcap's: {', '.join(_interfaces())})")
     return points[iface] or configured or DEFAULT_POINT
 
 
@@ -102,16 +115,15 @@ def _write(text: str) -> int:
 
 def _list_interfaces() -> str:
     lines = [f"extcap {{version={__version__}}}{{display=fcap: capture points inside the network stack}}\n"]
-    for point, what in POINTS:
-        lines.append(f"interface {{value={interface_name(point)}}}{{display=fcap: {point} ({what})}}\n")
+    from .semantic import TABLE
+    for name, (meaning, _hooks) in TABLE.items():
+        lines.append(f"interface {{value={interface_name(name)}}}{{display=fcap: {name}, {meaning}}}\n")
     lines.append(f"interface {{value={ANY}}}{{display=fcap: any point (configure: point, snaplen, where, dump)}}\n")
     return "".join(lines)
 
 
 def _dlts(iface: str, point: str) -> str:
-    from .linktypes import lookup
-    from .points import is_device_point
-    lt = lookup("EN10MB" if is_device_point(point.rpartition("/")[2]) else "LINUX_SLL2")
+    lt = _linktype(point)
     return f"dlt {{number={lt.number}}}{{name={iface}}}{{display={lt.description}}}\n"
 
 
@@ -119,7 +131,8 @@ def _config(iface: str) -> str:
     args = []
     if iface == ANY:
         args.append(("--point", "Capture point", "string", f"{{default={DEFAULT_POINT}}}{{required=true}}",
-                     "fentry/FUNC, fexit/FUNC, tp_btf/NAME, raw_tp/NAME, kprobe/FUNC (fcap list-devices)"))
+                     "a semantic point (dev:queue, skb:drop...: fcap list-devices --semantic) or fentry/FUNC, "
+                     "fexit/FUNC, tp_btf/NAME, raw_tp/NAME, kprobe/FUNC (fcap list-devices)"))
     args += [
         ("--snaplen", "Snapshot length", "integer", "{range=1,262144}{default=262144}", "bytes kept of each packet"),
         ("--where", "Where (PATH OP VALUE)", "string", "", "a BTF field test, e.g. skb->len > 1000"),
@@ -134,11 +147,8 @@ def _validate_filter(expr: str, point: str) -> int:
     if not expr.strip():
         return 0
     from .filter import FilterError, compile_filter
-    from .linktypes import lookup
-    from .points import is_device_point
-    lt = lookup("EN10MB" if is_device_point(point.rpartition("/")[2]) else "LINUX_SLL2")
     try:
-        compile_filter(expr, lt, 262144)
+        compile_filter(expr, _linktype(point), 262144)
     except FilterError as e:
         sys.stdout.write(f"{e}\n")
         return 1

@@ -358,8 +358,9 @@ MIX_SCRIPT = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1]]
 import shutil
-from filterutil import run_mix, v6_loopback
-m = run_mix(int(sys.argv[2]), v6_loopback(), shutil.which("ping") is not None)
+from filterutil import run_mix
+from netns import ipv6_loopback
+m = run_mix(int(sys.argv[2]), ipv6_loopback(), shutil.which("ping") is not None)
 print(json.dumps({"a": m.a, "b": m.b, "tag": m.tag.hex(), "v6": m.v6, "pinged": m.pinged,
                   "v6_ports": sorted(m.v6_ports), "sent": m.sent}))
 """
@@ -375,15 +376,6 @@ def run_mix_in(ns: NetNS, seed: int) -> Mix:
     assert r.returncode == 0, f"the traffic mix failed in {ns.name}:\n{r.stderr}"
     d = json.loads(r.stdout.strip().splitlines()[-1])
     return Mix(d["a"], d["b"], bytes.fromhex(d["tag"]), d["v6"], d["pinged"], set(d["v6_ports"]), d["sent"])
-
-
-def v6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 # ---- sender processes with a pid, a comm and a mark of their own ----------------------------------------

@@ -9,7 +9,6 @@ import re
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 import time
 import types
@@ -41,6 +40,7 @@ from netns import (
     tcp_bulk,
     udp_sizes,
 )
+from tsharkutil import tshark_rows
 
 # A perf sample holds at most 64 KiB: fcap keeps the largest prefix of a bigger skb (GSO/BIG TCP on lo) that
 # fits, with its true length. Anything this long or longer may legitimately arrive truncated.
@@ -405,13 +405,6 @@ def by_time(pkts: list[Pkt]) -> list[Pkt]:
     return sorted(pkts, key=lambda p: p.ts_ns)
 
 
-def _no_error_text(text: str) -> str:
-    """stderr of tcpdump/tshark without the lines that are not about the file (tshark's root warning,
-    tcpdump's 'reading from file' banner)."""
-    skip = ("Running as user", "reading from file", "This could be dangerous")
-    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not any(s in ln for s in skip))
-
-
 def _summary(stderr: str) -> dict[str, int]:
     """The three summary lines, as numbers: captured / received by filter / dropped by kernel."""
     out = {}
@@ -512,9 +505,7 @@ def test_function_points(quiet_sink, tmp_path, kind):
     assert [l4_payload(p) for p in pkts] == _sent(tag, n)
     assert all(p.orig_l3_len == len(p.raw) for p in pkts)
     if shutil.which("tshark"):
-        t = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "udp.dstport"], capture_output=True,
-                           text=True, timeout=60)
-        assert t.returncode == 0 and t.stdout.split() == [str(quiet_sink.port)] * n, t.stdout + t.stderr
+        assert tshark_rows(path, "udp.dstport") == [[str(quiet_sink.port)]] * n
 
 
 @pytest.mark.parametrize("func,family,addr,ethertype", [("ip_send_skb", socket.AF_INET, "127.0.0.1", 0x0800),
@@ -546,10 +537,8 @@ def test_before_the_ip_layer_names_the_protocol(tmp_path, func, family, addr, et
     assert [p.raw[0] >> 4 for p in pkts] == [4 if family == socket.AF_INET else 6] * n
     assert [l4_payload(p) for p in pkts] == _sent(tag, n)
     if shutil.which("tshark"):
-        t = subprocess.run(["tshark", "-r", paths[0], "-T", "fields", "-e", "frame.protocols"],
-                           capture_output=True, text=True, timeout=60)
         ip = "ip" if family == socket.AF_INET else "ipv6"
-        assert t.returncode == 0 and t.stdout.split() == [f"sll:ethertype:{ip}:udp:data"] * n, t.stdout + t.stderr
+        assert tshark_rows(paths[0], "frame.protocols") == [[f"sll:ethertype:{ip}:udp:data"]] * n
 
 
 # ---- 5. a drop point: LINUX_SLL2 ---------------------------------------------------------------------------------
@@ -580,9 +569,6 @@ def test_drop_point_linux_sll2(tmp_path):
     assert l4_payload(p) == data and p.orig_l3_len == 28 + len(data)
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the LINUX_SLL2 header was checked by hand, not by Wireshark")
-    r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.protocols", "-e", "udp.dstport",
-                        "-e", "sll.ifindex"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
-    rows = [ln.split("\t") for ln in r.stdout.splitlines()]
+    rows = tshark_rows(path, "frame.protocols", "udp.dstport", "sll.ifindex")
     assert any(proto.startswith("sll:ethertype:ip:udp") and (dport, ifx) == (str(port), "1")
-               for proto, dport, ifx in rows), r.stdout
+               for proto, dport, ifx in rows), rows

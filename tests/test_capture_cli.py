@@ -29,7 +29,8 @@ from netns import (
     send_udp,
     start_fcap,
 )
-from test_capture import SETTLE, _no_error_text, _sender, _sent, _summary, by_time
+from tsharkutil import no_error_text, tshark_rows
+from test_capture import SETTLE, _sender, _sent, _summary, by_time
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
@@ -74,18 +75,15 @@ def test_files_read_by_tcpdump_and_tshark(tcpdump, sink, tmp_path, out):
         magic = f.read(4)
     assert magic == ({"x.pcap": struct.pack("<I", 0xA1B23C4D), "x.pcapng": b"\x0a\x0d\x0d\x0a"}[out])
     r = subprocess.run(["tcpdump", "-nn", "-r", path], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
+    assert r.returncode == 0 and not no_error_text(r.stderr), r.stderr
     lines = [ln for ln in r.stdout.splitlines() if f".{sink.port}: UDP" in ln]
     assert len(lines) == len(pays), r.stdout
     # (sorted: fcap writes each CPU's records in turn, see by_time)
     assert sorted(int(ln.rsplit("length ", 1)[1]) for ln in lines) == sorted(len(p) for p in pays)
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the tcpdump half of this check passed")
-    r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.time_epoch", "-e", "udp.dstport",
-                        "-e", "udp.payload"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
     rows = sorted((Decimal(t), int(a), bytes.fromhex(b)) for t, a, b in
-                  (ln.split("\t") for ln in r.stdout.splitlines()))
+                  tshark_rows(path, "frame.time_epoch", "udp.dstport", "udp.payload"))
     assert [(a, b) for _, a, b in rows] == [(sink.port, p) for p in pays]
 
 
@@ -109,10 +107,7 @@ def test_two_points_two_interfaces(sink, tmp_path):
         assert r.returncode == 0 and "Number of interfaces in file: 2" in r.stdout, r.stdout + r.stderr
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the file was checked with fcap's reader, not Wireshark")
-    r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.interface_name", "-e", "udp.payload"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
-    rows = [ln.split("\t") for ln in r.stdout.splitlines()]
+    rows = tshark_rows(path, "frame.interface_name", "udp.payload")
     assert {name for name, _ in rows} == {qx, rx}, rows
     for name in (qx, rx):
         assert sorted(bytes.fromhex(d) for n, d in rows if n == name) == sorted(pays), name
@@ -132,13 +127,10 @@ def test_linktype_raw(sink, tmp_path):
     assert all(p.orig_l3_len == len(p.raw) == 28 + len(d) for p, d in zip(pkts, pays))
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: linktype and bytes checked; Wireshark's decode not")
-    r = subprocess.run(["tshark", "-r", path, "-T", "fields", "-e", "frame.protocols", "-e", "ip.dst",
-                        "-e", "udp.dstport"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
     # (udp:data, or whatever Wireshark guesses the random port carries)
-    rows = [ln.split("\t") for ln in r.stdout.splitlines()]
+    rows = tshark_rows(path, "frame.protocols", "ip.dst", "udp.dstport")
     assert [(proto.startswith("raw:ip:udp"), dst, port) for proto, dst, port in rows] == \
-        [(True, "127.0.0.1", str(sink.port))] * len(pays), r.stdout
+        [(True, "127.0.0.1", str(sink.port))] * len(pays), rows
 
 
 def test_linktype_raw_ipv6(root, tmp_path):
@@ -188,7 +180,7 @@ def test_pipe_to_tshark(tshark, sink):
                                                  ["-i", "tp_btf/net_dev_queue", "-c", "5"], sink.port, 8, sink)
     assert rc == 0, err
     assert "5 packets captured" in err
-    assert trc == 0 and not _no_error_text(terr), terr
+    assert trc == 0 and not no_error_text(terr), terr
     rows = sorted((Decimal(t), bytes.fromhex(d)) for t, d in (ln.split("\t") for ln in out.splitlines()))
     assert_first_n([d for _, d in rows], pays, 5)
 
@@ -198,7 +190,7 @@ def test_pipe_to_tcpdump(tcpdump, sink):
     rc, err, (trc, out, terr), pays = _pipe_into(["tcpdump", "-nn", "-r", "-"],
                                                  ["-i", "tp_btf/net_dev_queue", "-w", "-"], sink.port, 6, sink)
     assert rc == 0, err
-    assert trc == 0 and not _no_error_text(terr), terr
+    assert trc == 0 and not no_error_text(terr), terr
     lines = [ln for ln in out.splitlines() if f".{sink.port}: UDP" in ln]
     assert sorted(int(ln.rsplit("length ", 1)[1]) for ln in lines) == sorted(len(p) for p in pays), out
 
@@ -342,7 +334,7 @@ def test_signal_ends_cleanly(tcpdump, sink, tmp_path, sig):
     assert s == {"captured": 20, "received by filter": 20, "dropped by kernel": 0}, fc.stderr
     assert [l4_payload(p) for p in by_time(read_packets(path))] == pays
     r = subprocess.run(["tcpdump", "-nn", "-r", path], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and not _no_error_text(r.stderr), r.stderr
+    assert r.returncode == 0 and not no_error_text(r.stderr), r.stderr
     assert len(r.stdout.splitlines()) == 20
 
 

@@ -1,6 +1,6 @@
 """fcap as a Wireshark extcap, with the real tshark: the interface protocol's answers, --install/--uninstall into
 the personal extcap folder of a HOME made for the test (tshark -D lists fcap's interfaces), and captures that
-tshark starts (-i fcap-net_dev_queue -c N -w FILE; the any-point interface configured with -o)."""
+tshark starts (-i fcap-dev-queue -c N -w FILE; the any-point interface configured with -o)."""
 
 from __future__ import annotations
 
@@ -42,22 +42,29 @@ def test_interfaces_dlts_config():
     lines = r.stdout.decode().splitlines()
     assert r.returncode == 0 and lines[0].startswith("extcap {version=")
     names = re.findall(r"^interface \{value=([^}]+)\}\{display=fcap: ", r.stdout.decode(), re.M)
-    assert names == ["fcap-net_dev_queue", "fcap-net_dev_start_xmit", "fcap-netif_receive_skb", "fcap-kfree_skb",
-                     "fcap-any"]
+    # one interface per semantic point, as `fcap -i` names them, and the configurable one
+    assert names == ["fcap-dev-queue", "fcap-dev-xmit", "fcap-dev-receive", "fcap-ip-send", "fcap-ip-receive",
+                     "fcap-ip6-send", "fcap-ip6-receive", "fcap-tcp-send", "fcap-tcp-receive", "fcap-tcp-retransmit",
+                     "fcap-udp-send", "fcap-udp-receive", "fcap-skb-drop", "fcap-skb-consume", "fcap-any"]
+    assert "interface {value=fcap-skb-drop}{display=fcap: skb:drop, a packet dropped" in r.stdout.decode()
+    assert _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-dlts").stdout.decode() == \
+        "dlt {number=1}{name=fcap-dev-queue}{display=Ethernet}\n"
+    for iface in ("fcap-skb-drop", "fcap-tcp-receive"):
+        assert _extcap(f"--extcap-interface={iface}", "--extcap-dlts").stdout.decode().startswith(
+            f"dlt {{number=276}}{{name={iface}}}")
+    # the tracepoint interfaces of earlier versions still answer (a saved Wireshark profile may name them)
     assert _extcap("--extcap-interface", "fcap-net_dev_queue", "--extcap-dlts").stdout.decode() == \
         "dlt {number=1}{name=fcap-net_dev_queue}{display=Ethernet}\n"
-    assert _extcap("--extcap-interface=fcap-kfree_skb", "--extcap-dlts").stdout.decode().startswith(
-        "dlt {number=276}{name=fcap-kfree_skb}")
     config = _extcap("--extcap-interface", "fcap-any", "--extcap-config").stdout.decode().splitlines()
     assert [re.search(r"\{call=([^}]+)\}", c)[1] for c in config] == ["--point", "--snaplen", "--where", "--dump"]
     assert "{required=true}" in config[0]
-    fixed = _extcap("--extcap-interface", "fcap-net_dev_queue", "--extcap-config").stdout.decode()
+    fixed = _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-config").stdout.decode()
     assert "--point" not in fixed and "{call=--where}" in fixed
 
 
 def test_filter_validation_and_errors():
-    ok = _extcap("--extcap-interface", "fcap-net_dev_queue", "--extcap-capture-filter", "udp port 53")
-    bad = _extcap("--extcap-interface", "fcap-net_dev_queue", "--extcap-capture-filter", "udp port")
+    ok = _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-capture-filter", "udp port 53")
+    bad = _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-capture-filter", "udp port")
     assert ok.returncode == 0 and bad.returncode == 1 and "syntax error" in bad.stdout.decode()
     r = _extcap("--extcap-interface", "nope", "--extcap-dlts")
     assert r.returncode == 1 and r.stderr.decode().startswith("fcap: no extcap interface 'nope' (fcap's: ")
@@ -71,8 +78,8 @@ def test_install_lists_interfaces_and_uninstall_removes(home, tshark, tmp_path):
     launcher = tmp_path / ".config/wireshark/extcap/fcap-extcap"
     assert os.access(launcher, os.X_OK)
     listed = _tshark(tshark, home, "-D").stdout
-    for name, point in (("fcap-net_dev_queue", "tp_btf/net_dev_queue"), ("fcap-kfree_skb", "tp_btf/kfree_skb")):
-        assert re.search(rf"^\d+\. {name} \(fcap: {point} ", listed, re.M), listed
+    for name, point in (("fcap-dev-queue", "dev:queue"), ("fcap-skb-drop", "skb:drop")):
+        assert re.search(rf"^\d+\. {name} \(fcap: {point}, ", listed, re.M), listed
     assert re.search(r"^\d+\. fcap-any \(fcap: any point", listed, re.M)
     r = run_fcap(["extcap", "--uninstall"], env=home)
     assert r.returncode == 0 and not launcher.exists()
@@ -95,7 +102,7 @@ def test_tshark_captures_from_a_point(home, tshark, tmp_path):
     port, out = _port(), tmp_path / "x.pcapng"
     traffic = Stream(port, gap=0.2, payload=b"extcap")
     try:
-        r = _tshark(tshark, home, "-i", "fcap-net_dev_queue", "-f", f"udp and dst port {port}", "-c", "3",
+        r = _tshark(tshark, home, "-i", "fcap-dev-queue", "-f", f"udp and dst port {port}", "-c", "3",
                     "-w", str(out))
     finally:
         traffic.stop()
@@ -105,7 +112,7 @@ def test_tshark_captures_from_a_point(home, tshark, tmp_path):
     assert len(rows) == 3
     for row in rows:
         dport, iface, comment = row.split("|")
-        assert dport == str(port) and iface == "tp_btf/net_dev_queue" and comment.startswith("skb=0x")
+        assert dport == str(port) and iface == "dev:queue" and comment.startswith("skb=0x")
     _no_extcap_left(str(tmp_path))
 
 

@@ -6,6 +6,7 @@ guests (tests/vm/run 6.1 -k fentry)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 from conftest import kernel_refusal, need_root, need_tool, require_kind
 
 from netns import SLOW, bpf_ids_of, flow_of, read_packets, run_fcap, start_fcap
+from tsharkutil import tshark_rows
 
 GO = "go\n"
 
@@ -163,9 +165,8 @@ def test_semantic_point_names_the_interface(tmp_path, root):
     names = [(s.iface_name) for s in _stats(path)]
     assert names == ["skb:drop", "dev:queue"]
     need_tool("tshark")
-    out = subprocess.run(["tshark", "-r", str(path), "-T", "fields", "-e", "frame.interface_name",
-                          "-e", "frame.interface_description"], capture_output=True, text=True, timeout=60).stdout
-    descr = dict(ln.split("\t", 1) for ln in out.splitlines() if "\t" in ln)
+    descr = dict(row for row in tshark_rows(path, "frame.interface_name", "frame.interface_description")
+                 if len(row) == 2)
     assert descr["skb:drop"].startswith("tp_btf/kfree_skb: void kfree_skb(struct sk_buff *skb, void *location"), descr
     assert re.match(r"(fentry/__dev_queue_xmit|tp_btf/net_dev_queue): ", descr["dev:queue"]), descr
 
@@ -204,6 +205,20 @@ def _drop_records(path) -> dict[str, list]:
     return out
 
 
+@contextlib.contextmanager
+def _dropper(v, script: str):
+    """The helper script run in the namespace: yields the port it printed; told to go (and waited for) after."""
+    helper = subprocess.Popen(v.exec(sys.executable, "-c", script, v.peer), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(helper.stdout.readline())
+    finally:
+        helper.stdin.write(GO)
+        helper.stdin.close()
+        helper.wait(timeout=10)
+        helper.stdout.close()
+
+
 def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
     """A namespace over a veth pair: UDP to a closed port, TCP to a closed port, UDP to a full socket. At
     -i skb:drop each record's comment names the reason (from this kernel's BTF) and where (from kallsyms):
@@ -214,10 +229,7 @@ def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
     if enum is None or "SKB_DROP_REASON_SOCKET_RCVBUFF" not in enum.values:
         pytest.skip("this kernel names no drop reasons (enum skb_drop_reason, Linux 5.17+)")
     v = veth_ns
-    helper = subprocess.Popen(v.exec(sys.executable, "-c", DROPPER, v.peer), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        fport = int(helper.stdout.readline())
+    with _dropper(v, DROPPER) as fport:
         closed, tcp_closed = 7001, 7002
         path = tmp_path / "d.pcapng"
         f = start_fcap(["-i", "skb:drop", "-w", str(path), f"host {v.peer}"])
@@ -226,11 +238,6 @@ def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
             time.sleep(0.5)
         finally:
             f.stop()
-    finally:
-        helper.stdin.write(GO)
-        helper.stdin.close()
-        helper.wait(timeout=10)
-        helper.stdout.close()
     assert f.p.returncode == 0, f.stderr
     got = _drop_records(path)
     udp_closed, tcp, full = got.get((17, closed), []), got.get((6, tcp_closed), []), got.get((17, fport), [])
@@ -332,10 +339,7 @@ def test_track_evictions_are_counted(tmp_path, veth_ns):
     """A tracking map of 4 entries and 8 datagrams that stay queued (a socket that never reads): the map evicts,
     and the summary says how much."""
     v = veth_ns
-    helper = subprocess.Popen(v.exec(sys.executable, "-c", DROPPER.replace("SO_RCVBUF, 1", "SO_RCVBUF, 1 << 20"),
-                                     v.peer), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(helper.stdout.readline())
+    with _dropper(v, DROPPER.replace("SO_RCVBUF, 1", "SO_RCVBUF, 1 << 20")) as port:
         f = start_fcap(["-i", "dev:queue", "--track", "--track-max", "4", "-w", str(tmp_path / "e.pcapng"),
                         f"udp port {port}"])
         try:
@@ -343,11 +347,6 @@ def test_track_evictions_are_counted(tmp_path, veth_ns):
             time.sleep(0.5)
         finally:
             f.stop()
-    finally:
-        helper.stdin.write(GO)
-        helper.stdin.close()
-        helper.wait(timeout=10)
-        helper.stdout.close()
     m = re.search(r"^8 packets tracked \(\d+ clones\), (\d+) tracking entries evicted \(map of 4\)", f.stderr, re.M)
     assert m and int(m.group(1)) >= 8, f.stderr
 

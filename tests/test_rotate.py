@@ -216,6 +216,21 @@ def _check_cut(paths: list[str], limit: int) -> None:
             assert size > limit, f"{path}: rotated at {size} bytes"
 
 
+def _through_fcap(sink, argv: list[str], pays: list[bytes], wait: bool = False):
+    """fcap ARGV while pays go to the sink (paced), then stopped (or, wait: left to end by itself, as with -c);
+    the fcap process, which exited with 0."""
+    fc = start_fcap(argv)
+    try:
+        send_udp("127.0.0.1", sink.port, pays, pace=0.0002)
+        sink.wait(len(pays))
+        time.sleep(0.5)
+        rc = fc.wait() if wait else fc.stop()
+    finally:
+        fc.kill()
+    assert rc == 0, fc.stderr
+    return fc
+
+
 def _capture_both(sink, tmp_path, flags: list[str], name: str, pays: list[bytes], extra: list[str] = ()):
     """fcap and tcpdump with the same rotation flags, into tmp_path/fcap and tmp_path/tcpdump, on the same
     datagrams; returns (fcap's Proc, its directory, tcpdump's directory, whether tcpdump got every datagram) once
@@ -226,15 +241,8 @@ def _capture_both(sink, tmp_path, flags: list[str], name: str, pays: list[bytes]
     theirs.mkdir()
     td = start_tcpdump("lo", theirs / name, "-Z", "root", *flags, f"udp port {sink.port}")
     try:
-        fc = start_fcap(["-i", POINT, *extra, *flags, "-w", str(mine / name), f"udp port {sink.port}"])
-        try:
-            send_udp("127.0.0.1", sink.port, pays, pace=0.0002)
-            sink.wait(len(pays))
-            time.sleep(0.5)
-            rc = fc.stop() if "-c" not in extra else fc.wait()
-        finally:
-            fc.kill()
-        assert rc == 0, fc.stderr
+        fc = _through_fcap(sink, ["-i", POINT, *extra, *flags, "-w", str(mine / name), f"udp port {sink.port}"],
+                           pays, wait="-c" in extra)
     finally:
         td.stop()
         td.kill()
@@ -355,15 +363,8 @@ def test_interval_and_size_rotation_together(sink, tmp_path, tcpdump):
     names the files then, as tcpdump's man page says)."""
     template = str(tmp_path / "x-%Y%m%d%H%M%S-")
     pays = _datagrams(2200)
-    fc = start_fcap(["-i", POINT, "-G", "60", "-C", "1", "-W", "3", "-w", template, f"udp port {sink.port}"])
-    try:
-        send_udp("127.0.0.1", sink.port, pays, pace=0.0002)
-        sink.wait(len(pays))
-        time.sleep(0.3)
-        rc = fc.stop()
-    finally:
-        fc.kill()
-    assert rc == 0, fc.stderr
+    fc = _through_fcap(sink, ["-i", POINT, "-G", "60", "-C", "1", "-W", "3", "-w", template, f"udp port {sink.port}"],
+                       pays)
     names = sorted(os.listdir(tmp_path))
     stamps = {n[:-1] for n in names}
     assert len(stamps) <= 2 and {n[-1] for n in names} == set("012"), names   # the ring wrapped (~3.5 MB)
@@ -399,16 +400,8 @@ def test_z_makes_every_rotated_file_as_the_user(sink, shared_dir):
     """-Z nobody -C 1: the first file is given to nobody, the later ones are made by nobody (as tcpdump's)."""
     nobody = _nobody()
     pays = _datagrams(2200)
-    fc = start_fcap(["-Z", "nobody", "-i", POINT, "-C", "1", "-w", os.path.join(shared_dir, "x.pcap"),
-                     f"udp port {sink.port}"])
-    try:
-        send_udp("127.0.0.1", sink.port, pays, pace=0.0002)
-        sink.wait(len(pays))
-        time.sleep(0.5)
-        rc = fc.stop()
-    finally:
-        fc.kill()
-    assert rc == 0, fc.stderr
+    _through_fcap(sink, ["-Z", "nobody", "-i", POINT, "-C", "1", "-w", os.path.join(shared_dir, "x.pcap"),
+                         f"udp port {sink.port}"], pays)
     names = sorted(os.listdir(shared_dir))
     assert len(names) >= 3 and names[0] == "x.pcap", names
     assert {os.stat(os.path.join(shared_dir, n)).st_uid for n in names} == {nobody.pw_uid}
