@@ -510,7 +510,11 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     from . import drops
     from .loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
     loop = CaptureLoop(session, out, count=count, command=command)
-    loop.ready()
+    try:
+        loop.ready()
+    except OSError as e:   # (mapping the rings, the signals' pipe: ENOMEM, EMFILE)
+        session.close()
+        return fail(f"cannot start the capture: {e.strerror or e}")
     if not args.quiet:
         write_stderr(listening_line(session))
         if session.skipped:
