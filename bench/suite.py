@@ -92,23 +92,26 @@ class Runs:
     ceiling: list = field(default_factory=list)
 
 
-def _flood(sender: Sender, runs: Runs, log) -> None:
+def _floods(sender: Sender, runs: Runs, log) -> list[list[Result]]:
+    """Every payload at full speed, plan["reps"] rounds each, files in capture.OUT_DIR."""
     plan = runs.plan
-    log(f"flood at full speed ({plan['count']:,} datagrams, {plan['reps']} round(s))")
-    for payload in plan["payloads"]:
-        runs.full.append(rounds(sender, {"none": None, **runs.tools}, payload, 0, plan["count"], plan["reps"], log))
+    return [rounds(sender, {"none": None, **runs.tools}, payload, 0, plan["count"], plan["reps"], log)
+            for payload in plan["payloads"]]
+
+
+def _flood(sender: Sender, runs: Runs, log) -> None:
+    log(f"flood at full speed ({runs.plan['count']:,} datagrams, {runs.plan['reps']} round(s))")
+    runs.full = _floods(sender, runs, log)
 
 
 def _disk(sender: Sender, runs: Runs, log) -> None:
     """The flood again, the files on a disk file system: what a user's `-w out.pcap` costs (the page cache's cost
     per byte, and so each tool's, depends on the file system and the size of the writes)."""
-    plan, kept = runs.plan, capture.OUT_DIR[0]
+    kept = capture.OUT_DIR[0]
     log(f"flood at full speed, files in {runs.disk_dir} ({report.fs_type(runs.disk_dir)})")
     capture.OUT_DIR[0] = runs.disk_dir
     try:
-        for payload in plan["payloads"]:
-            runs.disk.append(rounds(sender, {"none": None, **runs.tools}, payload, 0, plan["count"], plan["reps"],
-                                    log))
+        runs.disk = _floods(sender, runs, log)
     finally:
         capture.OUT_DIR[0] = kept
 

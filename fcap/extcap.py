@@ -101,9 +101,10 @@ def main(argv: list[str], fcap_main) -> int:
 
 
 def _point(iface: str, configured: str) -> str:
-    points = {**OLD_NAMES, **_interfaces()}
+    listed = _interfaces()
+    points = {**OLD_NAMES, **listed}
     if iface not in points:
-        raise ExtcapError(f"no extcap interface {iface!r} (fcap's: {', '.join(_interfaces())})")
+        raise ExtcapError(f"no extcap interface {iface!r} (fcap's: {', '.join(listed)})")
     return points[iface] or configured or DEFAULT_POINT
 
 

@@ -569,7 +569,8 @@ def stop_helper(proc: subprocess.Popen) -> None:
             proc.kill()
             proc.wait(timeout=5)
     for f in (proc.stdout, proc.stderr):
-        f.close()
+        if f is not None:
+            f.close()
 
 
 def gso_max_size(dev: str) -> int:

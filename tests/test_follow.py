@@ -18,10 +18,8 @@ import time
 import pytest
 from conftest import kernel_refusal, need_root, need_tool, require_kind
 
-from netns import SLOW, bpf_ids_of, flow_of, read_packets, run_fcap, start_fcap
+from netns import SLOW, bpf_ids_of, flow_of, read_packets, run_fcap, start_fcap, stop_helper
 from tsharkutil import tshark_rows
-
-GO = "go\n"
 
 
 def _listed(pattern: str) -> list[str]:
@@ -207,16 +205,13 @@ def _drop_records(path) -> dict[str, list]:
 
 @contextlib.contextmanager
 def _dropper(v, script: str):
-    """The helper script run in the namespace: yields the port it printed; told to go (and waited for) after."""
+    """The helper script run in the namespace: yields the port it printed; ended (its stdin closed) after."""
     helper = subprocess.Popen(v.exec(sys.executable, "-c", script, v.peer), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         yield int(helper.stdout.readline())
     finally:
-        helper.stdin.write(GO)
-        helper.stdin.close()
-        helper.wait(timeout=10)
-        helper.stdout.close()
+        stop_helper(helper)
 
 
 def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
