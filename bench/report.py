@@ -87,6 +87,9 @@ def startup_table(plan: dict, ready: dict, listing: dict) -> list[str]:
         lines.append(f"| exec to `listening on`, cold: no per-boot BTF cache yet (median of {len(fc)}) | "
                      f"{statistics.median(fc):.3f} s | {statistics.median(td):.3f} s | "
                      f"{statistics.median(fc) / statistics.median(td):.1f} |")
+    if listing.get("python"):
+        lines.append(f"| the interpreter alone: `python3 -c pass`, this environment's site hooks included | "
+                     f"{listing['python']:.3f} s | | |")
     what = f"`fcap list-devices` vs `bpftool btf dump file /sys/kernel/btf/vmlinux` (median of {plan['listing']})"
     for key, label in (("fcap", ""), ("fcap cold", ", cold")):
         if listing.get(key) is None:

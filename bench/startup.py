@@ -7,6 +7,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 
 from . import capture
@@ -21,6 +22,12 @@ def drop_caches() -> None:
     for name in os.listdir(d) if os.path.isdir(d) else []:
         if name.endswith(".btfcache"):
             os.unlink(os.path.join(d, name))
+
+
+def interpreter_time(n: int) -> float:
+    """Median wall time of `python3 -c pass`: the interpreter's own start with this environment's site hooks, the
+    floor under fcap's start-up."""
+    return statistics.median(wall_times([sys.executable, "-c", "pass"], n))
 
 
 def ready_times(tool: Tool, n: int, cold: bool = False) -> list[float]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import capture, ceiling, report
 from .capture import POINT, SNAPLEN, Result, Tool, fcap_argv, run_one, tools
-from .startup import list_devices, ready_times
+from .startup import interpreter_time, list_devices, ready_times
 from .traffic import Sender
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,11 +138,13 @@ def _bpf(sender: Sender, runs: Runs, log) -> None:
 
 def _startup(sender: Sender, runs: Runs, log) -> None:
     log("start-up")
+    if not runs.other_fcap:
+        runs.listing["python"] = interpreter_time(runs.plan["ready"])
     for name in ("tcpdump", "fcap pcap", "fcap pcap cold"):
         runs.ready[name] = ready_times(runs.tools[name.removesuffix(" cold")], runs.plan["ready"],
                                        cold=name.endswith(" cold"))
         log(f"  {name:<14} ready in {statistics.median(runs.ready[name]):.3f} s")
-    runs.listing = list_devices(fcap_argv(), runs.plan["listing"])
+    runs.listing.update(list_devices(fcap_argv(), runs.plan["listing"]))
     log(f"  list-devices {runs.listing['fcap']:.3f} s (cold {runs.listing['fcap cold']:.3f} s), bpftool btf dump "
         f"{runs.listing['bpftool'] or 0:.3f} s")
 

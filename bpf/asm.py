@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
-from typing import Iterable, Union
+from typing import Iterable, NamedTuple, Union
 
 from .errors import AsmError
 from .uapi import PSEUDO_CALL, PSEUDO_KFUNC_CALL, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, Helper
@@ -34,8 +33,7 @@ _INSN = struct.Struct("<BBhi")
 Target = Union[str, int]  # a label name, or a relative offset
 
 
-@dataclass(frozen=True)
-class Insn:
+class Insn(NamedTuple):
     """One instruction (ld_imm64 counts as one Insn and encodes to two slots)."""
 
     op: int
@@ -58,8 +56,7 @@ class Insn:
         return _INSN.pack(self.op, regs, self.off, _s32(self.imm))
 
 
-@dataclass(frozen=True)
-class Label:
+class Label(NamedTuple):
     name: str
 
 
@@ -243,7 +240,7 @@ def resolve(items: Iterable[Item]) -> list[Insn]:
             off = where[it.target] - pos
             if not -0x8000 <= off <= 0x7FFF:
                 raise AsmError(f"jump to {it.target!r} out of range ({off})")
-            it = replace(it, off=off, target=None)
+            it = it._replace(off=off, target=None)
         out.append(it)
     return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import asm
 from .asm import DW, FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
@@ -27,8 +27,7 @@ SlowLoad = Callable[[int, int, int, str], list]
 Ancillary = Callable[[int, int, str], list]
 
 
-@dataclass
-class PacketModel:
+class PacketModel(NamedTuple):
     """How the translated program reaches packet bytes: the first `capacity` bytes sit in a buffer.
 
     buf: register (R6..R9) pointing at the packet's first byte (a map value or stack pointer whose size the verifier

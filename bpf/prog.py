@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from . import asm
 from .errors import SyscallError, VerifierError
@@ -16,8 +15,7 @@ LOG_START = 64 * 1024
 LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
 
 
-@dataclass
-class ProgStats:
+class ProgStats(NamedTuple):
     run_time_ns: int
     run_cnt: int
     recursion_misses: int

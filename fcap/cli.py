@@ -293,9 +293,10 @@ def cmd_capture(args, command: list[str]) -> int:
         if fmt == "pcap" and args.dump:
             raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
-            session.cfg.record = fmt              # the programs lay out this format's record headers
-            session.cfg.file_ring = not count     # and where they can, write finished records themselves
-            session.cfg.meta = fmt != "pcap"      # pcap holds no pid, comm, mark or netns
+            session.cfg = session.cfg._replace(
+                record=fmt,                       # the programs lay out this format's record headers
+                file_ring=not count,              # and where they can, write finished records themselves
+                meta=fmt != "pcap")               # pcap holds no pid, comm, mark or netns
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         out = _start(session, args, fmt, user, rotation)
@@ -367,7 +368,7 @@ def _start(session, args, fmt: str | None, user, rotation=None):
     """Load, open the output, attach, and (-Z) become USER; returns the output."""
     from .session import CaptureError
     session.open()                            # load first: a refused program leaves no file behind
-    if not args.quiet:
+    if not args.quiet and session.cbpf is not None:
         from .features import filter_note
         note = filter_note(session)
         if note:
@@ -405,8 +406,13 @@ def _discard_output(args, out) -> None:
         pass
 
 
+_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction")
+
+
 def _predicates(args) -> list:
     """Factories (point -> predicate) for the predicate flags, in a cheap-first order."""
+    if not any(getattr(args, flag) for flag in _PREDICATE_FLAGS):   # (a capture without them starts sooner)
+        return []
     from . import predicates as pr
     out = []
 

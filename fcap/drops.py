@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import bisect
-import difflib
 
 from bpf.asm import DW, FP, R0, R1, R7, ldx
 from bpf.btf import BTF, BTFError, Enum, Enum64, Type
@@ -84,7 +83,8 @@ def reason_value(leaf: Type, text: str) -> int | None:
 def close_names(leaf: Type, text: str, n: int = 4) -> list[str]:
     """The enum's names (short where it has the drop reason prefixes) closest to `text`."""
     names = [short(k) for k in getattr(leaf, "values", {})]
-    return difflib.get_close_matches(short(text.upper()), names, n=n, cutoff=0.6)
+    from difflib import get_close_matches
+    return get_close_matches(short(text.upper()), names, n=n, cutoff=0.6)
 
 
 class Names:

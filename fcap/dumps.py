@@ -112,8 +112,7 @@ class Area:
     def parse(self, raw):
         """The Record (with its dumps) of a perf sample that starts with this area."""
         rec = parse_record(memoryview(raw)[self.size:])
-        rec.dumps = self.dumps(raw, rec.point)
-        return rec
+        return rec._replace(dumps=self.dumps(raw, rec.point))
 
     def dumps(self, raw, point: int) -> tuple:
         plans = self.plans.get(point)

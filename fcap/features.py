@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from . import pointcaps
 
@@ -29,8 +29,7 @@ ROWS = [
 FIRST = {"filter_frags": "6.12", "file_rings": "6.12"}   # (commit ffc83860d8c0, Sept. 2024)
 
 
-@dataclass
-class Result:
+class Result(NamedTuple):
     key: str
     ok: bool | None  # None: nothing to try here
     detail: str      # one line: how it works here, or why not
@@ -204,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = report()
     if a.json:
         json.dump({"kernel": kernel_name(), "release": os.uname().release, "version": kernel_version(),
-                   "rows": [asdict(r) for r in rows]}, sys.stdout)
+                   "rows": [r._asdict() for r in rows]}, sys.stdout)
         sys.stdout.write("\n")
     else:
         titles = {k: f for k, f, _n in ROWS}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 from collections import namedtuple
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bpf import asm
 from bpf.asm import BYTES_SIZE
@@ -175,8 +175,7 @@ TRACK_COUNTERS = Layout("TrackCounters", (
 
 
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
-@dataclass(frozen=True)
-class _Stack:
+class _Stack(NamedTuple):
     key: int = -4            # u32 key (the point id) for the scratch and counter lookups
     tmp: int = -16           # 8-byte temporary for untyped reads
     dynptr: int = -32        # struct bpf_dynptr (16 bytes)
@@ -209,7 +208,7 @@ _STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "
 
 
 def _check_stack() -> None:
-    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in vars(STACK).items())
+    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in STACK._asdict().items())
     for (_o, end, name), (nxt, _e, other) in zip(slots, slots[1:]):
         assert end <= nxt, f"stack slots {name} and {other} overlap"
     assert slots[0][0] >= -512 and slots[-1][1] <= 0
@@ -300,8 +299,7 @@ assert CAREA.off("text") % 8 == 0
 
 
 # ---- user space: a record read back by name ---------------------------------------------------------------------
-@dataclass
-class Record:
+class Record(NamedTuple):
     ts_ns: int          # monotonic
     skb: int
     pid: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import FcapError
 
@@ -18,8 +18,7 @@ def loaded16(value: int) -> int:
     return int.from_bytes(value.to_bytes(2, "big"), "little")
 
 
-@dataclass(frozen=True)
-class LinkType:
+class LinkType(NamedTuple):
     """One link-layer header type as pcap/pcapng files record it (LINKTYPE_* numbering), described as libpcap
     describes it (what tcpdump prints after the name)."""
 

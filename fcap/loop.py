@@ -6,16 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import drops, stats
 from .epbopts import Options
 from .errors import CommandError
 
 
-@dataclass
-class Output:
+class Output(NamedTuple):
     """Where packets go: a capture file writer, or a printer; `stream` when the writer feeds a pipe."""
 
     writer: object = None

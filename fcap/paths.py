@@ -4,7 +4,7 @@ argument a path starts from, the pointers loaded on the way and the leaf's offse
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bpf.btf import BTFError, Composite, Ptr, Type
 from bpf.cdecl import c_decl
@@ -16,8 +16,7 @@ PATH = re.compile(r"^\s*(?:[A-Za-z_]\w*)(?:\s*(?:->|\.)\s*[A-Za-z_]\w*)*\s*$")
 MEMBERS_SHOWN = 40       # a missing member's message names at most this many of the members that exist
 
 
-@dataclass
-class Step:
+class Step(NamedTuple):
     deref: bool        # '->' (load the pointer, then go into what it points to) or '.' / the root
     name: str
 

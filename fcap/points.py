@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
 from bpf.cdecl import c_decl
@@ -16,8 +16,7 @@ KINDS = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
 FUNC_KINDS = ("fentry", "fexit", "kprobe")
 
 
-@dataclass
-class Param:
+class Param(NamedTuple):
     name: str
     type: Type
 
@@ -25,20 +24,27 @@ class Param:
         return c_decl(self.type, self.name)
 
 
-@dataclass
 class Point:
-    """A resolved capture point."""
+    """A resolved capture point. A capture numbers its points (id) and names what serves a semantic point (alias)
+    after resolving them."""
 
-    kind: str                  # fentry, fexit, tp_btf, raw_tp, kprobe
-    name: str                  # function or tracepoint name
-    btf: BTF                   # the BTF that holds it (vmlinux or a module's)
-    btf_id: int                # FUNC id (functions) or btf_trace_NAME typedef id (tracepoints)
-    params: list[Param]        # the context arguments, in order (tracepoints: after the leading void *)
-    skb_index: int             # which of them is the skb
-    ret: Type | None = None    # return type (functions)
-    id: int = 0                # this point's number in a capture (records carry it)
-    origin: str = ""           # the -i glob it came from ("" when named on its own)
-    alias: str = ""            # the semantic point it serves (skb:drop, ...), if any
+    __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias")
+
+    def __init__(self, kind: str, name: str, btf: BTF, btf_id: int, params: list[Param], skb_index: int,
+                 ret: Type | None = None):
+        self.kind = kind              # fentry, fexit, tp_btf, raw_tp, kprobe
+        self.name = name              # function or tracepoint name
+        self.btf = btf                # the BTF that holds it (vmlinux or a module's)
+        self.btf_id = btf_id          # FUNC id (functions) or btf_trace_NAME typedef id (tracepoints)
+        self.params = params          # the context arguments, in order (tracepoints: after the leading void *)
+        self.skb_index = skb_index    # which of them is the skb
+        self.ret = ret                # return type (functions)
+        self.id = 0                   # this point's number in a capture (records carry it)
+        self.origin = ""              # the -i glob it came from ("" when named on its own)
+        self.alias = ""               # the semantic point it serves (skb:drop, ...), if any
+
+    def __repr__(self) -> str:
+        return f"Point({self.label!r}, id={self.id})"
 
     @property
     def label(self) -> str:
@@ -227,11 +233,10 @@ def _func_point(spec: str, kind: str, name: str, btf: BTF, func: Func, arg: str 
 
 
 def _tp_point(spec: str, kind: str, name: str, btf: BTF, type_id: int, proto: FuncProto, arg: str | None) -> Point:
-    params = [Param(p.name or "", p.type) for p in proto.params[1:]]  # drop the leading void *__data
-    nskb = sum(is_skb_ptr(q.type) for q in params)
-    for i, p in enumerate(params):
-        if not p.name:
-            p.name = "skb" if is_skb_ptr(p.type) and nskb == 1 else tp_arg_name(name, i, p.type)
+    types = [p.type for p in proto.params[1:]]  # drop the leading void *__data
+    nskb = sum(is_skb_ptr(t) for t in types)
+    params = [Param(p.name or ("skb" if is_skb_ptr(t) and nskb == 1 else tp_arg_name(name, i, t)), t)
+              for i, (p, t) in enumerate(zip(proto.params[1:], types))]
     return Point(kind, name, btf, type_id, params, _pick_skb(spec, params, arg))
 
 
@@ -334,8 +339,7 @@ def _candidates(tracepoints: bool, functions: bool):
 
 # ---- discovery ---------------------------------------------------------------------------------
 
-@dataclass
-class Listing:
+class Listing(NamedTuple):
     spec: str
     kind: str
     name: str

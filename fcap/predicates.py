@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
                      R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
@@ -160,8 +159,7 @@ def where(point: Point, text: str) -> Predicate:
     return _number_predicate(field, op, value_text, leaf, big_endian=_is_big_endian(t))
 
 
-@dataclass
-class Field:
+class Field(NamedTuple):
     point: Point
     path: str
     arg_index: int

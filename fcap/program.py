@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bpf import asm
 from bpf.asm import (
@@ -62,26 +62,30 @@ from .errors import ProgramError
 START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
 
 
-@dataclass
 class Maps:
-    events: int          # PERF_EVENT_ARRAY fd
-    scratch: int         # PERCPU_ARRAY fd, one value of scratch_size bytes
-    counters: int        # PERCPU_ARRAY fd, one value of COUNTERS u64s
-    scratch_size: int = 0
-    ring: int = 0        # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: records go to the perf buffer
-    ring_size: int = 0   # RING: bytes of each CPU's ring (a power of two)
-    dynptr_kfunc: int = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
-    track: int = 0          # --track: the tracking map (LRU hash, fcap.track), 0: no tracking
-    track_counters: int = 0   # --track: its counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
+    """The maps a capture's programs use (fds), filled in as the session makes them."""
+
+    __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "track",
+                 "track_counters")
+
+    def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
+        self.events = events              # PERF_EVENT_ARRAY fd
+        self.scratch = scratch            # PERCPU_ARRAY fd, one value of scratch_size bytes
+        self.counters = counters          # PERCPU_ARRAY fd, one value of COUNTERS u64s
+        self.scratch_size = scratch_size
+        self.ring = 0           # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: the perf buffer
+        self.ring_size = 0      # RING: bytes of each CPU's ring (a power of two)
+        self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
+        self.track = 0          # --track: the tracking map (LRU hash, fcap.track), 0: no tracking
+        self.track_counters = 0   # --track: its counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
 
 
-@dataclass
-class Options:
+class Options(NamedTuple):
     start: str                       # START_*
     snaplen: int
     filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
     dynptr_kfunc: int = 0            # BTF id of bpf_dynptr_from_skb when tracing programs may call it
-    predicates: list = field(default_factory=list)   # callables (builder) -> items that jump to "out" to drop
+    predicates: list | tuple = ()    # callables (builder) -> items that jump to "out" to drop
     record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
     clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
     meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)

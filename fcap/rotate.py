@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, NamedTuple
 
 MILLION = 1_000_000      # -C counts millions of bytes, as tcpdump's
 _U32 = struct.Struct("=I")
@@ -15,8 +14,7 @@ _U32 = struct.Struct("=I")
 _LENGTH = {"pcap": (8, 16, 16), "pcapng": (4, 0, 12)}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What the flags ask for: -C SIZE (bytes, 0: no size limit), -G SECONDS (0: no interval), -W FILES (0: no
     limit)."""
 

@@ -4,9 +4,8 @@ function must be in BTF and the kernel must load a program there; a tracepoint m
 
 from __future__ import annotations
 
-import difflib
 import errno
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bpf import features
 from bpf.btf import BTFError
@@ -62,15 +61,14 @@ def is_semantic(spec: str) -> bool:
     return spec.partition(":")[0] in LAYERS and "/" not in spec
 
 
-@dataclass
-class Choice:
+class Choice(NamedTuple):
     """What a semantic point maps to on this kernel: its points (none: it cannot be served), and why each hook
     tried before them was not taken."""
 
     name: str
     meaning: str
-    points: list[Point] = field(default_factory=list)
-    refused: list[tuple[str, str]] = field(default_factory=list)   # (hook, why)
+    points: list[Point]
+    refused: list[tuple[str, str]]   # (hook, why)
 
     @property
     def hooks(self) -> str:
@@ -87,11 +85,12 @@ class Choice:
 def choose(name: str) -> Choice:
     """The hooks this kernel serves `name` with (PointError for a name that is no semantic point)."""
     if name not in TABLE:
-        close = difflib.get_close_matches(name, TABLE, n=3, cutoff=0.5)
+        from difflib import get_close_matches
+        close = get_close_matches(name, TABLE, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise PointError(f"{name}: no such semantic point ({hint}fcap list-devices --semantic lists them)")
     meaning, candidates = TABLE[name]
-    choice = Choice(name, meaning)
+    choice = Choice(name, meaning, [], [])
     for hooks in candidates:
         first, why = _served(hooks[0])
         if first is None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from bpf import features
 from bpf.btf import BTF, BTFError
@@ -23,7 +22,7 @@ from .filter import compile_filter
 from .linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
 from .drops import is_drop_point
-from .errors import CaptureError
+from .errors import CaptureError, PredicateError
 
 DEFAULT_SNAPLEN = 262144
 DEFAULT_BUFFER_KIB = 4096
@@ -33,28 +32,31 @@ START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cpro
 PROTO_FOR = {"IPV4": ETH_P_IP, "IPV6": ETH_P_IPV6}
 
 
-@dataclass
-class Config:
+class Config(NamedTuple):
     points: list[str]
     linktype: str | None = None
     snaplen: int = DEFAULT_SNAPLEN
     filter: str | None = None
     buffer_kib: int = DEFAULT_BUFFER_KIB
     immediate: bool = False
-    predicates: list = field(default_factory=list)   # factories: Point -> predicate (see fcap.predicates)
+    predicates: list | tuple = ()   # factories: Point -> predicate (see fcap.predicates)
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
-    dumps: list = field(default_factory=list)   # --dump PATHs (fcap.dumps): records then go through the perf buffer
+    dumps: list | tuple = ()   # --dump PATHs (fcap.dumps): records then go through the perf buffer
     track: bool = False       # --track (fcap.track): follow what the filter chose to every point until freed
     track_max: int = 16384    # entries of the tracking map (two per packet, one more per clone)
 
 
-@dataclass
 class Stats:
-    captured: int = 0      # records handed to the sink
-    seen: int = 0          # packets the programs tried to record (after predicates and filter)
-    lost: int = 0          # records the kernel could not put in a full buffer
+    """A capture's counts so far."""
+
+    __slots__ = ("captured", "seen", "lost")
+
+    def __init__(self) -> None:
+        self.captured = 0      # records handed to the sink
+        self.seen = 0          # packets the programs tried to record (after predicates and filter)
+        self.lost = 0          # records the kernel could not put in a full buffer
 
 
 def default_linktype(points: list[Point]) -> LinkType:
@@ -175,7 +177,6 @@ class Session:
         return "fentry"
 
     def options(self, point: Point) -> cprog.Options:
-        from .predicates import PredicateError
         try:
             preds = [make(point) for make in self.cfg.predicates]
         except PredicateError as e:
@@ -198,8 +199,6 @@ class Session:
 
     def build(self, point: Point, maps: cprog.Maps) -> list:
         from bpf.cbpf import CBPFError
-
-        from .predicates import PredicateError
         try:
             opts = self.options(point)
             self.counts_hits = stats.counts_hits(opts)

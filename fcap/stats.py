@@ -4,7 +4,7 @@ Block per point."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bpf.asm import DW, FP, JEQ, R0, R1, R2, addi, call, jmp, label, ld_map_fd, ldx, mov, stx
 from bpf.uapi import Helper
@@ -28,8 +28,7 @@ def emit_hit(b) -> None:
            stx(DW, R0, 8 * COUNTER_HITS, R1), label(done))
 
 
-@dataclass
-class PointStats:
+class PointStats(NamedTuple):
     hits: int       # times the point's program ran (a packet passed the point)
     seen: int       # packets kept by the predicates and the filter (the program tried to record them)
     lost: int       # of those, records the kernel had no room for
