@@ -16,10 +16,6 @@ DEFAULT_SNAPLEN = 262144
 POLL_MS = 100
 
 
-class NotAvailable(FcapError):
-    """A capture option this fcap does not have yet."""
-
-
 @dataclass
 class Packet:
     """One packet at one point. From a capture: everything; from a file, what the file holds (pcap: no metadata,
@@ -38,6 +34,11 @@ class Packet:
     netns: int | None = None   # the device's network namespace inode number
     mark: int | None = None
     dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.dumps.Dump (.value, .text(), .node())
+    packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
+    reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
+    location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
+    verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
+    comment: str | None = None     # the pcapng comment fcap writes for the packet
 
     def scapy(self):
         """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""
@@ -71,10 +72,9 @@ class Capture:
 
     def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
-                 dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None):
+                 dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
+                 track_max: int | None = None):
         from .session import DEFAULT_BUFFER_KIB, Config, Session
-        if track:
-            raise NotAvailable("track=True: following a packet from point to point (--track) is not available yet")
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
@@ -87,7 +87,7 @@ class Capture:
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or DEFAULT_BUFFER_KIB, immediate=True,
                      predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
-                     dumps=dump)
+                     dumps=dump, track=bool(track), **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         try:
             session.resolve()
@@ -97,7 +97,9 @@ class Capture:
             session.close()
             raise
         self.session = session
-        self.names = {p.id: p.spec for p in session.points}
+        self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
+        from .epbopts import Options
+        self.options = Options(session.points)
         self.linktype = session.linktype.number
         self.delivered = 0
         self._queue: collections.deque = collections.deque()
@@ -170,11 +172,17 @@ class Capture:
         s.buffer.poll(ms)
         s.buffer.drain(lambda cpu, raw: batch.append(s.parse(raw)))
         batch.sort(key=lambda r: r.ts_ns)   # each CPU's buffer is in time order: merge them
-        off = s.clock_offset_ns
         for r in batch:
-            self._queue.append(Packet(r.ts_ns + off, self.names.get(r.point), r.data, r.orig_len, self.linktype,
-                                      r.skb, r.pid, r.tid, r.comm, r.ifindex, r.netns, r.mark,
-                                      {d.path: d for d in r.dumps}))
+            self._queue.append(self._packet(r))
+
+    def _packet(self, r) -> Packet:
+        opts = self.options(r)
+        reason, location = self.options.drop(r)
+        return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
+                      orig_len=r.orig_len, linktype=self.linktype, skb=r.skb, pid=r.pid, tid=r.tid, comm=r.comm,
+                      ifindex=r.ifindex, netns=r.netns, mark=r.mark, dumps={d.path: d for d in r.dumps},
+                      packet_id=opts["packet_id"], reason=reason, location=location, verdict=opts["verdict"],
+                      comment=opts["comment"])
 
 
 def _strings(items, what: str) -> list[str]:
@@ -190,7 +198,9 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     """Capture at `points` (a name or a list: "tp_btf/net_dev_queue", "fentry/ip_rcv", ...). `filter`: tcpdump's
     expression; `count`: stop after that many packets; `linktype`: "EN10MB", "LINUX_SLL2", "RAW", ... (default as
     the fcap command); `where`: --where tests ('skb->len > 1000'); `dump`: --dump paths ('skb->dev'), found in
-    each Packet's `dumps`. The programs are attached when this returns. Errors are fcap.FcapError types."""
+    each Packet's `dumps`; `track`: as --track, the filter decides where a packet is first seen, then its skb is
+    followed to every point under one packet id (`track_max`: the tracking map's entries). The programs are
+    attached when this returns. Errors are fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
                    dump=dump, **kw)
 
@@ -201,15 +211,6 @@ _STYLE_RX = {"dec": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})", "
              "str": r"(.*?)"}
 _COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT) + "$")
 _BASE = {"dec": 10, "hex": 16, "hex4": 16, "hex16": 16}
-
-
-def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.layout's COMMENT) back as {attribute: value}; {} when it is not one."""
-    m = _COMMENT_RX.match(text)
-    if not m:
-        return {}
-    return {attr: (value if style == "str" else int(value, _BASE[style]))
-            for (_pre, attr, style), value in zip(COMMENT, m.groups())}
 
 
 def read(path) -> Iterator[Packet]:
@@ -225,6 +226,23 @@ def read(path) -> Iterator[Packet]:
         raise FcapError(f"{path}: {e.strerror or e}") from None
 
 
+_DROP_RX = re.compile(r"(?: reason=(\S+))? at=(\S+)$")
+
+
+def parse_comment(text: str) -> dict:
+    """fcap's metadata comment (fcap.layout's COMMENT, then at drop points ' reason=R at=L') back as {attribute:
+    value} (reason and location as text); {} when it is not one."""
+    drop = _DROP_RX.search(text)
+    m = _COMMENT_RX.match(text[:drop.start()] if drop else text)
+    if not m:
+        return {}
+    out = {attr: (value if style == "str" else int(value, _BASE[style]))
+           for (_pre, attr, style), value in zip(COMMENT, m.groups())}
+    if drop:
+        out["reason"], out["location"] = drop.groups()
+    return out
+
+
 def _packet_of(rec) -> Packet:
     lines = (rec.comment or "").split("\n")
     meta = next((m for m in map(parse_comment, lines) if m), {})
@@ -232,6 +250,8 @@ def _packet_of(rec) -> Packet:
     if rec.custom:
         from .dumps import dumps_of
         dumps = {d.path: d for d in dumps_of(rec.custom, lines)}
-    return Packet(rec.ts_ns, rec.iface_name, rec.data, rec.orig_len, rec.linktype,
-                  meta.get("skb", rec.packet_id), meta.get("pid"), meta.get("tid"), meta.get("comm"),
-                  meta.get("ifindex"), meta.get("netns"), meta.get("mark"), dumps)
+    return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
+                  linktype=rec.linktype, skb=meta.get("skb", rec.packet_id), pid=meta.get("pid"),
+                  tid=meta.get("tid"), comm=meta.get("comm"), ifindex=meta.get("ifindex"), netns=meta.get("netns"),
+                  mark=meta.get("mark"), dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
+                  location=meta.get("location"), verdict=rec.verdict, comment=rec.comment)

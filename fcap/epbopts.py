@@ -54,13 +54,30 @@ def emit_queue(b) -> None:
 
 class Options:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
-    space lays out: the same as the capture program writes into the file rings."""
+    space lays out: the same as the capture program writes into the file rings. At drop points the comment also
+    says why and where the packet was dropped."""
 
     def __init__(self, points: list[Point]):
+        from . import drops
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
+        self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
+        self.drop_names = drops.Names() if self.drop_points else None
 
     def __call__(self, rec) -> dict:
-        return {"flags": self.flags.get(rec.point), "comment": format_comment(rec), "packet_id": rec.skb,
-                "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+        return {"flags": self.flags.get(rec.point), "comment": format_comment(rec) + self.drop_text(rec),
+                "packet_id": rec.skb, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+
+    def drop_text(self, rec) -> str:
+        """' reason=NO_SOCKET at=FUNC+0xOFF' for a record of a drop point, else ''."""
+        if rec.point not in self.drop_points:
+            return ""
+        return self.drop_names.text(rec, self.drop_points[rec.point])
+
+    def drop(self, rec) -> tuple:
+        """(reason name or None, location) of a record of a drop point; (None, None) elsewhere."""
+        if rec.point not in self.drop_points:
+            return None, None
+        names = self.drop_names
+        return (names.reason(rec.reason) if self.drop_points[rec.point] else None), names.location(rec.location)
 

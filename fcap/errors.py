@@ -1,5 +1,7 @@
 """fcap's errors, one root: str() of each is the one line the user sees (the CLI adds "fcap: ")."""
 
+from __future__ import annotations
+
 
 class FcapError(Exception):
     """Anything fcap cannot do, said in one line. `errno` when a system call said why, else None."""

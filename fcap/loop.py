@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Callable, NamedTuple
 
-from . import drops, stats
+from . import stats
 from .epbopts import Options
 from .errors import CommandError
 
@@ -45,8 +45,8 @@ class CaptureLoop:
         self.files_done = False      # -G -W: the last file's interval is over
         points = session.points
         self.options = Options(points)
-        self.drop_names = drops.Names() if any(drops.is_drop_point(p) for p in points) else None
-        self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
+        self.drop_names = self.options.drop_names
+        self.drop_points = self.options.drop_points
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
         self.points = {p.id: p for p in points}
         self.drain = None         # the file drain, made by ready()
@@ -132,12 +132,8 @@ class CaptureLoop:
         return not (self.count and self.written >= self.count)
 
     def _options(self, rec) -> dict:
-        """A pcapng block's options for a record whose block user space lays out; at drop points the comment
-        also says why and where the packet was dropped."""
-        opts = self.options(rec)
-        if rec.point in self.drop_points:
-            opts["comment"] += self.drop_names.text(rec, self.drop_points[rec.point])
-        return opts
+        """A pcapng block's options for a record whose block user space lays out (fcap.epbopts.Options)."""
+        return self.options(rec)
 
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""

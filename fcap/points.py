@@ -108,10 +108,16 @@ _OUT_WORDS = ("xmit", "output", "_send", "queue", "transmit", "_tx", "finish_out
 _IN_WORDS = ("rcv", "receive", "_rx", "recv", "_input", "netif_rx", "gro_", "_in_")
 
 
+# Points that send an answer to a received packet and see that packet, not the answer: their skb goes in
+_REPLY_WORDS = ("icmp_send", "icmp6_send", "icmpv6_send", "icmp_reply", "send_reset", "send_ack", "send_synack",
+                "send_unicast_reply", "send_challenge_ack")
+
+
 def direction_of(name: str) -> str | None:
-    """Transmit or receive, guessed from the name: 'out', 'in' or None."""
+    """The way the packets a point sees are going, guessed from the name: 'out', 'in' or None. A point that
+    answers a packet (icmp_send, tcp_v4_send_reset) sees the packet it answers: in."""
     n = name.lower()
-    if any(w in n for w in _IN_WORDS):
+    if any(w in n for w in _REPLY_WORDS + _IN_WORDS):
         return "in"
     if any(w in n for w in _OUT_WORDS):
         return "out"

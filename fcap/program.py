@@ -251,7 +251,7 @@ class Builder:
         if f.pkt_type_shift:
             self.emit(rshi(R8, f.pkt_type_shift))
         self.emit(andi(R8, f.pkt_type_mask))
-        if self.p.direction == "out" and self.o.start == START_SLL2:
+        if self.p.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
             self.emit(movi(R8, PACKET_OUTGOING))
         self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),

@@ -128,7 +128,6 @@ def test_garbage_collection_detaches(sink):
     (dict(points=POINT, filter="udp port"), "CaptureError", "udp port: "),
     (dict(points=POINT, where=["skb->nope > 1"]), "CaptureError", "struct sk_buff has no member 'nope'"),
     (dict(points=POINT, dump=["skb->nope"]), "PathError", "struct sk_buff has no member 'nope'"),
-    (dict(points=POINT, track=True), "NotAvailable", "not available yet"),
     (dict(points=POINT, count=0), "UsageError", "count: a positive number"),
     (dict(points=[]), "UsageError", "capture points"),
     (dict(points=POINT, linktype="NOPE"), "UnknownLinkType", "unknown linktype 'NOPE'"),
@@ -188,3 +187,63 @@ def test_root_needed_said_as_an_fcap_error():
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
                        capture_output=True, text=True, env=subprocess_env(), timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("FcapError "), r.stdout + r.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_drop_points_name_reason_location_verdict_live_and_read_back(root, tmp_path):
+    """A datagram to a closed port at skb:drop: the live Packet and the one read back from fcap's file say the
+    same point, reason, location, verdict and comment."""
+    import fcap
+    port = _closed_port()
+    expr = f"udp and dst port {port}"
+    _send_later(port, [11])
+    with fcap.capture("skb:drop", filter=expr, count=1, timeout=10) as cap:
+        (live,) = list(cap)
+    assert live.point == "skb:drop" and live.verdict == (1, 2)    # eBPF TC (type 1): TC_ACT_SHOT
+    assert live.location and "+0x" in live.location
+    if live.reason is not None:   # (Linux 5.17+: a reason argument)
+        assert live.reason == "NO_SOCKET" and f" reason=NO_SOCKET at={live.location}" in live.comment
+    assert live.comment.startswith(f"skb=0x{live.skb:016x} ") and live.packet_id
+    out = tmp_path / "d.pcapng"
+    f = start_fcap(["-i", "skb:drop", "-w", str(out), "-c", "1", expr])
+    try:
+        send_udp("127.0.0.1", port, [b"d" * 11])
+        assert f.wait() == 0, f.stderr
+    finally:
+        f.kill()
+    (back,) = fcap.read(out)
+    assert (back.point, back.reason, back.verdict) == (live.point, live.reason, live.verdict)
+    assert back.location.split("+")[0] == live.location.split("+")[0] and back.comment.endswith(back.location)
+    assert len(back.data) == len(live.data) and back.packet_id
+
+
+def test_track_follows_one_packet_under_the_command_lines_names(root, tmp_path, sink):
+    """track=True as --track: each datagram's records at dev:queue and dev:receive share one packet id, other
+    datagrams have other ids; the points are named as the command line names them, live and read back."""
+    import fcap
+    expr = f"udp and dst port {sink.port}"
+    _send_later(sink.port, [21, 22, 23])
+    with fcap.capture(["dev:queue", "dev:receive"], filter=expr, track=True, count=6, timeout=10) as cap:
+        live = list(cap)
+    assert len(live) == 6 and {p.point for p in live} == {"dev:queue", "dev:receive"}
+    by_id: dict = {}
+    for p in live:
+        by_id.setdefault(p.packet_id, []).append(p)
+    assert len(by_id) == 3, [(p.point, p.packet_id, len(p.data)) for p in live]
+    for recs in by_id.values():
+        assert sorted(p.point for p in recs) == ["dev:queue", "dev:receive"]
+        assert len({len(p.data) for p in recs}) == 1
+    out = tmp_path / "t.pcapng"
+    f = start_fcap(["-i", "dev:queue", "-i", "dev:receive", "--track", "-w", str(out), "-c", "2", expr])
+    try:
+        send_udp("127.0.0.1", sink.port, [b"t" * 5])
+        assert f.wait() == 0, f.stderr
+    finally:
+        f.kill()
+    back = list(fcap.read(out))
+    assert sorted(p.point for p in back) == ["dev:queue", "dev:receive"] and len({p.packet_id for p in back}) == 1

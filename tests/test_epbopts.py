@@ -186,3 +186,50 @@ def test_writer_and_reader_round_trip_queue_and_verdict():
         w.write(1, b"\0" * 14, 14, queue=q, verdict=v)
     buf.seek(0)
     assert [(r.queue, r.verdict) for r in read(buf)] == cases
+
+
+# ---- direction and pkt_type: what the point sees, whatever the link type -------------------------------------------
+
+def _closed_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _send(port: int, n: int = 3) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(n):
+            s.sendto(b"direction", ("127.0.0.1", port))
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("linktype", ["EN10MB", "LINUX_SLL2", "RAW"])
+def test_pkt_type_and_direction_do_not_depend_on_the_link_type(tmp_path, tshark, linktype):
+    """The same datagram at a transmit and a receive point: the comment's pkt_type and epb_flags say outgoing at
+    net_dev_queue and host/inbound at netif_receive_skb for every link type (the skb says PACKET_HOST on transmit;
+    the point says outgoing, as AF_PACKET marks what it sees sent)."""
+    port = _closed_udp_port()
+    out = tmp_path / f"d-{linktype}.pcapng"
+    _capture(["-i", "tp_btf/net_dev_queue", "-i", "tp_btf/netif_receive_skb", "-y", linktype, "-w", str(out),
+              f"udp and dst port {port}"], lambda: _send(port))
+    rows = _tshark_fields(tshark, out, "frame.interface_name", "frame.packet_flags_direction", "frame.comment")
+    seen = {}
+    for name, direction, comment in rows:
+        pkt_type = int(re.search(r" pkt_type=(\d+)", comment).group(1))
+        seen.setdefault(name, set()).add((int(direction, 0), pkt_type))
+    assert seen == {"tp_btf/net_dev_queue": {(2, 4)}, "tp_btf/netif_receive_skb": {(1, 0)}}, (linktype, seen)
+
+
+def test_icmp_send_sees_the_packet_it_answers_going_in(tmp_path, tshark):
+    """tp_btf/icmp_send sees the received datagram that the port unreachable answers: inbound (epb_flags), its
+    bytes the datagram's."""
+    port = _closed_udp_port()
+    out = tmp_path / "icmp.pcapng"
+    try:
+        _capture(["-i", "tp_btf/icmp_send", "-w", str(out), f"udp and dst port {port}"], lambda: _send(port))
+    except AssertionError as e:
+        if "no tracepoint" in str(e):
+            pytest.skip("this kernel has no icmp_send tracepoint (Linux 6.8+)")
+        raise
+    rows = _tshark_fields(tshark, out, "frame.packet_flags_direction", "udp.dstport")
+    assert rows and all(int(d, 0) == 1 and int(p) == port for d, p in rows), rows
