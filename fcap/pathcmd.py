@@ -32,7 +32,7 @@ class Hop:
     """One record of a packet at a point."""
 
     ts_ns: int
-    packet: int                # the packet id (the skb's address, or the first one with --track)
+    packet: int                # the packet id (fcap.track; files before it: the skb's address)
     point: str                 # the point's name (IDB name)
     ifindex: int | None = None
     netns: int | None = None
