@@ -280,7 +280,8 @@ def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, 
             if p is not None:
                 out.append((p, lambda b: untrack_program(b)))
     for name, tags in MEMORY_POINTS:
-        p = tracepoint(name)
+        # (raw_tp: its context is plain u64s; tp_btf refuses a `const void *` argument before 6.x's later kernels)
+        p = tracepoint(name, "raw_tp")
         if p is not None and len(p.params) > 1 and p.params[1].type.strip().kind == "ptr":
             out.append((p, lambda b, tags=tags: forget_program(b, tags)))
     progs = []
