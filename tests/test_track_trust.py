@@ -211,7 +211,7 @@ def _tracefs():
     for e in ORACLE_EVENTS:
         w(f"events/{e}/enable", "1")
     for e in ("kmem_cache_free", "kmem_cache_alloc"):
-        w(f"events/kmem/{e}/filter", 'name ~ "skbuff_*c*"')
+        w(f"events/kmem/{e}/filter", 'name ~ "skbuff_*"')
     w("tracing_on", "1")
     try:
         yield lambda: open(f"{TRACEFS}/trace").read()
