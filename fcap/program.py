@@ -95,6 +95,7 @@ class Options(NamedTuple):
     division_tracked: bool = False   # the verifier tracks ranges through a division (bpf.cbpf's loops: an xor)
     count_seen: bool = False         # file rings: count each record in the counters too (fcap.stats: ISBs)
     ident: str = "none"              # how records get their packet ids (fcap.track.mode)
+    points: int = 1                  # points of the capture (fcap.track's seen bits share 64 among them)
 
 
 def scratch_size(point: Point, opts: Options) -> int:

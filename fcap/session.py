@@ -190,7 +190,7 @@ class Session:
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
-                             ident=self.ident(),
+                             ident=self.ident(), points=len(self.points),
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:

@@ -27,7 +27,7 @@ give the entries the LRU evicted."""
 from __future__ import annotations
 
 from bpf import asm, features
-from bpf.asm import (AND, DW, FP, JEQ, JNE, LSH, MUL, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
+from bpf.asm import (AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
                      call, exit_, jmp, label, ld_map_fd, ldx, mov, movi, st, stx)
 from bpf.btf import BTFError
 from bpf.uapi import Helper
@@ -43,7 +43,7 @@ FREE_POINTS = ("kfree_skb", "consume_skb")   # tracepoints: the skb is freed rig
 # measured, it runs 4x as often as kmem_cache_free and costs the most, and the check before use catches that new
 # life anyway: its head is another, or one whose free kfree saw)
 MEMORY_POINTS = (("kfree", (1,)), ("kmem_cache_free", (0, 1)))
-SEEN_MUL = 17          # seen bit = (point + SEEN_MUL * ifindex) % 64
+SEEN_BITS = 64         # a (point, device) bit each: see seen_slots
 DEFAULT_MAX = 16384
 
 
@@ -115,14 +115,27 @@ def _new_id(b) -> None:
            stx(DW, FP, STACK.track_id, R1))
 
 
+def seen_slots(points: int) -> int:
+    """Bits per point in an entry's seen mask: each point its own power-of-two share of the 64 (the device's ifindex
+    modulo it picks the bit); 0 past 64 points (no check: bits shared between points would split packets)."""
+    if points > SEEN_BITS:
+        return 0
+    return 1 << (SEEN_BITS // max(points, 1)).bit_length() - 1
+
+
 def _seen_bit(b) -> None:
-    """STACK.track_bit = 1 << (point + SEEN_MUL * the device's ifindex) % 64. R6 skb; uses R0-R5, R8."""
+    """STACK.track_bit = this point and device's bit: 1 << (point * slots + ifindex % slots); 0 (nothing checked)
+    past 64 points. R6 skb; uses R0-R5, R8."""
+    slots = seen_slots(b.o.points)
+    if not slots:
+        b.emit(st(DW, FP, STACK.track_bit, 0))
+        return
     dev, done = b.fresh("tdev"), b.fresh("tdevdone")
     b.read(DW, R8, R6, b.f.dev)
     b.emit(jmp(JNE, R8, 0, dev), movi(R8, 0), asm.ja(done), label(dev))
     b.read(W, R8, R8, b.f.ifindex)
-    b.emit(label(done), alu64(MUL, R8, SEEN_MUL), addi(R8, b.p.id), andi(R8, 63), movi(R0, 1),
-           alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
+    b.emit(label(done), andi(R8, slots - 1), addi(R8, b.p.id * slots % SEEN_BITS), andi(R8, SEEN_BITS - 1),
+           movi(R0, 1), alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
 
 
 def _find(b, found: str) -> None:
