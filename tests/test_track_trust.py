@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def _segment(p) -> tuple:
     return int.from_bytes(t[4:8], "big"), t[13], int.from_bytes(b[2:4], "big") - ihl - (t[12] >> 4) * 4
 
 
-def test_one_id_per_packet_without_track(tmp_path, veth_ns, tshark):
+def test_one_id_per_packet_without_track(tmp_path, veth_ns):
     """Several points, no --track: N datagrams over the veth pair (read in the namespace: the same skb address and
     head again and again) get N different packet ids, each datagram's records at dev:queue and dev:receive one id
     (Wireshark's frame.packet_id); the comment keeps the skb's address."""
@@ -162,7 +163,9 @@ def test_one_id_per_packet_without_track(tmp_path, veth_ns, tshark):
     with _reader(v) as (port, _tcp):
         recs, path, _err = _capture(tmp_path, v, ["-i", "dev:queue", "-i", "dev:receive", f"udp port {port}"],
                                     lambda: _send(v, port, port + 1))
-    rows = [r for r in tshark_rows(path, "frame.packet_id", "frame.interface_name") if len(r) == 2]
+    rows = [[str(p.packet_id), p.iface_name] for p in recs]
+    if shutil.which("tshark"):   # (Wireshark's reading, where it is installed: the same)
+        rows = [r for r in tshark_rows(path, "frame.packet_id", "frame.interface_name") if len(r) == 2]
     assert len(rows) == 2 * N, rows
     ids: dict[str, list] = {}
     for pid, iface in rows:
@@ -170,7 +173,6 @@ def test_one_id_per_packet_without_track(tmp_path, veth_ns, tshark):
     assert len(ids) == N and all(sorted(x) == ["dev:queue", "dev:receive"] for x in ids.values()), ids
     tags = {pid: {_tag_of(p) for p in ps} for pid, ps in _by_id(recs).items()}
     assert all(len(t) == 1 for t in tags.values()), tags
-    assert len({_skb(p) for p in recs}) < N or True   # (the address may repeat: the ids do not)
 
 
 def test_one_point_each_record_its_own_id(tmp_path, veth_ns):
