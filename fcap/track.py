@@ -99,6 +99,14 @@ def _lookup(b, miss: str) -> None:
            jmp(JEQ, R0, 0, miss))
 
 
+def _forget(b) -> None:
+    """Delete STACK.track_key where it is there: a lookup first (it takes no lock; a delete takes the bucket's)."""
+    absent = b.fresh("tabsent")
+    _lookup(b, absent)
+    _delete(b)
+    b.emit(label(absent))
+
+
 # ---- ids -------------------------------------------------------------------------------------------------------
 
 def _new_id(b) -> None:
@@ -189,7 +197,7 @@ def _start(b) -> None:
     _key(b, R6)
     _insert(b)
     _key(b, R8, 1)
-    _delete(b)
+    _forget(b)
     _insert(b)
 
 
@@ -275,11 +283,8 @@ def forget_program(b, tags: tuple) -> list:
     there (a lookup first: it takes no lock)."""
     b.emit(ldx(DW, R6, R1, 8), jmp(JEQ, R6, 0, "out"))
     for tag in tags:
-        nxt = b.fresh("tf")
         _key(b, R6, tag)
-        _lookup(b, nxt)
-        _delete(b)
-        b.emit(label(nxt))
+        _forget(b)
     b.emit(label("out"), movi(R0, 0), exit_())
     return b.items
 
