@@ -112,7 +112,8 @@ class Tracker:
     def _take(self, hop: Hop) -> Iterator[str]:
         pkt = self.packets.get(hop.packet)
         if pkt is not None and any(h.point == hop.point and h.ifindex == hop.ifindex for h in pkt.hops):
-            # the same point and device again: the kernel gave a freed skb's address to a new packet
+            # the same point and device again: a new packet (files before packet ids: the kernel gave a freed
+            # skb's address, their packet id, to a new packet)
             yield self._report(hop.packet, "end not seen")
             pkt = None
         if pkt is None:
