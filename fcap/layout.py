@@ -82,8 +82,8 @@ class Layout:
 #   pcapng: btype total iface ts1 ts2 caplen orig        (an EPB's header without options: the last 28 bytes)
 META = Layout("Meta", (
     ("ts", "Q"),           # monotonic ns (ktime_get_ns)
-    ("skb", "Q"),          # the skb's address (the comment's skb=0x...)
     ("id", "Q"),           # the packet id (pcapng epb_packetid): fcap.track
+    ("skb", "Q"),          # the skb's address (the comment's skb=0x...)
     ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
     ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
     ("comm", "16s"),
