@@ -166,7 +166,7 @@ DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
 
 # ---- --track (fcap.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
 # Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id, the head
-# the skb had when it was tracked, and a bit per (point, device) where the skb was seen (fcap.track.seen_bit).
+# the skb had when it was tracked, and a bit per (point, device) where the skb was seen (fcap.track.seen_slots).
 TRACK = Layout("Track", (("id", "Q"), ("head", "Q"), ("seen", "Q")))
 TRACK_COUNTERS = Layout("TrackCounters", (
     ("started", "Q"),      # packets given an id in the map (--track: that the filter and predicates chose)
@@ -197,7 +197,7 @@ class _Stack(NamedTuple):
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
     scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
-    track_key: int = -248    # --track: the tracking map's key (an skb's or a head's address)
+    track_key: int = -248    # the identity map (fcap.track): a key (an skb's or a head's address)
     track_val: int = -328    # --track: a value to insert (TRACK, 24 bytes)
     track_bit: int = -336    # the identity map: this point and device's seen bit (fcap.track)
     track_id: int = -272     # --track: the packet id when the skb is tracked, else 0
