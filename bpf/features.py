@@ -60,6 +60,20 @@ def kprobe_program() -> NotSupported | None:
     return probe("kprobe", fn)
 
 
+def atomic_fetch() -> NotSupported | None:
+    """Does the verifier take atomic operations that fetch (BPF_ATOMIC | BPF_FETCH: Linux 5.12+)? Before them only
+    the old XADD (an add that returns nothing)."""
+    def fn():
+        insns = [asm.st(asm.DW, asm.FP, -8, 0), asm.movi(asm.R1, 1), asm.fetch_add(asm.DW, asm.FP, -8, asm.R1),
+                 asm.movi(asm.R0, 0), asm.exit_()]
+        try:
+            load(ProgType.SOCKET_FILTER, insns, name="probe", what="probe atomic fetch").close()
+        except VerifierError:
+            raise NotSupported("atomic fetch", "the verifier takes no atomic operations that fetch (Linux 5.12+)") \
+                from None
+    return probe("atomic fetch", fn)
+
+
 def map_type(kind: MapType, key: int = 4, value: int = 4, entries: int = 1) -> NotSupported | None:
     """Can this kernel make a map of this type? (A ring buffer: one page, no key or value size.)"""
     size = os.sysconf("SC_PAGE_SIZE") if kind == MapType.RINGBUF else entries

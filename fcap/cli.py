@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
-                        "captured at every point until freed, with the first skb's address as packet id")
+                        "captured at every point until the kernel frees it, under the packet id it got there")
     f.add_argument("--track-max", metavar="N", help="entries of the tracking map (default 16384; evictions counted)")
     f.add_argument("--path", dest="live_path", action="store_true",
                    help="print each packet's path (points in order, time between them, how it ended) as fcap path "

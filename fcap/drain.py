@@ -21,7 +21,13 @@ _RAWSIZE = struct.Struct("<8xI")
 _FAST = META.off("fast")
 _IFACE = META.off("iface")        # an EPB's header after its type and length (epb_parts makes those 8 bytes)
 _PCAP = struct.Struct(f"<I2xH4x{_FAST}xI")
+# the blocks' options are cached by the metadata they show, from skb to fast; the packet id (before them) is each
+# record's own, written into the cached options at ID_MARK's place
 _KEY_AT, _KEY_END = META.off("skb"), _FAST
+_ID_AT = META.off("id")
+assert _ID_AT + 8 <= _KEY_AT
+ID_MARK = 0xFCA1D0FCA1D0FCA1
+_ID_MARK = ID_MARK.to_bytes(8, "little")
 _PCAPNG = struct.Struct(f"<I2xH4x{_KEY_AT}x{_KEY_END - _KEY_AT}sI")
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
@@ -42,7 +48,7 @@ class FileDrain:
         self.options = options or (lambda rec: {})
         self.left = limit
         self.written = 0
-        self._tails: dict[bytes, tuple[bytes, bytes]] = {}
+        self._tails: dict[bytes, tuple[bytes, bytes, bytes]] = {}
 
     @property
     def done(self) -> bool:
@@ -76,7 +82,8 @@ class FileDrain:
                         if parts is None:
                             parts = self._tail(key, data[off + RAW:off + RAW + META_SIZE])
                         s = off + RAW
-                        ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1]))
+                        ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1],
+                             data[s + _ID_AT:s + _ID_AT + 8], parts[2]))
                         n += 1
                         tail += rsize
                         continue
@@ -128,16 +135,19 @@ class FileDrain:
         parsed = layout.parse_record(raw)
         if self.pcapng:
             key = bytes(raw[_KEY_AT:_KEY_END])
-            head8, tail = self._tails.get(key) or self._tail(key, raw[:META_SIZE])
-            app(head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + tail)
+            head8, before, after = self._tails.get(key) or self._tail(key, raw[:META_SIZE])
+            app(head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + before + bytes(raw[_ID_AT:_ID_AT + 8]) + after)
         else:
             app(bytes(raw[PCAP_REC:META_SIZE]) + parsed.data)
         return 1
 
-    def _tail(self, key: bytes, meta) -> tuple[bytes, bytes]:
+    def _tail(self, key: bytes, meta) -> tuple[bytes, bytes, bytes]:
+        """The block's first 8 bytes and its options around the packet id's 8 bytes."""
         rec = layout.parse_record(bytes(meta))
         caplen = META.unpack(meta).caplen
-        parts = self.writer.epb_parts(caplen, **self.options(rec))
+        head8, tail = self.writer.epb_parts(caplen, **dict(self.options(rec), packet_id=ID_MARK))
+        at = tail.index(_ID_MARK)
+        parts = head8, tail[:at], tail[at + 8:]
         if len(self._tails) >= CACHE_MAX:
             self._tails.clear()
         self._tails[key] = parts

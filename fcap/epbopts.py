@@ -1,5 +1,5 @@
 """The standard pcapng options fcap puts on each packet beside its metadata comment, where Wireshark shows them as
-fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the skb's address: frame.packet_id),
+fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.track: frame.packet_id),
 epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
 frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (Options) and for
 those the capture program lays out (fcap.ringrec), decided here once."""
@@ -66,7 +66,7 @@ class Options:
 
     def __call__(self, rec) -> dict:
         return {"flags": self.flags.get(rec.point), "comment": format_comment(rec) + self.drop_text(rec),
-                "packet_id": rec.skb, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+                "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
 
     def drop_text(self, rec) -> str:
         """' reason=NO_SOCKET at=FUNC+0xOFF' for a record of a drop point, else ''."""

@@ -82,7 +82,8 @@ class Layout:
 #   pcapng: btype total iface ts1 ts2 caplen orig        (an EPB's header without options: the last 28 bytes)
 META = Layout("Meta", (
     ("ts", "Q"),           # monotonic ns (ktime_get_ns)
-    ("skb", "Q"),          # the skb's address: the pcapng packet id
+    ("id", "Q"),           # the packet id (pcapng epb_packetid): fcap.track
+    ("skb", "Q"),          # the skb's address (the comment's skb=0x...)
     ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
     ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
     ("comm", "16s"),
@@ -113,7 +114,7 @@ META = Layout("Meta", (
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 120 and PCAP_HDR == 16 and EPB_HDR == 28
+assert META_SIZE == 128 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 
@@ -164,14 +165,16 @@ COUNTERS = 3
 DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
 
 # ---- --track (fcap.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
-# Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id (the first
-# skb's address) and the head the skb had when it was tracked.
-TRACK = Layout("Track", (("id", "Q"), ("head", "Q")))
+# Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id, the head
+# the skb had when it was tracked, and a bit per (point, device) where the skb was seen (fcap.track.seen_slots).
+TRACK = Layout("Track", (("id", "Q"), ("head", "Q"), ("seen", "Q")))
 TRACK_COUNTERS = Layout("TrackCounters", (
-    ("started", "Q"),      # packets the filter and predicates chose to track
-    ("joined", "Q"),       # skbs found by their head: clones of a tracked packet
-    ("deleted", "Q"),      # map entries removed where the skb was freed (inserted: 2 per packet, 1 per clone)
+    ("started", "Q"),      # packets given an id in the map (--track: that the filter and predicates chose)
+    ("joined", "Q"),       # skbs found by their head: clones of a known packet
+    ("deleted", "Q"),      # map entries removed (freed, or found stale); inserted: 2 per packet, 1 per clone
+    ("next", "Q"),         # this CPU's packet id counter (ids are next << ID_CPU_BITS | cpu)
 ))
+ID_CPU_BITS = 12
 
 
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
@@ -194,8 +197,9 @@ class _Stack(NamedTuple):
     bell: int = -224         # the 8-byte doorbell sample
     text_len: int = -232     # the comment's length
     scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
-    track_key: int = -248    # --track: the tracking map's key (an skb's or a head's address)
-    track_val: int = -264    # --track: a value to insert (TRACK, 16 bytes)
+    track_key: int = -248    # the identity map (fcap.track): a key (an skb's or a head's address)
+    track_val: int = -328    # --track: a value to insert (TRACK, 24 bytes)
+    track_bit: int = -336    # the identity map: this point and device's seen bit (fcap.track)
     track_id: int = -272     # --track: the packet id when the skb is tracked, else 0
     track_ckey: int = -276   # --track: u32 key 0 of the tracking counters
     drop_key: int = -296     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
@@ -203,7 +207,7 @@ class _Stack(NamedTuple):
 
 
 STACK = _Stack()
-_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 16, "track_ckey": 4,
+_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
                 "drop_key": 16}
 
 
@@ -301,7 +305,7 @@ assert CAREA.off("text") % 8 == 0
 # ---- user space: a record read back by name ---------------------------------------------------------------------
 class Record(NamedTuple):
     ts_ns: int          # monotonic
-    skb: int
+    skb: int            # the skb's address
     pid: int
     tid: int
     comm: str
@@ -320,6 +324,7 @@ class Record(NamedTuple):
     queue: int | None = None   # the device queue (FLAG_QUEUE), else None
     reason: int = 0     # drop points: enum skb_drop_reason
     location: int = 0   # drop points: where the skb was freed
+    id: int = 0         # the packet id (fcap.track)
 
 
 def parse_record(raw) -> Record:
@@ -333,4 +338,4 @@ def parse_record(raw) -> Record:
     return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
         errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
         m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None,
-        reason=m.reason, location=m.location)
+        reason=m.reason, location=m.location, id=m.id)

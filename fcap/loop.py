@@ -158,7 +158,7 @@ class CaptureLoop:
         from .show import describe
         p = self.points[rec.point]
         drop = self.drop_names.describe(rec, self.drop_points[rec.point]) if rec.point in self.drop_points else None
-        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.skb, p.alias or p.spec, rec.ifindex, rec.netns, drop,
+        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
                   describe(rec.data, self.session.linktype.number, rec.orig_len))
         try:
             for text in self.out.tracker.feed(hop):

@@ -32,7 +32,7 @@ class Hop:
     """One record of a packet at a point."""
 
     ts_ns: int
-    packet: int                # the packet id (the skb's address, or the first one with --track)
+    packet: int                # the packet id (fcap.track; files before it: the skb's address)
     point: str                 # the point's name (IDB name)
     ifindex: int | None = None
     netns: int | None = None
@@ -112,7 +112,8 @@ class Tracker:
     def _take(self, hop: Hop) -> Iterator[str]:
         pkt = self.packets.get(hop.packet)
         if pkt is not None and any(h.point == hop.point and h.ifindex == hop.ifindex for h in pkt.hops):
-            # the same point and device again: the kernel gave a freed skb's address to a new packet
+            # the same point and device again: a new packet (files before packet ids: the kernel gave a freed
+            # skb's address, their packet id, to a new packet)
             yield self._report(hop.packet, "end not seen")
             pkt = None
         if pkt is None:

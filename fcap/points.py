@@ -246,6 +246,17 @@ def _tp_point(spec: str, kind: str, name: str, btf: BTF, type_id: int, proto: Fu
     return Point(kind, name, btf, type_id, params, _pick_skb(spec, params, arg))
 
 
+def tracepoint(name: str, kind: str = "tp_btf") -> Point | None:
+    """KIND/NAME (tp_btf or raw_tp) whatever its arguments (a program that takes no skb: fcap.track's helpers), or
+    None where this kernel has no such tracepoint. Its skb_index is 0: unused."""
+    found = _find_tracepoint(name)
+    if found is None:
+        return None
+    btf, td, proto = found
+    params = [Param(p.name or tp_arg_name(name, i, p.type), p.type) for i, p in enumerate(proto.params[1:])]
+    return Point(kind, name, btf, td.id, params, 0)
+
+
 # Tracepoint arguments have no names in BTF (btf_trace_NAME's prototype); these are the kernel's own (TP_PROTO),
 # for the arguments --where and the drop records use. Any other unnamed argument is argN.
 TP_ARG_NAMES = {("kfree_skb", 1): "location", ("kfree_skb", 2): "reason", ("kfree_skb", 3): "rx_sk",

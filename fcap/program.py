@@ -76,8 +76,8 @@ class Maps:
         self.ring = 0           # mmapable ARRAY fd of per-CPU file rings (fcap.ringrec), 0: the perf buffer
         self.ring_size = 0      # RING: bytes of each CPU's ring (a power of two)
         self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
-        self.track = 0          # --track: the tracking map (LRU hash, fcap.track), 0: no tracking
-        self.track_counters = 0   # --track: its counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
+        self.track = 0          # the identity map (LRU hash, fcap.track), 0: none
+        self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
 
 
 class Options(NamedTuple):
@@ -94,6 +94,8 @@ class Options(NamedTuple):
     head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
     division_tracked: bool = False   # the verifier tracks ranges through a division (bpf.cbpf's loops: an xor)
     count_seen: bool = False         # file rings: count each record in the counters too (fcap.stats: ISBs)
+    ident: str = "none"              # how records get their packet ids (fcap.track.mode)
+    points: int = 1                  # points of the capture (fcap.track's seen bits share 64 among them)
 
 
 def scratch_size(point: Point, opts: Options) -> int:
@@ -229,7 +231,7 @@ class Builder:
         if o.filter is not None:
             track.emit_skip_filter(self)
             self.run_filter()
-        track.emit_filter_done(self)   # --track: the packet id, tracking starts, a free point forgets the skb
+        track.emit_filter_done(self)   # the packet id; --track: tracking starts; a free point forgets the skb
         self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
         if o.dumps is not None:
             o.dumps.emit(self)

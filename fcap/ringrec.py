@@ -102,7 +102,7 @@ def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
     if flags:
         b.emit(st(H, R1, k, PCAPNG_FLAGS), st(H, R1, k + 2, 4), st(W, R1, k + 4, flags))
         k += 8
-    b.emit(st(H, R1, k, PCAPNG_PACKETID), st(H, R1, k + 2, 8), META.load(R0, R7, "skb"), stx(DW, R1, k + 4, R0))
+    b.emit(st(H, R1, k, PCAPNG_PACKETID), st(H, R1, k + 2, 8), META.load(R0, R7, "id"), stx(DW, R1, k + 4, R0))
     k += 12
     b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"),
            st(H, R1, k, PCAPNG_QUEUE), st(H, R1, k + 2, 4), META.load(R0, R7, "queue"), stx(W, R1, k + 4, R0),

@@ -16,7 +16,7 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
 from bpf.uapi import AttachType, MapFlags, ProgType
 
-from . import layout, pointcaps, stats
+from . import layout, pointcaps, stats, track
 from . import program as cprog
 from .filter import compile_filter
 from .linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
@@ -190,7 +190,12 @@ class Session:
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
+                             ident=self.ident(), points=len(self.points),
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
+
+    def ident(self) -> str:
+        """How records get their packet ids (fcap.track.mode)."""
+        return track.mode(self.cfg.track, len(self.points), self.cfg.meta)
 
     def counts_ring_records(self) -> bool:
         """Whether programs writing the file rings count each point's records too (an ISB per point says how many
@@ -227,7 +232,7 @@ class Session:
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
-            if self.cfg.track:
+            if self.ident() != track.IDENT_NONE:
                 self._make_track_maps(maps)
             cpus = online_cpus()
             pages = self._pages(len(cpus))
@@ -236,7 +241,7 @@ class Session:
                 ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
             self._load_all(maps)
-            if self.cfg.track:
+            if track.uses_map(self.ident()):
                 self._load_helpers(maps)
             if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
                 self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
@@ -290,26 +295,22 @@ class Session:
 
     def _make_track_maps(self, maps: cprog.Maps) -> None:
         from bpf.maps import HashMap
-        self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
         self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
-        self.maps += [self.track_map, self.track_counters]
-        maps.track, maps.track_counters = self.track_map.fileno(), self.track_counters.fileno()
+        self.maps.append(self.track_counters)
+        maps.track_counters = self.track_counters.fileno()
+        if track.uses_map(self.ident()):
+            self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
+            self.maps.append(self.track_map)
+            maps.track = self.track_map.fileno()
 
     def _load_helpers(self, maps: cprog.Maps) -> None:
         for p, items in self._helper_programs(maps):
             self.helpers.append((p, self._load(p, items)))
 
     def _helper_programs(self, maps: cprog.Maps):
-        """--track: where a free tracepoint is not a captured point, a program that forgets the freed skbs."""
-        from .track import FREE_POINTS, untrack_program
-        captured = {p.name for p in self.points if p.kind in ("tp_btf", "raw_tp")}
-        for i, name in enumerate(n for n in FREE_POINTS if n not in captured):
-            try:
-                p = resolve(f"tp_btf/{name}")
-            except PointError:
-                continue
-            p.id = len(self.points) + i
-            yield p, untrack_program(cprog.Builder(p, cprog.Options(start=cprog.START_DATA, snaplen=0), maps))
+        """The identity map's helpers (fcap.track): programs where the kernel frees that end its entries."""
+        opts = cprog.Options(start=cprog.START_DATA, snaplen=0, ident=self.ident())
+        return track.helpers(self.points, len(self.points), lambda p: cprog.Builder(p, opts, maps))
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
@@ -401,7 +402,7 @@ class Session:
                 self.links.append(self._attach_one(p, prog))
             except BPFError as e:
                 self.close()
-                raise CaptureError(f"--track: {_explain_refusal(p, e)}") from None
+                raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
         self.attached_ns = time.time_ns()
 
     @staticmethod
@@ -477,8 +478,7 @@ class Session:
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
             self.point_stats = stats.read(self.counters, self.points, self.counts_hits,
                                           self.stats.seen if ring_total else None)
-        if self.track_map is not None and not self.track_map.fd.closed:
-            from . import track
+        if self.cfg.track and self.track_map is not None and not self.track_map.fd.closed:
             remaining = sum(1 for _ in self.track_map.keys())
             self.track_report = dict(track.read_counters(self.track_counters),
                                      evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max)
@@ -514,7 +514,7 @@ class Session:
         from bpf import asm
         size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
-        if self.cfg.track:
+        if self.ident() != track.IDENT_NONE:
             maps.track, maps.track_counters = -5, -6
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
@@ -524,9 +524,9 @@ class Session:
         for p in self.points:
             out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
-        if self.cfg.track:
+        if track.uses_map(self.ident()):
             for p, items in self._helper_programs(maps):
-                out.append(f"; {p.spec}: --track forgets the skbs freed here (nothing captured)")
+                out.append(f"; {p.spec}: the identity map forgets what is freed here (nothing captured)")
                 out.append(asm.disassemble(items))
         return "\n".join(out)
 

@@ -343,7 +343,7 @@ class Pkt:
     comment: str | None = None
     flags: int | None = None
     extra: dict = field(default_factory=dict)
-    packet_id: int | None = None   # pcapng epb_packetid (fcap: the skb's address)
+    packet_id: int | None = None   # pcapng epb_packetid (fcap: the packet id, fcap.track)
 
 
 ETH_HLEN = 14

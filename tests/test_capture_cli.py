@@ -99,7 +99,7 @@ def test_two_points_two_interfaces(sink, tmp_path):
         assert sorted(l4_payload(p) for p in pkts if p.iface_name == name) == sorted(pays), name
     flags = {(p.iface_name, p.flags) for p in pkts}
     assert flags == {(qx, 2), (rx, 1)}, f"epb_flags direction: {flags}"
-    # lo hands the transmitted skb itself to the receive path: epb_packetid (the skb address) pairs them up
+    # lo hands the transmitted skb itself to the receive path: one packet, one epb_packetid at both points
     ids = {(p.iface_name, l4_payload(p)): p.packet_id for p in pkts}
     assert all(ids[(qx, d)] == ids[(rx, d)] and ids[(qx, d)] for d in pays), ids
     if shutil.which("capinfos"):

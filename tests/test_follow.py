@@ -86,7 +86,8 @@ def test_glob_past_a_screenful_is_counted(tmp_path, root):
     assert f.p.returncode == 0, f.stderr
     if len(want) > 24:
         assert line.startswith(f"listening on {len(want)} points: tp_btf/* ({len(want)}), "), line
-    assert links == len(want), (links, len(want))
+    from fcap.track import FREE_POINTS, MEMORY_POINTS   # (and the identity map's helpers: fcap.track)
+    assert len(want) <= links <= len(want) + len(FREE_POINTS) + len(MEMORY_POINTS), (links, len(want))
 
 
 def test_glob_skips_matches_a_predicate_cannot_serve(tmp_path, root):
