@@ -314,11 +314,11 @@ class Session:
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
         some kernels), the largest power of two it takes; returns the ring size."""
-        from .ringrec import RING_SLACK
+        from .ringrec import element_size
         size = min(want, layout.RING_MAX)
         while True:
             try:
-                self.ring = ArrayMap(layout.RING_CTRL + size + RING_SLACK, possible_cpus(),
+                self.ring = ArrayMap(element_size(size), possible_cpus(),
                                      name="fcap_ring", flags=MapFlags.MMAPABLE)
                 self.maps.append(self.ring)
                 return size
@@ -347,8 +347,8 @@ class Session:
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from .drain import FileDrain, RingDrain
-        if self.ring is not None and not limit:
-            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer)
+        if self.ring is not None:
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit)
             return self.drain
         return FileDrain(self.buffer, writer, options=options, limit=limit)
 
@@ -414,20 +414,23 @@ class Session:
 
     # -- running -------------------------------------------------------------------------------
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Drain records into sink until stop() is true or sink returns False; then detach and drain the rest."""
+        """Drain records into sink, in time order (fcap.order), until stop() is true or sink returns False; then
+        detach and drain the rest."""
+        from .order import Pending
         buf = self.buffer
         keep_going = True
         parse = self.parse
         batch: list = []
+        pending = Pending()
 
         def on_sample(cpu: int, raw) -> None:
             batch.append(parse(raw))
 
-        def deliver() -> None:
-            # each CPU's buffer is in time order; a drain takes them one after the other: merge by time
+        def deliver(final: bool = False) -> None:
             nonlocal keep_going
-            batch.sort(key=lambda r: r.ts_ns)
-            for rec in batch:
+            cutoff = pending.window.cutoff(final)
+            buf.drain(on_sample)
+            for rec in pending.take(batch, cutoff):
                 if not keep_going:
                     break
                 self.stats.captured += 1
@@ -437,25 +440,24 @@ class Session:
 
         timeout = 5 if self.cfg.immediate else poll_ms
         while keep_going and not stop():
-            buf.poll(timeout)
-            buf.drain(on_sample)
+            buf.poll(min(timeout, pending.window.retry_ms) if pending.held else timeout)
             deliver()
         self.detach()
         if keep_going:
-            buf.drain(on_sample)
-            deliver()
+            deliver(final=True)
 
-    def run_file(self, drain: Callable[[], int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Like run(), for a drain that writes records itself (fcap.drain.FileDrain): until stop() is true or the
-        drain is done; then detach and drain the rest."""
+    def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Like run(), for a drain that writes records itself (fcap.drain): until stop() is true or the drain is
+        done; then detach and drain the rest. While the drain holds records (fcap.order), it is called again
+        within its window's retry time."""
         buf = self.buffer
         timeout = 5 if self.cfg.immediate else poll_ms
         while not drain.done and not stop():
-            buf.poll(timeout)
+            buf.poll(min(timeout, drain.window.retry_ms) if drain.held else timeout)
             self.stats.captured += drain()
         self.detach()
         if not drain.done:
-            self.stats.captured += drain()
+            self.stats.captured += drain(final=True)
 
     def detach(self) -> None:
         if self.links:

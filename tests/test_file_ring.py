@@ -1,6 +1,6 @@
 """The file rings (fcap.ringrec), where the capture program writes finished pcap/pcapng records itself, against
-the perf buffer path (FileDrain, which fcap takes with -c): the same packets, the same bytes, the same metadata
-comment, the same block layout as the writer's; exact counts when the ring wraps and overflows."""
+the perf buffer path (FileDrain, which fcap takes with --perf-buffer): the same packets, the same bytes, the same
+metadata comment, the same block layout as the writer's; exact counts when the ring wraps and overflows."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
     tag = os.urandom(8)
     ring, perf = str(tmp_path / f"ring.{fmt}"), str(tmp_path / f"perf.{fmt}")
     a = start_fcap(["-i", POINT, "-s", snaplen, "-w", ring])
-    b = start_fcap(["-i", POINT, "-s", snaplen, "-c", "1000000", "-w", perf])
+    b = start_fcap(["-i", POINT, "-s", snaplen, "--perf-buffer", "-w", perf])
     try:
         sent = _traffic(tag)
         time.sleep(0.3)

@@ -1,0 +1,246 @@
+"""Every record in time order (fcap.order): `-c N` keeps the first N packets by time and files are in time order, on
+every path (file rings, perf buffer, printing, the Python API), with TCP client and server on different CPUs.
+Held to tcpdump -i lo on the same traffic at tp_btf/net_dev_start_xmit, the point that sees what its tap sees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import need_root
+
+from netns import SLOW, read_packets, softnet_drops, start_fcap, start_tcpdump, stop_helper
+
+POINT = "tp_btf/net_dev_start_xmit"
+ROUNDS = 30            # request/response rounds of the ping-pong traffic: 2 packets each (ACKs ride along)
+BULK = 4 << 20         # bytes of the bulk transfer (each way)
+
+# A TCP server on one CPU and a client on the other: the server listens and prints its port, then on a line from
+# the test the client connects and runs "pingpong ROUNDS" (each request waits for its reply: every packet follows
+# from the one before, so any tool sees them in one order), "get N" (a request, N bytes back: as HTTP) or "bulk N"
+# (N bytes each way at once).
+TRAFFIC = r"""
+import os, socket, sys, threading
+cpus = sorted(os.sched_getaffinity(0))
+def pin(i):
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[i % len(cpus)]})
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+mode, n = sys.stdin.readline().split(); n = int(n)
+def recv_all(s, k):
+    got = 0
+    while got < k:
+        d = s.recv(min(1 << 20, k - got))
+        if not d:
+            raise SystemExit("short read")
+        got += len(d)
+def serve():
+    pin(1)
+    c, _ = srv.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if mode == "pingpong":
+        for i in range(n):
+            recv_all(c, 100); c.sendall(bytes([i % 256]) * 300)
+    elif mode == "get":
+        recv_all(c, 100); c.sendall(b"g" * n)
+    else:
+        w = threading.Thread(target=c.sendall, args=(b"s" * n,)); w.start(); recv_all(c, n); w.join()
+    c.close()
+t = threading.Thread(target=serve); t.start()
+pin(0)
+c = socket.create_connection(("127.0.0.1", srv.getsockname()[1]))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+if mode == "pingpong":
+    for i in range(n):
+        c.sendall(bytes([i % 256]) * 100); recv_all(c, 300)
+elif mode == "get":
+    c.sendall(b"G" * 100); recv_all(c, n)
+else:
+    w = threading.Thread(target=c.sendall, args=(b"c" * n,)); w.start(); recv_all(c, n); w.join()
+t.join(); c.close()
+print("done", flush=True)
+"""
+
+
+class Traffic:
+    """The helper above: .port once it listens; run(mode, n) makes the traffic and waits for its end."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", TRAFFIC], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def run(self, mode: str, n: int) -> None:
+        self.proc.stdin.write(f"{mode} {n}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line.strip() == "done", f"traffic failed: {line!r} {self.proc.stderr.read()}"
+
+    def close(self) -> None:
+        stop_helper(self.proc)
+
+
+@pytest.fixture
+def traffic(root):
+    t = Traffic()
+    yield t
+    t.close()
+
+
+def _key(p) -> tuple:
+    """A TCP segment as both tools see it: ports, seq, ack, flags, payload length (IPv4 from the network header)."""
+    ip = p.l3
+    ihl = (ip[0] & 15) * 4
+    tcp = ip[ihl:]
+    total = int.from_bytes(ip[2:4], "big")
+    return (tcp[0:2].hex(), tcp[2:4].hex(), tcp[4:8].hex(), tcp[8:12].hex(), tcp[13], total - ihl - (tcp[12] >> 4) * 4)
+
+
+def _capture(tmp_path, traffic, mode: str, n: int, fcap_args: list[str], fmt: str = "pcap", td_extra=()):
+    """tcpdump -i lo and fcap at POINT on the traffic's port, both listening before it begins; returns (tcpdump's
+    packets, fcap's Proc, fcap's file)."""
+    flt = f"tcp port {traffic.port}"
+    td_path, fc_path = tmp_path / "td.pcap", tmp_path / f"fc.{fmt}"
+    backlog = softnet_drops()
+    td = start_tcpdump("lo", td_path, *td_extra, flt)
+    try:
+        fc = start_fcap(["-i", POINT, "-w", str(fc_path), *fcap_args, flt])
+        try:
+            traffic.run(mode, n)
+            if "-c" in fcap_args:
+                assert fc.wait() == 0, fc.stderr
+            else:
+                assert fc.stop() == 0, fc.stderr
+        finally:
+            fc.kill()
+    finally:
+        td.stop()
+        td.kill()
+    assert "0 packets dropped by kernel" in td.stderr, td.stderr
+    fc.backlog_drops = softnet_drops() - backlog   # packets fcap saw sent that tcpdump's receive tap never saw
+    return read_packets(td_path), fc, fc_path
+
+
+PATHS = [pytest.param([], id="file-rings"), pytest.param(["--perf-buffer"], id="perf-buffer")]
+
+
+@pytest.mark.parametrize("fmt", ["pcap", "pcapng"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("count", [1, 20])
+def test_count_keeps_the_first_packets(tmp_path, traffic, fmt, path, count):
+    """-c N: fcap's file holds exactly tcpdump's first N packets of the traffic, in tcpdump's order."""
+    theirs, fc, fc_path = _capture(tmp_path, traffic, "pingpong", ROUNDS, [*path, "-c", str(count)], fmt)
+    ours = read_packets(fc_path)
+    assert len(theirs) >= 2 * ROUNDS
+    assert [_key(p) for p in ours] == [_key(p) for p in theirs[:count]]
+    assert f"{count} packet{'s' if count > 1 else ''} captured" in fc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["pcap", "pcapng"])
+@pytest.mark.parametrize("path", PATHS)
+def test_files_are_in_time_order(tmp_path, traffic, fmt, path):
+    """A bulk transfer each way at once, client and server on different CPUs: fcap's file is in time order and
+    holds the packets tcpdump holds."""
+    theirs, fc, fc_path = _capture(tmp_path, traffic, "bulk", BULK // int(SLOW), [*path, "-B", "65536"], fmt,
+                                   ("-B", "65536"))
+    ours = read_packets(fc_path)
+    assert "0 packets dropped by kernel" in fc.stderr, fc.stderr
+    ts = [p.ts_ns for p in ours]
+    late = [i for i in range(1, len(ts)) if ts[i] < ts[i - 1]]
+    assert not late, f"{len(late)} of {len(ts)} records older than the one before (first at {late[0]})"
+    if not fc.backlog_drops:
+        assert sorted(_key(p) for p in ours) == sorted(_key(p) for p in theirs)
+
+
+def _analysis_flags(tshark: str, path) -> list[str]:
+    r = subprocess.run([tshark, "-n", "-r", str(path), "-Y", "tcp.analysis.flags", "-T", "fields", "-e",
+                        "tcp.seq_raw", "-e", "tcp.ack_raw", "-e", "_ws.expert.message"],
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    assert r.returncode == 0, r.stderr
+    # (the expert messages without the packet comments fcap's pcapng carries)
+    return sorted("\t".join(f if i < 2 else ",".join(m for m in f.split(",") if not m.startswith("skb="))
+                            for i, f in enumerate(line.split("\t"))) for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tcp_analysis_as_on_tcpdumps_capture(tmp_path, traffic, tshark, path):
+    """Wireshark's TCP analysis finds on fcap's capture of a transfer (a request, megabytes back) what it finds on
+    tcpdump's."""
+    theirs, fc, fc_path = _capture(tmp_path, traffic, "get", BULK // int(SLOW), [*path, "-B", "65536"], "pcapng",
+                                   ("-B", "65536"))
+    assert "0 packets dropped by kernel" in fc.stderr, fc.stderr
+    if fc.backlog_drops:   # (sent, so at fcap's point, but dropped before tcpdump's tap on lo: not the same packets)
+        pytest.skip(f"the kernel dropped {fc.backlog_drops} packets at its input backlog during the transfer")
+    assert _analysis_flags(tshark, fc_path) == _analysis_flags(tshark, tmp_path / "td.pcap")
+
+
+def test_printed_count_is_the_first_packets(tmp_path, traffic, tcpdump):
+    """Printing, -c N: the first N packets by time, printed as tcpdump prints its own capture's first N."""
+    flt = f"tcp port {traffic.port}"
+    td_path = tmp_path / "td.pcap"
+    td = start_tcpdump("lo", td_path, flt)
+    try:
+        fc = start_fcap(["-i", POINT, "-t", "-S", "-c", "20", flt], stdout=subprocess.PIPE)
+        try:
+            traffic.run("pingpong", ROUNDS)
+            assert fc.wait() == 0, fc.stderr
+            lines = fc.p.stdout.read().decode().splitlines()
+        finally:
+            fc.kill()
+    finally:
+        td.stop()
+        td.kill()
+    r = subprocess.run(["tcpdump", "-nn", "-t", "-S", "-c", "20", "-r", str(td_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert lines == r.stdout.splitlines()
+
+
+def test_api_count_is_the_first_packets(tmp_path, traffic, tcpdump):
+    """fcap.capture(count=N) yields the first N packets by time."""
+    import fcap
+    need_root()
+    flt = f"tcp port {traffic.port}"
+    td_path = tmp_path / "td.pcap"
+    td = start_tcpdump("lo", td_path, flt)
+    try:
+        with fcap.capture(POINT, filter=flt, count=20) as cap:
+            traffic.run("pingpong", ROUNDS)
+            got = [bytes(p.data) for p in cap]
+    finally:
+        td.stop()
+        td.kill()
+    theirs = [p.raw for p in read_packets(td_path)][:20]
+    assert got == theirs
+
+
+def test_window_merges_by_runs():
+    """fcap.order's merge: runs across batches, ties to the earlier batch, a limit, unsorted batches by record."""
+    from fcap import order
+    a, b = [1, 2, 3, 10, 11], [4, 5, 12]
+    assert order.runs([a, b], [5, 3]) == [(0, 0, 3), (1, 0, 2), (0, 3, 5), (1, 2, 3)]
+    assert order.runs([a, b], [5, 3], 4) == [(0, 0, 3), (1, 0, 1)]
+    assert order.runs([a, b], [2, 3]) == [(0, 0, 2), (1, 0, 3)]
+    assert order.runs([[3, 1], [2]], [2, 1]) == [(0, 1, 2), (1, 0, 1), (0, 0, 1)]
+    assert order.eligible(a, 10, True) == 3 and order.eligible([1, 9, 2], 5, False) == 1
+    w = order.Window(1000)
+    w.wrote(2, 50)
+    assert w.margin == 2000 and w.late == 2 and w.last == 50
+
+
+def test_pending_holds_records_past_the_cutoff():
+    from fcap import order
+
+    class R:
+        def __init__(self, ts):
+            self.ts_ns = ts
+    p = order.Pending(order.Window(0))
+    got = p.take([R(5), R(1), R(9)], 6)
+    assert [r.ts_ns for r in got] == [1, 5] and len(p.held) == 1
+    got = p.take([R(7)], order.FINAL)
+    assert [r.ts_ns for r in got] == [7, 9]
+    got = p.take([R(3)], order.FINAL)   # late: older than what was delivered
+    assert [r.ts_ns for r in got] == [3] and p.window.late == 1
+
