@@ -49,7 +49,7 @@ class FileDrain:
         self.left = limit
         self.window = window or order.Window()
         self.written = 0
-        self.held = False
+        self.held = False   # (held records wait for the next wake-up: a perf ring wakes per watermark written)
         self._tails: dict[bytes, tuple[bytes, bytes]] = {}
 
     @property
@@ -61,8 +61,8 @@ class FileDrain:
         cutoff = self.window.cutoff(final)
         walks = [self._walk(ring) for ring in self.buffer.rings]
         batches = [w.ts for w in walks]
-        takes = [order.eligible(ts, cutoff, order.is_sorted(ts)) for ts in batches]
-        runs = order.runs(batches, takes, self.left - self.written if self.left else -1)
+        runs, takes = order.merge(self.window, batches, [order.is_sorted(ts) for ts in batches], cutoff,
+                                  self.left - self.written if self.left else -1)
         per = 3 if self.pcapng else 1
         out: list = []
         for i, a, b in runs:
@@ -74,13 +74,9 @@ class FileDrain:
             out.clear()   # the slices must go before the rings can be given back
             for w in walks:
                 w.parts.clear()
-        takes = order.taken(runs, len(walks))
         for ring, w, k in zip(self.buffer.rings, walks, takes):
             self._release(ring, w, k)
         n = sum(takes)
-        self.held = any(len(ts) > k for ts, k in zip(batches, takes))
-        if runs:
-            self.window.wrote(order.late_count(batches, takes, self.window.last), order.newest(batches, runs))
         self.written += n
         return n
 
@@ -223,10 +219,12 @@ class RingDrain:
         self.index = [(b + index_at(ring_size)) // 8 for b in self.bases]
         self.counts = [0] * len(self.bases)   # records taken (as `taken`)
         self.tails = [0] * len(self.bases)
+        self.disorder = [0] * len(self.bases)   # each CPU's count of records out of order, as last read
+        self.ordered = [True] * len(self.bases)   # its records not taken yet are in time order
         self.left = limit
         self.window = window or order.Window()
         self.written = 0
-        self.held = False      # records were left for a later pass
+        self.held = False      # records were left in a ring no doorbell will announce (see _advance)
 
     @property
     def done(self) -> bool:
@@ -237,35 +235,43 @@ class RingDrain:
         self.buffer.drain(_ignore)
         cutoff = self.window.cutoff(final)
         batches, ends = self._new()
-        takes = [order.eligible(ts, cutoff, order.is_sorted(ts)) for ts in batches]
-        runs = order.runs(batches, takes, self.left - self.written if self.left else -1)
-        self._write(runs, ends)
-        takes = order.taken(runs, len(batches))
-        n = self._advance(takes, ends)
-        self.held = any(len(ts) > k for ts, k in zip(batches, takes))
-        if runs:
-            self.window.wrote(order.late_count(batches, takes, self.window.last), order.newest(batches, runs))
+        try:
+            runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
+                                      self.left - self.written if self.left else -1)
+            self._write(runs, ends)
+            n = self._advance(takes, ends, batches)
+        finally:
+            for v in batches + ends:
+                if isinstance(v, memoryview):
+                    v.release()
         self.written += n
         return n
 
     def _new(self) -> tuple[list, list]:
-        """Per CPU: the timestamps and end positions of the records published and not taken yet."""
+        """Per CPU: the timestamps and end positions of the records published and not taken yet, as strided
+        views of its index (lists where they wrap around its end); self.ordered says which are in time order."""
         words, entries, mask = self.words, self.entries, self.entries - 1
         batches, ends = [], []
         for i, base in enumerate(self.bases):
             head = words[(base + _HEAD) // 8]
+            disorder = words[(base + _DISORDER) // 8]   # (read after head: it counts every record head does)
+            if disorder != self.disorder[i]:
+                self.disorder[i] = disorder
+                self.ordered[i] = False
             new = ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
+            at = self.index[i] + 2 * (self.counts[i] & mask)
             if not new:
+                self.ordered[i] = True
                 batches.append(_EMPTY)
                 ends.append(_EMPTY)
-                continue
-            at = self.index[i]
-            slot = self.counts[i] & mask
-            flat = words[at + 2 * slot:at + 2 * min(slot + new, entries)].tolist()
-            if slot + new > entries:
-                flat += words[at:at + 2 * (slot + new - entries)].tolist()
-            batches.append(flat[0::2])
-            ends.append(flat[1::2])
+            elif (self.counts[i] & mask) + new <= entries:
+                batches.append(words[at:at + 2 * new:2])
+                ends.append(words[at + 1:at + 2 * new:2])
+            else:
+                first = 2 * (entries - (self.counts[i] & mask))
+                flat = words[at:at + first].tolist() + words[self.index[i]:self.index[i] + 2 * new - first].tolist()
+                batches.append(flat[0::2])
+                ends.append(flat[1::2])
         return batches, ends
 
     def _write(self, runs: list, ends: list) -> None:
@@ -288,9 +294,10 @@ class RingDrain:
             for p in parts:
                 p.release()
 
-    def _advance(self, takes: list, ends: list) -> int:
+    def _advance(self, takes: list, ends: list, batches: list) -> int:
         """Give the bytes and index entries of the records taken back to the programs; returns how many."""
         words, size, n = self.words, self.size, 0
+        self.held = False
         for i, base in enumerate(self.bases):
             k = takes[i]
             if k:
@@ -299,13 +306,18 @@ class RingDrain:
                 self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
                 words[(base + _TAKEN) // 8] = self.counts[i]
                 n += k
+            if k == len(batches[i]):
+                self.ordered[i] = True   # (until the program counts a record out of order again)
             # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
             # being written saw the old tail and rang again), and only when less than a quarter of the ring is
             # still in use: held records would ring again at once (a wake-up per record); the loop's timer takes
-            # them (retry_ms)
+            # them then (held: retry_ms)
             bell = (base + _BELL) // 8
-            if words[bell] and ((words[(base + _HEAD) // 8] - self.tails[i]) & layout.HEAD_POS) < size // 4:
-                words[bell] = 0
+            if words[bell]:
+                if ((words[(base + _HEAD) // 8] - self.tails[i]) & layout.HEAD_POS) < size // 4:
+                    words[bell] = 0
+                else:
+                    self.held = True
         return n
 
     def published(self) -> int:
@@ -327,6 +339,7 @@ class RingDrain:
 
 
 _HEAD, _TAIL, _TAKEN, _BELL = RING.off("head"), RING.off("tail"), RING.off("taken"), RING.off("bell")
+_DISORDER = RING.off("disorder")
 _EMPTY: list = []
 _U64 = struct.Struct("=Q")
 

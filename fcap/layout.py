@@ -232,7 +232,9 @@ RING = Layout("RingControl", (
     ("", "4x"),
     ("sec_ns", "Q"),         # the program's: the wall-clock second its last pcap timestamp fell in, in ns ...
     ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
-    ("", "24x"),
+    ("last", "Q"),           # the timestamp of the last record published ...
+    ("disorder", "Q"),       # ... and how many were older than the one before (fcap.order merges those by record)
+    ("", "8x"),
     ("tail", "Q"),           # user space's: on its own cache line
     ("taken", "Q"),          # user space's: records taken so far (count bits as head's): frees the index's entries
     ("", "48x"),

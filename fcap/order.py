@@ -47,13 +47,13 @@ class Window:
             self.last = newest
 
 
-def is_sorted(ts: list) -> bool:
-    return ts == sorted(ts)
+def is_sorted(ts) -> bool:
+    return all(a <= b for a, b in zip(ts, ts[1:])) if len(ts) < 8 else list(ts) == sorted(ts)
 
 
-def eligible(ts: list, cutoff: int, ordered: bool) -> int:
+def eligible(ts, cutoff: int, ordered: bool) -> int:
     """How many of a batch's records (from its start) may be merged: those before the first at or past the
-    cutoff."""
+    cutoff. A batch is a sequence of timestamps (a list, or a strided memoryview of a ring's index)."""
     if ordered:
         return bisect_left(ts, cutoff)
     for i, t in enumerate(ts):
@@ -62,27 +62,27 @@ def eligible(ts: list, cutoff: int, ordered: bool) -> int:
     return len(ts)
 
 
-def late_count(batches: list, takes: list, last: int) -> int:
+def late_count(batches: list, takes: list, ordered: list, last: int) -> int:
     """Records about to be written that are older than the newest one written before."""
     n = 0
-    for ts, k in zip(batches, takes):
-        if k and min(ts[:k]) < last:
-            n += sum(1 for t in ts[:k] if t < last)
+    for ts, k, o in zip(batches, takes, ordered):
+        if k:
+            n += bisect_left(ts, last, 0, k) if o else sum(1 for t in ts[:k] if t < last)
     return n
 
 
-def runs(batches: list, takes: list, limit: int = -1) -> list:
-    """The merge of the first takes[i] records of each batch (a list of timestamps) in time order, at most
-    `limit` records (-1: all), as runs (batch, first, end): consecutive records of one batch written together.
-    Batches in time order merge by runs (a bisect per run); an unsorted one record by record."""
+def runs(batches: list, takes: list, ordered: list, limit: int = -1) -> list:
+    """The merge of the first takes[i] records of each batch in time order, at most `limit` records (-1: all), as
+    runs (batch, first, end): consecutive records of one batch written together. Batches in time order
+    (ordered[i]) merge by runs, a bisect per run; when one is not, record by record."""
     live = [i for i, k in enumerate(takes) if k]
     if not live:
         return []
-    if len(live) == 1:
+    if len(live) == 1 and ordered[live[0]]:
         i = live[0]
         k = takes[i] if limit < 0 else min(takes[i], limit)
         return [(i, 0, k)] if k else []
-    if not all(is_sorted(batches[i][:takes[i]]) for i in live):
+    if not all(ordered[i] for i in live):
         return _by_record(batches, takes, limit)
     pos = [0] * len(batches)
     out = []
@@ -130,8 +130,19 @@ def taken(runs_: list, n: int) -> list:
     return out
 
 
-def newest(batches: list, runs_: list) -> int:
-    return max((max(batches[i][a:b]) for i, a, b in runs_), default=0)
+def newest(batches: list, runs_: list, ordered: list) -> int:
+    return max((batches[i][b - 1] if ordered[i] else max(batches[i][a:b]) for i, a, b in runs_), default=0)
+
+
+def merge(window: Window, batches: list, ordered: list, cutoff: int, limit: int = -1) -> tuple[list, list]:
+    """One pass of a drain: the runs to write, in time order, and per batch how many records they take; the
+    window learns what was written (and what came late)."""
+    takes = [eligible(ts, cutoff, o) for ts, o in zip(batches, ordered)]
+    out = runs(batches, takes, ordered, limit)
+    takes = taken(out, len(batches))
+    if out:
+        window.wrote(late_count(batches, takes, ordered, window.last), newest(batches, out, ordered))
+    return out, takes
 
 
 class Pending:

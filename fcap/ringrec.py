@@ -221,6 +221,11 @@ def _publish(b) -> None:
            mov(R1, R9), addi(R1, RING_CTRL), mov(R3, R9), addi(R3, RING_CTRL + ring),
            call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            label("r_publish"),
+           # a record older than the one before (this program interrupted another point's before it took the
+           # ring) is counted: user space then merges this CPU's records one by one
+           META.load(R0, R7, "ts"), RING.load(R4, R9, "last"), RING.store(R9, "last", R0),
+           asm.jmp(JGE, R0, R4, "r_in_order"), RING.load(R4, R9, "disorder"), addi(R4, 1),
+           RING.store(R9, "disorder", R4), label("r_in_order"),
            # the index entry (head's count & (entries - 1)): the timestamp and where the record ends
            RING.load(R2, R9, "head"), mov(R3, R2), rshi(R3, HEAD_BITS), andi(R3, index_entries(ring) - 1),
            lshi(R3, 4), alu64(ADD, R3, R9, reg=True), addi(R3, index_at(ring)),

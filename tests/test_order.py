@@ -220,14 +220,18 @@ def test_window_merges_by_runs():
     """fcap.order's merge: runs across batches, ties to the earlier batch, a limit, unsorted batches by record."""
     from fcap import order
     a, b = [1, 2, 3, 10, 11], [4, 5, 12]
-    assert order.runs([a, b], [5, 3]) == [(0, 0, 3), (1, 0, 2), (0, 3, 5), (1, 2, 3)]
-    assert order.runs([a, b], [5, 3], 4) == [(0, 0, 3), (1, 0, 1)]
-    assert order.runs([a, b], [2, 3]) == [(0, 0, 2), (1, 0, 3)]
-    assert order.runs([[3, 1], [2]], [2, 1]) == [(0, 1, 2), (1, 0, 1), (0, 0, 1)]
+    yes = [True, True]
+    assert order.runs([a, b], [5, 3], yes) == [(0, 0, 3), (1, 0, 2), (0, 3, 5), (1, 2, 3)]
+    assert order.runs([a, b], [5, 3], yes, 4) == [(0, 0, 3), (1, 0, 1)]
+    assert order.runs([a, b], [2, 3], yes) == [(0, 0, 2), (1, 0, 3)]
+    assert order.runs([[3, 1], [2]], [2, 1], [False, True]) == [(0, 1, 2), (1, 0, 1), (0, 0, 1)]
     assert order.eligible(a, 10, True) == 3 and order.eligible([1, 9, 2], 5, False) == 1
+    assert not order.is_sorted([1, 9, 2]) and order.is_sorted(a)
     w = order.Window(1000)
     w.wrote(2, 50)
     assert w.margin == 2000 and w.late == 2 and w.last == 50
+    runs, takes = order.merge(w, [[10, 60], [40]], yes, 55)   # 10 and 40 go, both late (before 50)
+    assert runs == [(0, 0, 1), (1, 0, 1)] and takes == [1, 1] and w.late == 4 and w.last == 50
 
 
 def test_pending_holds_records_past_the_cutoff():
