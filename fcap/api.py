@@ -102,7 +102,7 @@ class Capture:
         self.delivered = 0
         self._queue: collections.deque = collections.deque()
         from .order import Pending
-        self._pending = Pending()
+        self._pending = Pending(session.window)
 
     def __enter__(self) -> Capture:
         return self

@@ -22,6 +22,7 @@ from .filter import compile_filter
 from .linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
 from .drops import is_drop_point
+from .order import Pending, Window
 from .errors import CaptureError, PredicateError
 
 DEFAULT_SNAPLEN = 262144
@@ -117,6 +118,7 @@ class Session:
         self.track_map = self.track_counters = None   # --track
         self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
         self.track_report: dict = {}
+        self.window = Window()   # the time order's window, every drain's (fcap.order); .late: records written late
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -348,9 +350,9 @@ class Session:
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from .drain import FileDrain, RingDrain
         if self.ring is not None:
-            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit)
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window)
             return self.drain
-        return FileDrain(self.buffer, writer, options=options, limit=limit)
+        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
 
     def _load(self, p: Point, items: list) -> Program:
         name = f"fcap_{p.name}"[:15]
@@ -416,12 +418,11 @@ class Session:
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Drain records into sink, in time order (fcap.order), until stop() is true or sink returns False; then
         detach and drain the rest."""
-        from .order import Pending
         buf = self.buffer
         keep_going = True
         parse = self.parse
         batch: list = []
-        pending = Pending()
+        pending = Pending(self.window)
 
         def on_sample(cpu: int, raw) -> None:
             batch.append(parse(raw))

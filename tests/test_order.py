@@ -16,20 +16,20 @@ POINT = "tp_btf/net_dev_start_xmit"
 ROUNDS = 30            # request/response rounds of the ping-pong traffic: 2 packets each (ACKs ride along)
 BULK = 4 << 20         # bytes of the bulk transfer (each way)
 
-# A TCP server on one CPU and a client on the other: the server listens and prints its port, then on a line from
-# the test the client connects and runs "pingpong ROUNDS" (each request waits for its reply: every packet follows
-# from the one before, so any tool sees them in one order), "get N" (a request, N bytes back: as HTTP) or "bulk N"
-# (N bytes each way at once).
+# A TCP server on one CPU and a client on the other (or both on one): the server listens and prints its port,
+# then on a line from the test the client connects and runs "pingpong ROUNDS" (each request waits for its reply:
+# every packet follows from the one before, so any tool sees them in one order), "get N" (a request, N bytes back:
+# as HTTP) or "bulk N" (N bytes each way at once).
 TRAFFIC = r"""
 import os, socket, sys, threading
 cpus = sorted(os.sched_getaffinity(0))
-def pin(i):
-    if len(cpus) > 1:
-        os.sched_setaffinity(0, {cpus[i % len(cpus)]})
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind(("127.0.0.1", 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
-mode, n = sys.stdin.readline().split(); n = int(n)
+mode, n, same = sys.stdin.readline().split(); n = int(n)
+def pin(i):
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[0 if same == "1" else i % len(cpus)]})
 def recv_all(s, k):
     got = 0
     while got < k:
@@ -73,8 +73,8 @@ class Traffic:
                                      stderr=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())
 
-    def run(self, mode: str, n: int) -> None:
-        self.proc.stdin.write(f"{mode} {n}\n")
+    def run(self, mode: str, n: int, one_cpu: bool = False) -> None:
+        self.proc.stdin.write(f"{mode} {n} {int(one_cpu)}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         assert line.strip() == "done", f"traffic failed: {line!r} {self.proc.stderr.read()}"
@@ -99,7 +99,8 @@ def _key(p) -> tuple:
     return (tcp[0:2].hex(), tcp[2:4].hex(), tcp[4:8].hex(), tcp[8:12].hex(), tcp[13], total - ihl - (tcp[12] >> 4) * 4)
 
 
-def _capture(tmp_path, traffic, mode: str, n: int, fcap_args: list[str], fmt: str = "pcap", td_extra=()):
+def _capture(tmp_path, traffic, mode: str, n: int, fcap_args: list[str], fmt: str = "pcap", td_extra=(),
+             one_cpu: bool = False):
     """tcpdump -i lo and fcap at POINT on the traffic's port, both listening before it begins; returns (tcpdump's
     packets, fcap's Proc, fcap's file)."""
     flt = f"tcp port {traffic.port}"
@@ -109,7 +110,7 @@ def _capture(tmp_path, traffic, mode: str, n: int, fcap_args: list[str], fmt: st
     try:
         fc = start_fcap(["-i", POINT, "-w", str(fc_path), *fcap_args, flt])
         try:
-            traffic.run(mode, n)
+            traffic.run(mode, n, one_cpu)
             if "-c" in fcap_args:
                 assert fc.wait() == 0, fc.stderr
             else:
@@ -165,16 +166,29 @@ def _analysis_flags(tshark: str, path) -> list[str]:
                             for i, f in enumerate(line.split("\t"))) for line in r.stdout.splitlines())
 
 
+# What Wireshark's TCP analysis says when a capture's order is wrong: a packet before one sent earlier, an ACK before
+# the data it acknowledges
+ORDER_FLAGS = ("out-of-order", "not captured", "unseen", "retransmission", "Dup ACK")
+
+
+@pytest.mark.parametrize("cpus", ["one", "two"])
 @pytest.mark.parametrize("path", PATHS)
-def test_tcp_analysis_as_on_tcpdumps_capture(tmp_path, traffic, tshark, path):
-    """Wireshark's TCP analysis finds on fcap's capture of a transfer (a request, megabytes back) what it finds on
-    tcpdump's."""
+def test_tcp_analysis_as_on_tcpdumps_capture(tmp_path, traffic, tshark, path, cpus):
+    """Wireshark's TCP analysis of fcap's capture of a transfer (a request, megabytes back) against tcpdump's of
+    the same. On one CPU the two files are in one order: the analysis must say the same. On two, tcpdump's time is
+    taken at receive on lo (libpcap skips lo's outgoing copies), fcap's at transmit, so packets sent on both CPUs
+    within microseconds may be in the other order in either file (seen: tcpdump's with segments out of order,
+    fcap's with one more 'window full'): nothing fcap's says about order may be missing from tcpdump's."""
     theirs, fc, fc_path = _capture(tmp_path, traffic, "get", BULK // int(SLOW), [*path, "-B", "65536"], "pcapng",
-                                   ("-B", "65536"))
+                                   ("-B", "65536"), one_cpu=cpus == "one")
     assert "0 packets dropped by kernel" in fc.stderr, fc.stderr
     if fc.backlog_drops:   # (sent, so at fcap's point, but dropped before tcpdump's tap on lo: not the same packets)
         pytest.skip(f"the kernel dropped {fc.backlog_drops} packets at its input backlog during the transfer")
-    assert _analysis_flags(tshark, fc_path) == _analysis_flags(tshark, tmp_path / "td.pcap")
+    ours, want = _analysis_flags(tshark, fc_path), _analysis_flags(tshark, tmp_path / "td.pcap")
+    if cpus == "one":
+        assert ours == want
+    else:
+        assert {f for f in ours if any(k in f for k in ORDER_FLAGS)} <= set(want)
 
 
 def test_printed_count_is_the_first_packets(tmp_path, traffic, tcpdump):
