@@ -60,6 +60,8 @@ class FileDrain:
         """One pass: write what is surely published (everything when `final`: the programs are detached)."""
         cutoff = self.window.cutoff(final)
         walks = [self._walk(ring) for ring in self.buffer.rings]
+        if any(w.end - w.start >= ring.size // 4 for w, ring in zip(walks, self.buffer.rings)):
+            cutoff = self.window.pressed(cutoff)
         batches = [w.ts for w in walks]
         runs, takes = order.merge(self.window, batches, [order.is_sorted(ts) for ts in batches], cutoff,
                                   self.left - self.written if self.left else -1)
@@ -174,17 +176,16 @@ class FileDrain:
 
 class _Walk:
     """One ring's records in a pass: per sample its timestamp, end position and parts (1 for pcap, 3 for pcapng);
-    LOST records as (end position, count); where the first sample starts and where the walk ended."""
+    LOST records as (end position, count); where the walk started, where the first sample starts, where it ended."""
 
-    __slots__ = ("ts", "ends", "parts", "lost", "first", "end")
+    __slots__ = ("ts", "ends", "parts", "lost", "start", "first", "end")
 
     def __init__(self, tail: int):
         self.ts: list = []
         self.ends: list = []
         self.parts: list = []
         self.lost: list = []
-        self.first = tail
-        self.end = tail
+        self.start = self.first = self.end = tail
 
 
 def _rsize(data, off: int, size: int) -> int:
@@ -221,10 +222,11 @@ class RingDrain:
         self.tails = [0] * len(self.bases)
         self.disorder = [0] * len(self.bases)   # each CPU's count of records out of order, as last read
         self.ordered = [True] * len(self.bases)   # its records not taken yet are in time order
+        self.moved = [False] * len(self.bases)    # its count moved in this pass
         self.left = limit
         self.window = window or order.Window()
         self.written = 0
-        self.held = False      # records were left in a ring no doorbell will announce (see _advance)
+        self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
 
     @property
     def done(self) -> bool:
@@ -234,7 +236,9 @@ class RingDrain:
         """One pass: write what is surely published (everything when `final`: the programs are detached)."""
         self.buffer.drain(_ignore)
         cutoff = self.window.cutoff(final)
-        batches, ends = self._new()
+        batches, ends, pressed = self._new()
+        if pressed:
+            cutoff = self.window.pressed(cutoff)
         try:
             runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
                                       self.left - self.written if self.left else -1)
@@ -247,21 +251,24 @@ class RingDrain:
         self.written += n
         return n
 
-    def _new(self) -> tuple[list, list]:
+    def _new(self) -> tuple[list, list, bool]:
         """Per CPU: the timestamps and end positions of the records published and not taken yet, as strided
-        views of its index (lists where they wrap around its end); self.ordered says which are in time order."""
+        views of its index (lists where they wrap around its end); self.ordered says which are in time order.
+        And whether a ring is a quarter full or more."""
         words, entries, mask = self.words, self.entries, self.entries - 1
         batches, ends = [], []
+        pressed = False
         for i, base in enumerate(self.bases):
             head = words[(base + _HEAD) // 8]
-            disorder = words[(base + _DISORDER) // 8]   # (read after head: it counts every record head does)
-            if disorder != self.disorder[i]:
+            pressed = pressed or ((head - self.tails[i]) & layout.HEAD_POS) >= self.size // 4
+            disorder = words[(base + _DISORDER) // 8]   # (read after head: it counts every record head does, and
+            self.moved[i] = disorder != self.disorder[i]   # maybe one head does not show yet)
+            if self.moved[i]:
                 self.disorder[i] = disorder
                 self.ordered[i] = False
             new = ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
             at = self.index[i] + 2 * (self.counts[i] & mask)
             if not new:
-                self.ordered[i] = True
                 batches.append(_EMPTY)
                 ends.append(_EMPTY)
             elif (self.counts[i] & mask) + new <= entries:
@@ -272,7 +279,7 @@ class RingDrain:
                 flat = words[at:at + first].tolist() + words[self.index[i]:self.index[i] + 2 * new - first].tolist()
                 batches.append(flat[0::2])
                 ends.append(flat[1::2])
-        return batches, ends
+        return batches, ends, pressed
 
     def _write(self, runs: list, ends: list) -> None:
         if not runs:
@@ -306,12 +313,12 @@ class RingDrain:
                 self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
                 words[(base + _TAKEN) // 8] = self.counts[i]
                 n += k
-            if k == len(batches[i]):
+            if k == len(batches[i]) and not self.moved[i]:
                 self.ordered[i] = True   # (until the program counts a record out of order again)
             # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
             # being written saw the old tail and rang again), and only when less than a quarter of the ring is
-            # still in use: held records would ring again at once (a wake-up per record); the loop's timer takes
-            # them then (held: retry_ms)
+            # still in use: held records would ring again at once (a wake-up per record); the loop drains again at
+            # once then (held), the ring filling up (the pass's margin is shorter: fcap.order.Window.pressed)
             bell = (base + _BELL) // 8
             if words[bell]:
                 if ((words[(base + _HEAD) // 8] - self.tails[i]) & layout.HEAD_POS) < size // 4:

@@ -4,9 +4,10 @@ A record is merged only once it is surely published: its timestamp (bpf_ktime_ge
 time.monotonic_ns) lies before the cutoff, the time the drain pass began less a margin; later ones are held until a
 later pass. A program publishes its record within microseconds of reading the time, so a margin of a few ms
 covers it; a record that still arrives after newer ones were written (a program interrupted for longer) is written
-anyway, counted as late, and the margin grows. When the capture ends (the programs detached) everything is
-flushed. A program interrupted by another point's program on the same CPU can publish an older record after a
-newer one: such a CPU's batch is unsorted and is merged record by record."""
+anyway, counted as late, and the margin grows; while a ring is filling up the margin is shorter (held bytes
+would crowd out new records). When the capture ends (the programs detached) everything is flushed. A program
+interrupted by another point's program on the same CPU can publish an older record after a newer one: such a
+CPU's batch is unsorted and is merged record by record."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bisect import bisect_left, bisect_right
 MARGIN_NS = 2_000_000         # the margin to begin with
 MARGIN_MAX_NS = 1_000_000_000
 FINAL = 1 << 64               # the cutoff of the last pass: everything
+PRESSED = 16                  # a ring filling up: the margin this many times shorter (Window.pressed)
 
 
 class Window:
@@ -33,9 +35,15 @@ class Window:
         """Records before this may be merged now: read it before reading the buffers' heads."""
         return FINAL if final else time.monotonic_ns() - self.margin
 
+    def pressed(self, cutoff: int) -> int:
+        """The cutoff of a pass that found a ring a quarter full or more: records held for the whole margin would
+        crowd out new ones (at GB/s, 2 ms of loopback TCP fills a 2 MiB ring), so the margin is PRESSED times
+        shorter (still far longer than a program takes to publish on a host)."""
+        return cutoff if cutoff == FINAL else cutoff + self.margin - self.margin // PRESSED
+
     @property
     def retry_ms(self) -> int:
-        """How soon to look again while records are held."""
+        """How soon to look again while records are held (the per-record path)."""
         return max(1, self.margin // 1_000_000)
 
     def wrote(self, late: int, newest: int) -> None:
