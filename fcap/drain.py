@@ -16,7 +16,7 @@ from .ringrec import index_at, index_entries
 
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
 SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
-_LOST = struct.Struct("<8xQ")   # (id,) lost, after the perf_event_header
+_LOST = struct.Struct("<16xQ")  # lost, after the perf_event_header and the id
 _RAWSIZE = struct.Struct("<8xI")
 # one unpack per record: type, size, (pcapng: the metadata that decides the block's options), FAST
 _FAST = META.off("fast")

@@ -357,3 +357,89 @@ def test_ring_drain_merges_holds_and_counts():
         rings.publish(cpu, t + i, b"%d|" % i)
     assert d() == 3 and d.done and bytes(sink.out) == b"0|1|2|"
     d.close()
+
+
+class _FakePerfRing:
+    """One CPU's perf ring in user memory, with the records a capture program's perf samples make."""
+
+    def __init__(self, size: int = 1024):
+        self.size, self.mask = size, size - 1
+        self.data = memoryview(bytearray(size))
+        self.head = self.tail = 0
+
+    def span(self):
+        return self.tail, self.head
+
+    def release(self, tail: int) -> None:
+        assert self.head >= tail >= self.tail
+        self.tail = tail
+
+    def _put(self, rec: bytes) -> None:
+        assert self.head + len(rec) - self.tail <= self.size
+        for k, b in enumerate(rec):
+            self.data[(self.head + k) & self.mask] = b
+        self.head += len(rec)
+
+    def sample(self, ts: int, payload: bytes) -> None:
+        import struct as st
+
+        from fcap.layout import META
+        fields = dict.fromkeys(META.Tuple._fields, 0)
+        fields.update(ts=ts, comm=b"", fast=len(payload), caplen=len(payload), orig=len(payload), copy=len(payload))
+        raw = META.struct.pack(*fields.values()) + payload
+        raw += bytes(-(len(raw) + 4) % 8)
+        self._put(st.pack("<IHHI", 9, 0, 12 + len(raw), len(raw)) + raw)   # PERF_RECORD_SAMPLE
+
+    def lost(self, n: int) -> None:
+        import struct as st
+        self._put(st.pack("<IHHQQ", 2, 0, 24, 0, n))   # PERF_RECORD_LOST: id, lost
+
+
+class _FakePerf:
+    def __init__(self, n: int):
+        self.rings = [_FakePerfRing() for _ in range(n)]
+        self.lost = 0
+
+
+def _payloads(sink) -> bytes:
+    """The packets' bytes of the pcap records a FileDrain wrote (each after its 16-byte header)."""
+    out, k, data = b"", 0, bytes(sink.out)
+    while k < len(data):
+        caplen = int.from_bytes(data[k + 8:k + 12], "little")
+        out += data[k + 16:k + 16 + caplen]
+        k += 16 + caplen
+    return out
+
+
+def test_perf_drain_merges_holds_and_counts_lost():
+    """FileDrain over perf rings: two CPUs merged by time, a record past the cutoff left in its ring (the tail
+    stops before it, LOST records after it counted once), records that wrap the ring's end, and -c."""
+    import time
+
+    from fcap.drain import FileDrain
+    buf, sink = _FakePerf(2), _Sink()
+    d = FileDrain(buf, sink)
+    t = time.monotonic_ns() - 10**9
+    a, b = buf.rings
+    a.sample(t + 10, b"a10|")
+    b.sample(t + 5, b"b5|")
+    a.sample(t + 20, b"a20|")
+    b.sample(t + 15, b"b15|")
+    b.lost(2)
+    assert d() == 4 and _payloads(sink) == b"b5|a10|b15|a20|" and buf.lost == 2
+    sink.out.clear()
+    a.sample(time.monotonic_ns() + 10**10, b"later|")
+    a.lost(3)
+    b.sample(t + 30, b"b30|")
+    assert d() == 1 and _payloads(sink) == b"b30|" and buf.lost == 2 and a.tail < a.head
+    for i in range(12):   # past the 1 KiB ring's end
+        b.sample(t + 40 + i, b"b%02d|" % i)
+        assert d() == 1
+    assert buf.lost == 2
+    assert d(final=True) == 1 and _payloads(sink).endswith(b"b11|later|") and buf.lost == 5 and a.tail == a.head
+    assert d.written == 18 and d.window.late == 0
+    buf, sink = _FakePerf(2), _Sink()
+    d = FileDrain(buf, sink, limit=2)
+    for i, r in enumerate((buf.rings[1], buf.rings[0], buf.rings[1])):
+        r.sample(t + i, b"%d|" % i)
+    assert d() == 2 and d.done and _payloads(sink) == b"0|1|"
