@@ -42,6 +42,7 @@ class Tool:
     name: str
     argv: list[str]
     suffix: str = ".pcap"
+    ready: str = "listening on"   # the line that says it captures
 
     def command(self, path: str) -> list[str]:
         return [path if a == "FILE" else a for a in self.argv]
@@ -56,6 +57,8 @@ def tools(extra_fcap: list[str] | None = None) -> dict[str, Tool]:
     return {
         "tcpdump": Tool("tcpdump", ["tcpdump", "-i", "lo", "-s", str(SNAPLEN), "-w", "FILE"]),
         "fcap pcap": Tool("fcap pcap", fc + ["-w", "FILE"], ".pcap"),
+        "dumpcap": Tool("dumpcap", ["dumpcap", "-i", "lo", "-s", str(SNAPLEN), "-w", "FILE"], ".pcapng",
+                        ready="Capturing on"),
         "fcap pcapng": Tool("fcap pcapng", fc + ["-w", "FILE"], ".pcapng"),
     }
 
@@ -105,8 +108,9 @@ def _proc_cpu_s(pid: int) -> float:
 class _Child:
     """A capture process whose stderr is read by a thread; ready() waits for its `listening on` line."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], ready: str = "listening on"):
         self.lines: list[str] = []
+        self.ready_line = ready
         self.t0 = time.monotonic()
         self.argv = argv
         self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv), stdin=subprocess.DEVNULL,
@@ -120,7 +124,7 @@ class _Child:
         for raw in self.p.stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             with self.cv:
-                if self.ready_at is None and "listening on" in line:
+                if self.ready_at is None and self.ready_line in line:
                     self.ready_at = time.monotonic()
                 self.lines.append(line)
                 self.cv.notify_all()
@@ -162,8 +166,16 @@ class _Child:
 _SUMMARY = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel)")
 
 
+_DUMPCAP = re.compile(r"^Packets received/dropped on interface .*: (\d+)/(\d+)")
+
+
 def _summary(lines: list[str], r: Result) -> None:
     for line in lines:
+        m = _DUMPCAP.match(line)
+        if m:   # dumpcap's own line: received / dropped (all of them written)
+            r.received = r.captured = int(m.group(1))
+            r.dropped = int(m.group(2))
+            continue
         m = _SUMMARY.match(line)
         if m:
             n = int(m.group(1))
@@ -222,7 +234,7 @@ def run_one(sender: Sender, tool: Tool | None, payload: int, count: int, rate: f
         r.sent, r.sender_pps = s.packets, s.pps
         return r
     path = os.path.join(OUT_DIR[0], f"fcap-bench-{os.getpid()}{tool.suffix}")
-    child = _Child(tool.command(path))
+    child = _Child(tool.command(path), tool.ready)
     stats = None
     try:
         r.ready_s = child.ready()

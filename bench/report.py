@@ -25,23 +25,27 @@ def n(x) -> str:
 def flood_table(results: list[Result]) -> list[str]:
     bare = next((r for r in results if r.tool == "none"), None)
     td = next((r for r in results if r.tool == "tcpdump"), None)
+    dc = next((r for r in results if r.tool == "dumpcap"), None)
     out = ["| capture | in file | missing | dropped (tool says) | captured / received (tool says) | sender kpps | "
-           "sender vs bare | CPU µs/pkt | CPU vs tcpdump |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "sender vs bare | CPU µs/pkt | CPU vs tcpdump | CPU vs dumpcap |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.tool == "none":
-            out.append(f"| none | | | | | {r.sender_pps / 1000:.0f} | 1.00 | | |")
+            out.append(f"| none | | | | | {r.sender_pps / 1000:.0f} | 1.00 | | | |")
             continue
         vs_bare = f"{r.sender_pps / bare.sender_pps:.2f}" if bare and bare.sender_pps else ""
         cpu = r.cpu_us_per_pkt
         if cpu is None:
-            out.append(f"| {r.tool} | 0 | {int(r.sent)} | {n(r.dropped)} | | | {vs_bare} | | |")
+            out.append(f"| {r.tool} | 0 | {int(r.sent)} | {n(r.dropped)} | | | {vs_bare} | | | |")
             continue
-        vs_td = "1.00" if r is td else (f"{cpu / td.cpu_us_per_pkt:.2f}" if td and td.cpu_us_per_pkt else "")
         out.append(f"| {r.tool} | {pct(r.share)} | {int(r.sent - r.in_file)} | {n(r.dropped)} | "
                    f"{n(r.captured)} / {n(r.received)} | {r.sender_pps / 1000:.0f} | {vs_bare} | {cpu:.2f} | "
-                   f"{vs_td} |")
+                   f"{_ratio(cpu, td)} | {_ratio(cpu, dc)} |")
     return out
+
+
+def _ratio(cpu: float, other: Result | None) -> str:
+    return f"{cpu / other.cpu_us_per_pkt:.2f}" if other is not None and other.cpu_us_per_pkt else ""
 
 
 def sweep_table(sweep: list[list[Result]]) -> list[str]:

@@ -103,6 +103,8 @@ class Capture:
         self.linktype = session.linktype.number
         self.delivered = 0
         self._queue: collections.deque = collections.deque()
+        from .order import Pending
+        self._pending = Pending(session.window)
 
     def __enter__(self) -> Capture:
         return self
@@ -169,10 +171,11 @@ class Capture:
     def _poll(self, ms: int) -> None:
         s = self.session
         batch: list = []
-        s.buffer.poll(ms)
+        held = self._pending
+        s.buffer.poll(min(ms, held.window.retry_ms) if held.held else ms)
+        cutoff = held.window.cutoff()   # (fcap.order: the CPUs' records merged in time order, across polls)
         s.buffer.drain(lambda cpu, raw: batch.append(s.parse(raw)))
-        batch.sort(key=lambda r: r.ts_ns)   # each CPU's buffer is in time order: merge them
-        for r in batch:
+        for r in held.take(batch, cutoff):
             self._queue.append(self._packet(r))
 
     def _packet(self, r) -> Packet:

@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="only packets going in, or out (from the point's direction or the skb's packet type)")
     p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    p.add_argument("--perf-buffer", action="store_true",
+                   help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "
+                        "file rings), not in the programs' file rings")
     g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
     g.add_argument("--pid", metavar="PID", help="only packets handled in process PID (thread group id)")
     g.add_argument("--comm", metavar="NAME", help="only packets handled by a task called NAME")
@@ -295,7 +298,7 @@ def cmd_capture(args, command: list[str]) -> int:
         if fmt is not None:
             session.cfg = session.cfg._replace(
                 record=fmt,                       # the programs lay out this format's record headers
-                file_ring=not count,              # and where they can, write finished records themselves
+                file_ring=not args.perf_buffer,   # and where they can, write finished records themselves
                 meta=fmt != "pcap")               # pcap holds no pid, comm, mark or netns
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)

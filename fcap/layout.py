@@ -236,15 +236,25 @@ RING = Layout("RingControl", (
     ("", "4x"),
     ("sec_ns", "Q"),         # the program's: the wall-clock second its last pcap timestamp fell in, in ns ...
     ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
-    ("", "24x"),
+    ("last", "Q"),           # the timestamp of the last record published ...
+    ("disorder", "Q"),       # ... and how many were older than the one before (fcap.order merges those by record)
+    ("", "8x"),
     ("tail", "Q"),           # user space's: on its own cache line
-    ("", "56x"),
+    ("taken", "Q"),          # user space's: records taken so far (count bits as head's): frees the index's entries
+    ("", "48x"),
 ))
 RING_CTRL = RING.size
 assert RING_CTRL == 128 and RING.off("tail") == 64
 HEAD_BITS = 40
 HEAD_POS = (1 << HEAD_BITS) - 1
 HEAD_ONE = 1 << HEAD_BITS
+HEAD_COUNT = (1 << (64 - HEAD_BITS)) - 1   # the count bits of head, shifted down
+# After the ring's slack, each CPU's index of its records: one entry per record, at (its count & (entries - 1)),
+# written before the record is published: its timestamp and the position where it ends (as head's position bits).
+# User space merges the CPUs' records by these (fcap.order) and frees the entries by storing `taken`; the program
+# refuses a record (lost) while the index is full. One entry per RING_INDEX_BYTES bytes of ring.
+RING_INDEX = Layout("RingIndex", (("ts", "Q"), ("end", "Q")))
+RING_INDEX_BYTES = 32
 RING_MAX = 64 << 20      # per CPU (kernels before 6.x cap a map value at 4 MiB: then 2 MiB, see Session)
 
 # ---- the pcapng comment --------------------------------------------------------------------------------------------

@@ -247,6 +247,9 @@ class CaptureLoop:
         def n(k: int, what: str) -> str:
             return f"{k} packet{'s' if k != 1 else ''} {what}\n"
         out = n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        late = self.session.window.late
+        if late:   # (fcap.order: held up for longer than the window, written at once, after newer ones)
+            out += f"{late} packet{'s' if late != 1 else ''} written out of time order (late)\n"
         t = self.session.track_report
         if t:
             out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "

@@ -7,14 +7,14 @@ from __future__ import annotations
 from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
                      R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
-                     rshi, st, stx)
+                     lshi, rshi, st, stx)
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from . import epbopts, kcomment
-from .layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_ONE, HEAD_POS,
-                     META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
+from .layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
+                     HEAD_POS, META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
                      PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
-                     RING_COPY_MAX, RING_CTRL, STACK, TEXT_MAX)
+                     RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
 from .pcapfile import verdict_value
 
 assert PCAPNG_OPTIONS == (PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PCAPNG_COMMENT), \
@@ -29,6 +29,21 @@ OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
 RING_SLACK = (REC_MAX + SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
+assert RING_INDEX.size == 1 << 4, "_publish finds an index entry by a shift"
+
+
+def index_at(ring_size: int) -> int:
+    """Where a CPU's index of records starts in its element (fcap.layout's RING_INDEX)."""
+    return RING_CTRL + ring_size + RING_SLACK
+
+
+def index_entries(ring_size: int) -> int:
+    return ring_size // RING_INDEX_BYTES
+
+
+def element_size(ring_size: int) -> int:
+    """Bytes of each CPU's element: control words, ring, slack, index."""
+    return index_at(ring_size) + index_entries(ring_size) * RING_INDEX.size
 
 
 def emit(b) -> None:
@@ -140,8 +155,11 @@ def _reserve(b, spill: int) -> None:
            asm.jmp(JEQ, R0, 0, "r_fail"), mov(R9, R0),
            # one writer at a time on this CPU (another point's program may interrupt this one)
            RING.load(R0, R9, "busy"), asm.jmp(JNE, R0, 0, "r_fail"), RING.store_imm(R9, "busy", 1),
+           # an index entry free: (count - taken) < entries
+           RING.load(R1, R9, "head"), mov(R5, R1), rshi(R5, HEAD_BITS), RING.load(R3, R9, "taken"),
+           alu64(SUB, R5, R3, reg=True), andi(R5, HEAD_COUNT), asm.jmp(JGE, R5, index_entries(ring), "r_unlock"),
            # room: (head - tail) + len + spill <= ring
-           RING.load(R1, R9, "head"), RING.load(R3, R9, "tail"), ld_imm64(R0, HEAD_POS),
+           RING.load(R3, R9, "tail"), ld_imm64(R0, HEAD_POS),
            alu64(AND, R1, R0, reg=True), mov(R5, R1), alu64(SUB, R5, R3, reg=True),
            alu64(AND, R5, R0, reg=True), ldx(DW, R4, FP, STACK.ring_len), alu64(ADD, R5, R4, reg=True),
            asm.jmp(JGT, R5, ring - spill, "r_unlock"),
@@ -203,6 +221,17 @@ def _publish(b) -> None:
            mov(R1, R9), addi(R1, RING_CTRL), mov(R3, R9), addi(R3, RING_CTRL + ring),
            call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            label("r_publish"),
+           # a record older than the one before (this program interrupted another point's before it took the
+           # ring) is counted: user space then merges this CPU's records one by one
+           META.load(R0, R7, "ts"), RING.load(R4, R9, "last"), RING.store(R9, "last", R0),
+           asm.jmp(JGE, R0, R4, "r_in_order"), RING.load(R4, R9, "disorder"), addi(R4, 1),
+           RING.store(R9, "disorder", R4), label("r_in_order"),
+           # the index entry (head's count & (entries - 1)): the timestamp and where the record ends
+           RING.load(R2, R9, "head"), mov(R3, R2), rshi(R3, HEAD_BITS), andi(R3, index_entries(ring) - 1),
+           lshi(R3, 4), alu64(ADD, R3, R9, reg=True), addi(R3, index_at(ring)),
+           META.load(R0, R7, "ts"), RING_INDEX.store(R3, "ts", R0),
+           ld_imm64(R0, HEAD_POS), alu64(AND, R2, R0, reg=True), ldx(DW, R4, FP, STACK.ring_len),
+           alu64(ADD, R2, R4, reg=True), alu64(AND, R2, R0, reg=True), RING_INDEX.store(R3, "end", R2),
            ldx(DW, R1, FP, STACK.ring_len), ld_imm64(R0, HEAD_ONE), alu64(ADD, R1, R0, reg=True),
            asm.fetch_add(DW, R9, RING.off("head"), R1),
            # the doorbell: a quarter of the ring in use after this record, not rung since user space cleared it

@@ -22,6 +22,7 @@ from .filter import compile_filter
 from .linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from .points import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
 from .drops import is_drop_point
+from .order import Pending, Window
 from .errors import CaptureError, PredicateError
 
 DEFAULT_SNAPLEN = 262144
@@ -117,6 +118,7 @@ class Session:
         self.track_map = self.track_counters = None   # --track
         self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
         self.track_report: dict = {}
+        self.window = Window()   # the time order's window, every drain's (fcap.order); .late: records written late
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -315,11 +317,11 @@ class Session:
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
         some kernels), the largest power of two it takes; returns the ring size."""
-        from .ringrec import RING_SLACK
+        from .ringrec import element_size
         size = min(want, layout.RING_MAX)
         while True:
             try:
-                self.ring = ArrayMap(layout.RING_CTRL + size + RING_SLACK, possible_cpus(),
+                self.ring = ArrayMap(element_size(size), possible_cpus(),
                                      name="fcap_ring", flags=MapFlags.MMAPABLE)
                 self.maps.append(self.ring)
                 return size
@@ -348,10 +350,10 @@ class Session:
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from .drain import FileDrain, RingDrain
-        if self.ring is not None and not limit:
-            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer)
+        if self.ring is not None:
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window)
             return self.drain
-        return FileDrain(self.buffer, writer, options=options, limit=limit)
+        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
 
     def _load(self, p: Point, items: list) -> Program:
         name = f"fcap_{p.name}"[:15]
@@ -415,20 +417,22 @@ class Session:
 
     # -- running -------------------------------------------------------------------------------
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Drain records into sink until stop() is true or sink returns False; then detach and drain the rest."""
+        """Drain records into sink, in time order (fcap.order), until stop() is true or sink returns False; then
+        detach and drain the rest."""
         buf = self.buffer
         keep_going = True
         parse = self.parse
         batch: list = []
+        pending = Pending(self.window)
 
         def on_sample(cpu: int, raw) -> None:
             batch.append(parse(raw))
 
-        def deliver() -> None:
-            # each CPU's buffer is in time order; a drain takes them one after the other: merge by time
+        def deliver(final: bool = False) -> None:
             nonlocal keep_going
-            batch.sort(key=lambda r: r.ts_ns)
-            for rec in batch:
+            cutoff = pending.window.cutoff(final)
+            buf.drain(on_sample)
+            for rec in pending.take(batch, cutoff):
                 if not keep_going:
                     break
                 self.stats.captured += 1
@@ -438,25 +442,24 @@ class Session:
 
         timeout = 5 if self.cfg.immediate else poll_ms
         while keep_going and not stop():
-            buf.poll(timeout)
-            buf.drain(on_sample)
+            buf.poll(min(timeout, pending.window.retry_ms) if pending.held else timeout)
             deliver()
         self.detach()
         if keep_going:
-            buf.drain(on_sample)
-            deliver()
+            deliver(final=True)
 
-    def run_file(self, drain: Callable[[], int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Like run(), for a drain that writes records itself (fcap.drain.FileDrain): until stop() is true or the
-        drain is done; then detach and drain the rest."""
+    def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Like run(), for a drain that writes records itself (fcap.drain): until stop() is true or the drain is
+        done; then detach and drain the rest. While the drain holds records (fcap.order) it is called again at
+        once (a ring a quarter full whose doorbell stays quiet: see fcap.drain.RingDrain)."""
         buf = self.buffer
         timeout = 5 if self.cfg.immediate else poll_ms
         while not drain.done and not stop():
-            buf.poll(timeout)
+            buf.poll(0 if drain.held else timeout)
             self.stats.captured += drain()
         self.detach()
         if not drain.done:
-            self.stats.captured += drain()
+            self.stats.captured += drain(final=True)
 
     def detach(self) -> None:
         if self.links:

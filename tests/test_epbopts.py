@@ -135,7 +135,7 @@ def test_drop_verdict(tmp_path, tshark, path_kind):
     need_root()
     port = _closed_port()
     path = tmp_path / f"drop-{path_kind}.pcapng"
-    more = ["-c", "6"] if path_kind == "perf" else []    # -c: user space lays out the blocks
+    more = ["--perf-buffer", "-c", "6"] if path_kind == "perf" else []    # user space lays out the blocks
     f = start_fcap(["-i", "tp_btf/kfree_skb", "-w", str(path), *more, f"udp and dst port {port}"])
     try:
         _drops(port)

@@ -1,6 +1,6 @@
 """The file rings (fcap.ringrec), where the capture program writes finished pcap/pcapng records itself, against
-the perf buffer path (FileDrain, which fcap takes with -c): the same packets, the same bytes, the same metadata
-comment, the same block layout as the writer's; exact counts when the ring wraps and overflows."""
+the perf buffer path (FileDrain, which fcap takes with --perf-buffer): the same packets, the same bytes, the same
+metadata comment, the same block layout as the writer's; exact counts when the ring wraps and overflows."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
     tag = os.urandom(8)
     ring, perf = str(tmp_path / f"ring.{fmt}"), str(tmp_path / f"perf.{fmt}")
     a = start_fcap(["-i", POINT, "-s", snaplen, "-w", ring])
-    b = start_fcap(["-i", POINT, "-s", snaplen, "-c", "1000000", "-w", perf])
+    b = start_fcap(["-i", POINT, "-s", snaplen, "--perf-buffer", "-w", perf])
     try:
         sent = _traffic(tag)
         time.sleep(0.3)
@@ -131,13 +131,15 @@ def test_ring_pcapng_blocks_as_the_writer_makes_them(tmp_path):
     assert struct.unpack_from("=II", data, end) == (5, len(data) - end), "not one ISB after the packets"
 
 
-def test_ring_wraps_and_counts_exactly(tmp_path):
+@pytest.mark.parametrize("fmt, snap", [("pcapng", "0"), ("pcap", "14")])
+def test_ring_wraps_and_counts_exactly(tmp_path, fmt, snap):
     """A 64 KiB ring per CPU (-B 128 on two CPUs) wraps many times and overflows: every record in the file is
-    whole, and captured + dropped == received, captured == records in the file."""
+    whole, in time order, and captured + dropped == received, captured == records in the file. With 30-byte
+    records (-s 14) its index (one entry per 32 bytes) fills before its bytes do."""
     _ring_available()
     from fcap.pcapread import read
-    path = str(tmp_path / "small.pcapng")
-    a = start_fcap(["-i", POINT, "-B", "128", "-w", path])
+    path = str(tmp_path / f"small.{fmt}")
+    a = start_fcap(["-i", POINT, "-B", "128", "-s", snap, "-w", path])
     tag = os.urandom(8)
     try:
         with UDPSink() as sink:
@@ -157,5 +159,10 @@ def test_ring_wraps_and_counts_exactly(tmp_path):
     records = list(read(path))
     assert n["captured"] == len(records)
     assert n["captured"] + n["dropped by kernel"] == n["received by filter"]
+    ts = [r.ts_ns for r in records]
+    assert ts == sorted(ts)
+    if snap == "14":
+        assert len(records) > 1000 and all(len(r.data) <= 14 for r in records)
+        return
     seqs = [struct.unpack("!I", r.data[50:54])[0] for r in records if r.data[42:50] == tag]
     assert len(seqs) == len(set(seqs)) and len(seqs) > 1000

@@ -258,9 +258,9 @@ def _listing(d) -> list[tuple[str, int]]:
 def test_size_rotation_beside_tcpdump(sink, tmp_path, tcpdump, tshark, fmt, drain):
     """-C 1 on ~3 MB: the names tcpdump gives (x, x1, x2, ...; pcap: the very sizes too), each file complete and
     readable by tcpdump and tshark, cut only between records, every packet once. The file ring path (the kernel
-    lays out the records) and the perf buffer path (-c: user space lays them out)."""
+    lays out the records) and the perf buffer path (--perf-buffer: user space lays them out)."""
     pays = _datagrams(2200)
-    extra = ["-c", str(len(pays))] if drain == "perf buffer" else []
+    extra = ["--perf-buffer", "-c", str(len(pays))] if drain == "perf buffer" else []
     name = f"x.{fmt}"
     fc, mine, theirs, complete = _capture_both(sink, tmp_path, ["-C", "1"], name, pays, extra)
     got = _listing(mine)

@@ -133,8 +133,8 @@ def test_offloaded_vlan_tags_are_in_the_bytes(veth_ns, tmp_path):
     v = veth_ns
     tagged = Tagged(v, mode)
     tag = struct.pack(">Q", 0xFCA9_0000_0000 | VID)
-    # (-c: records through the perf buffer; without: through the file rings, where the kernel has them)
-    exprs = {"all": [], "all-perf": ["-c", "1000000"], "vlan": [f"vlan {VID}"],
+    # (--perf-buffer: records through the perf buffer; without: through the file rings, where the kernel has them)
+    exprs = {"all": [], "all-perf": ["--perf-buffer"], "vlan": [f"vlan {VID}"],
              "vlan-udp": [f"vlan {VID} and udp port 9"], "other": [f"vlan {VID + 1}"], "untagged": ["not vlan"]}
     try:
         td = start_tcpdump(v.a, tmp_path / "td.pcap")
