@@ -61,12 +61,12 @@ def _tag(kind: str, i: int) -> bytes:
     return f"fcap-{kind}-{i:04d}-".encode() * 2
 
 
-def _send(v, open_port: int, closed: int, tcp_port: int = 0) -> None:
+def _send(v, open_port: int, closed: int, tcp_port: int = 0, pace: float = 0.002) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for i in range(N):
             s.sendto(_tag("open", i), (v.peer, open_port))
             s.sendto(_tag("closed", i), (v.peer, closed))
-            time.sleep(0.002)
+            time.sleep(pace)
     if tcp_port:
         with socket.create_connection((v.peer, tcp_port), timeout=5) as c:
             for i in range(N):
@@ -272,6 +272,9 @@ def _lives(trace: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
     return out
 
 
+PACE = 0.01 * SLOW   # the oracle's datagrams this far apart: a record matches its passage of the trace unmistakably
+
+
 def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
     """The --track capture of test_track_starts_only_on_what_the_filter_chose with the kernel's events traced
     beside it: each record is matched to the trace's passage of its point by its skb nearest in time (monotonic);
@@ -284,7 +287,7 @@ def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
             s.sendto(b"warm-up", (v.peer, port))
         time.sleep(0.2 * SLOW)
         recs, _path, _err = _capture(tmp_path, v, POINTS + ["--track", f"udp port {port}"],
-                                     lambda: _send(v, port, port + 1))
+                                     lambda: _send(v, port, port + 1, pace=PACE))
         text = trace()
     # (the warm-up's skb may be freed while the capture runs: a packet first seen there, with an id of its own)
     warm = [p for p in recs if b"warm-up" in p.l3]
@@ -305,7 +308,8 @@ def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
     life_of: dict[int, set] = {}
     for p in recs:
         ts, n = nearest(p, offset)
-        assert abs(ts - (p.ts_ns - offset)) < 200_000 * SLOW, (p.iface_name, ts, p.ts_ns - offset)
+        # (within a quarter of the pace: nearer to its own passage than to a neighbour's, on a loaded emulated host)
+        assert abs(ts - (p.ts_ns - offset)) < PACE * 1e9 / 4, (p.iface_name, ts, p.ts_ns - offset)
         life_of.setdefault(p.packet_id, set()).add((_skb(p), n))
     assert len(life_of) == N, len(life_of)
     for pid, lv in life_of.items():
