@@ -169,13 +169,8 @@ class Capture:
         return p
 
     def _poll(self, ms: int) -> None:
-        s = self.session
-        batch: list = []
-        held = self._pending
-        s.buffer.poll(min(ms, held.window.retry_ms) if held.held else ms)
-        cutoff = held.window.cutoff()   # (fcap.order: the CPUs' records merged in time order, across polls)
-        s.buffer.drain(lambda cpu, raw: batch.append(s.parse(raw)))
-        for r in held.take(batch, cutoff):
+        self.session.wait(self._pending, ms)
+        for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.order)
             self._queue.append(self._packet(r))
 
     def _packet(self, r) -> Packet:

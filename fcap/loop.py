@@ -44,9 +44,7 @@ class CaptureLoop:
         self.command_ended = False   # the command's exit ended the capture
         self.files_done = False      # -G -W: the last file's interval is over
         points = session.points
-        self.options = Options(points)
-        self.drop_names = self.options.drop_names
-        self.drop_points = self.options.drop_points
+        self.options = Options(points)   # (pcapng options, and what a drop point's records say)
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
         self.points = {p.id: p for p in points}
         self.drain = None         # the file drain, made by ready()
@@ -63,7 +61,7 @@ class CaptureLoop:
         self.session.buffer.watch(rfd)
         writer = self.out.writer
         if writer is not None and self.session.dump_area is None:
-            self.drain = self.session.file_drain(writer, limit=self.count, options=self._options)
+            self.drain = self.session.file_drain(writer, limit=self.count, options=self.options)
 
     def run(self) -> int:
         self._start_command()
@@ -97,7 +95,7 @@ class CaptureLoop:
         if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
             self.session.run(self._write, self._should_stop)
             return
-        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self._options)
+        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -124,23 +122,19 @@ class CaptureLoop:
         comments, more = records_options(rec.dumps)
         try:
             self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                                  comments=comments, more=more, **self._options(rec))
+                                  comments=comments, more=more, **self.options(rec))
         except OSError as e:
             self._write_failed(e)
             return False
         self.written += 1
         return not (self.count and self.written >= self.count)
 
-    def _options(self, rec) -> dict:
-        """A pcapng block's options for a record whose block user space lays out (fcap.epbopts.Options)."""
-        return self.options(rec)
-
     def _print(self, rec) -> bool:
         """The printer's sink: False stops the capture."""
         offset = self.session.clock_offset_ns
         name = self.names.get(rec.point)
-        if rec.point in self.drop_points:   # the point's name, then why and where it dropped the packet
-            why = self.drop_names.text(rec, self.drop_points[rec.point]).strip()
+        why = self.options.drop_text(rec).strip()
+        if why:   # the point's name, then why and where it dropped the packet
             name = f"{name or self.session.points[0].if_name} [{why}]"
         try:
             self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len, name)
@@ -157,7 +151,8 @@ class CaptureLoop:
         from .pathcmd import Hop
         from .show import describe
         p = self.points[rec.point]
-        drop = self.drop_names.describe(rec, self.drop_points[rec.point]) if rec.point in self.drop_points else None
+        o = self.options
+        drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
         hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
                   describe(rec.data, self.session.linktype.number, rec.orig_len))
         try:

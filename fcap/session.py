@@ -419,34 +419,38 @@ class Session:
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Drain records into sink, in time order (fcap.order), until stop() is true or sink returns False; then
         detach and drain the rest."""
-        buf = self.buffer
         keep_going = True
-        parse = self.parse
-        batch: list = []
         pending = Pending(self.window)
-
-        def on_sample(cpu: int, raw) -> None:
-            batch.append(parse(raw))
 
         def deliver(final: bool = False) -> None:
             nonlocal keep_going
-            cutoff = pending.window.cutoff(final)
-            buf.drain(on_sample)
-            for rec in pending.take(batch, cutoff):
+            for rec in self.ordered(pending, final):
                 if not keep_going:
                     break
                 self.stats.captured += 1
                 if sink(rec) is False:
                     keep_going = False
-            batch.clear()
 
         timeout = 5 if self.cfg.immediate else poll_ms
         while keep_going and not stop():
-            buf.poll(min(timeout, pending.window.retry_ms) if pending.held else timeout)
+            self.wait(pending, timeout)
             deliver()
         self.detach()
         if keep_going:
             deliver(final=True)
+
+    def wait(self, pending: Pending, timeout_ms: int) -> None:
+        """Until the buffer has records or the time passes; sooner while `pending` holds records (fcap.order)."""
+        self.buffer.poll(min(timeout_ms, pending.window.retry_ms) if pending.held else timeout_ms)
+
+    def ordered(self, pending: Pending, final: bool = False) -> list:
+        """The records surely published so far, with those `pending` held, in time order (fcap.order); the newest
+        stay in `pending` (none when `final`: the programs are detached)."""
+        cutoff = pending.window.cutoff(final)
+        batch: list = []
+        parse = self.parse
+        self.buffer.drain(lambda cpu, raw: batch.append(parse(raw)))
+        return pending.take(batch, cutoff)
 
     def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Like run(), for a drain that writes records itself (fcap.drain): until stop() is true or the drain is
