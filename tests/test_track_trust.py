@@ -252,7 +252,10 @@ _POINT = {"net_dev_queue": "dev:queue", "netif_receive_skb": "dev:receive", "kfr
 
 def _lives(trace: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
     """(point, skb) -> (monotonic ns, life number) of each time the kernel passed that point with that skb. A life of
-    an address ends at its kmem_cache_free, kfree_skb or consume_skb, or a kmem_cache_alloc of it."""
+    an address ends at its kmem_cache_free, kfree_skb or consume_skb, or a kmem_cache_alloc of it. Newer kernels (7.2
+    here) also free a read datagram's skb into a per-CPU cache and allocate from it with none of those events; every
+    packet of this traffic is queued once (datagrams on the veth into the namespace, ICMP errors back), so a
+    net_dev_queue begins a life too."""
     life: dict[int, int] = {}
     nxt = 0
     out: dict[tuple[str, int], list[tuple[int, int]]] = {}
@@ -262,7 +265,7 @@ def _lives(trace: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
             continue
         sec, frac, ev, addr = m.group(1), m.group(2), m.group(3), int(m.group(4), 16)
         ts = int(sec) * 10**9 + int(frac.ljust(9, "0"))
-        if ev == "kmem_cache_alloc" or addr not in life:
+        if ev in ("kmem_cache_alloc", "net_dev_queue") or addr not in life:
             nxt += 1
             life[addr] = nxt
         if ev in _POINT:
