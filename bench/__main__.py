@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", choices=suite.PARTS, action="append",
                     help="run only these parts (repeatable; implies --no-write)")
     ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
-                    "fcap.cli', to measure another version; implies --no-write)")
+                    "fcap.commands.cli', to measure another version; implies --no-write)")
     ap.add_argument("--dir", default=capture.OUT_DIR[0],
                     help="where the capture files go (default /dev/shm: no disk; a disk file system's page cache "
                     "costs each tool differently per byte)")

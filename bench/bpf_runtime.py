@@ -64,7 +64,7 @@ def cases(port: int) -> list[tuple[str, list[str] | None, str]]:
 
 def fcap_argv() -> list[str]:
     exe = shutil.which("fcap")
-    return [exe] if exe else [sys.executable, "-m", "fcap.cli"]
+    return [exe] if exe else [sys.executable, "-m", "fcap.commands.cli"]
 
 
 def program_fds(pid: int) -> list[FD]:
@@ -108,7 +108,7 @@ def measure_floor(n: int, port: int, point: str) -> tuple[float, int, float]:
     from bpf.link import attach_tracing
     from bpf.prog import load
     from bpf.uapi import AttachType, ProgType
-    from fcap.points import resolve
+    from fcap.points.spec import resolve
     pt = resolve(point)
     if not pt.typed:
         raise SystemExit(f"{point}: the floor is measured at BTF-typed points only")

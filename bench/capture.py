@@ -32,7 +32,7 @@ def fcap_argv() -> list[str]:
         return list(FCAP)
     here = os.path.join(os.path.dirname(sys.executable), "fcap")
     exe = here if os.access(here, os.X_OK) else shutil.which("fcap")
-    return [exe] if exe else [sys.executable, "-m", "fcap.cli"]
+    return [exe] if exe else [sys.executable, "-m", "fcap.commands.cli"]
 
 
 @dataclass

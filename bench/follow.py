@@ -30,7 +30,7 @@ from bpf import features  # noqa: E402
 from bpf.btf import BTF  # noqa: E402
 from bpf.sys import enable_stats  # noqa: E402
 from bpf.uapi import AttachType  # noqa: E402
-from fcap.session import Config, Session  # noqa: E402
+from fcap.live.session import Config, Session  # noqa: E402
 
 
 def fentry_allowed() -> bool:
@@ -113,7 +113,7 @@ def cost_once(points: list[str], npoints: int | None, n: int, **cfg) -> dict:
         s.open()
         s.attach()
         ncapture = len(s.programs)
-        progs = s.programs + [prog for _p, prog in s.helpers]   # (the identity map's helpers: fcap.track)
+        progs = s.programs + [prog for _p, prog in s.helpers]   # (the identity map's helpers: fcap.kernel.track)
         with enable_stats():
             before = [p.stats() for p in progs]
             t0 = time.perf_counter()
@@ -171,7 +171,7 @@ def retarget() -> list[str]:
     from bpf.prog import load
     from bpf.sys import LinkCreateAttr, bpf_errno
     from bpf.uapi import Cmd, ProgType
-    from fcap.points import resolve
+    from fcap.points.spec import resolve
     if not fentry_allowed():
         return [f"{os.uname().release}: fentry programs are refused here; nothing to re-target"]
     a, b = resolve("fentry/ip_output"), resolve("fentry/ip_finish_output")

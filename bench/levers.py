@@ -69,7 +69,7 @@ def checkout(rev: str, into: str) -> str:
 
 def _fcap_tools(tree: str, rev: str) -> list[Tool]:
     base = tools()
-    cmd = ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "fcap.cli"]
+    cmd = ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "fcap.commands.cli"]
     out = []
     for name in ("fcap pcap", "fcap pcapng"):
         t = base[name]

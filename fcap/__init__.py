@@ -8,7 +8,7 @@
 
 The API (capture, read, Packet, Capture) is imported on first use: `import fcap` stays cheap for the command."""
 
-from .errors import FcapError
+from fcap.errors import FcapError
 
 __version__ = "0.1.0"
 __all__ = ["Capture", "FcapError", "Packet", "__version__", "capture", "read"]

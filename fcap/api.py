@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .errors import FcapError, UsageError
-from .layout import COMMENT
+from fcap.errors import FcapError, UsageError
+from fcap.kernel.layout import COMMENT
 
 DEFAULT_SNAPLEN = 262144
 POLL_MS = 100
@@ -33,7 +33,7 @@ class Packet:
     ifindex: int | None = None
     netns: int | None = None   # the device's network namespace inode number
     mark: int | None = None
-    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.dumps.Dump (.value, .text(), .node())
+    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
     packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
     reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
     location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
@@ -46,7 +46,7 @@ class Packet:
             from scapy import all as scapy
         except ImportError as e:
             raise FcapError(f"Packet.scapy() needs scapy: pip install 'fcap[decode]' ({e})") from None
-        from .show import _SCAPY_LAYERS
+        from fcap.text.show import _SCAPY_LAYERS
         if self.linktype == 101:
             cls = scapy.IPv6 if self.data[:1] and self.data[0] >> 4 == 6 else scapy.IP
         else:
@@ -74,7 +74,7 @@ class Capture:
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None):
-        from .session import DEFAULT_BUFFER_KIB, Config, Session
+        from fcap.live.session import DEFAULT_BUFFER_KIB, Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
@@ -83,7 +83,7 @@ class Capture:
         where, dump = _strings(where, "where"), _strings(dump, "dump")
         self.count, self.timeout = count, timeout
         self.session = None
-        from . import predicates
+        from fcap.kernel import predicates
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or DEFAULT_BUFFER_KIB, immediate=True,
                      predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
@@ -98,12 +98,12 @@ class Capture:
             raise
         self.session = session
         self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
-        from .epbopts import Options
+        from fcap.kernel.epbopts import Options
         self.options = Options(session.points)
         self.linktype = session.linktype.number
         self.delivered = 0
         self._queue: collections.deque = collections.deque()
-        from .order import Pending
+        from fcap.live.order import Pending
         self._pending = Pending(session.window)
 
     def __enter__(self) -> Capture:
@@ -170,7 +170,7 @@ class Capture:
 
     def _poll(self, ms: int) -> None:
         self.session.wait(self._pending, ms)
-        for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.order)
+        for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.live.order)
             self._queue.append(self._packet(r))
 
     def _packet(self, r) -> Packet:
@@ -213,7 +213,7 @@ _BASE = {"dec": 10, "hex": 16, "hex4": 16, "hex16": 16}
 
 def read(path) -> Iterator[Packet]:
     """The packets of a pcap/pcapng file (fcap's own metadata and dumps where the file carries them)."""
-    from .pcapread import read as read_records
+    from fcap.files.pcapread import read as read_records
     if not isinstance(path, (str, os.PathLike)):
         raise UsageError(f"read: a file name, not {path!r}")
     try:
@@ -228,7 +228,7 @@ _DROP_RX = re.compile(r"(?: reason=(\S+))? at=(\S+)$")
 
 
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.layout's COMMENT, then at drop points ' reason=R at=L') back as {attribute:
+    """fcap's metadata comment (fcap.kernel.layout's COMMENT, then at drop points ' reason=R at=L') back as {attribute:
     value} (reason and location as text); {} when it is not one."""
     drop = _DROP_RX.search(text)
     m = _COMMENT_RX.match(text[:drop.start()] if drop else text)
@@ -246,7 +246,7 @@ def _packet_of(rec) -> Packet:
     meta = next((m for m in map(parse_comment, lines) if m), {})
     dumps = {}
     if rec.custom:
-        from .dumps import dumps_of
+        from fcap.kernel.dumps import dumps_of
         dumps = {d.path: d for d in dumps_of(rec.custom, lines)}
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
                   linktype=rec.linktype, skb=meta.get("skb", rec.packet_id), pid=meta.get("pid"),

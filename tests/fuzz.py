@@ -43,9 +43,9 @@ if str(HERE.parent) not in sys.path:
 
 from bpf.btf import (BTF, Array, BTFError, Composite, Datasec, DeclTag, Enum, Func, FuncProto,  # noqa: E402
                      Kind, c_decl)
-from fcap import cli, listcmd  # noqa: E402
+from fcap.commands import cli, listing as listcmd  # noqa: E402
 from fcap.errors import FcapError, PcapFormatError  # noqa: E402
-from fcap.pcapread import read  # noqa: E402
+from fcap.files.pcapread import read  # noqa: E402
 from corpus import CAPTURES as CORPUS  # noqa: E402
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
@@ -122,7 +122,7 @@ def capture_bases() -> list[bytes]:
 
 def written_pcapng() -> bytes:
     """Two sections, several interfaces and link types, packets with every option fcap writes."""
-    from fcap.pcapfile import PcapngWriter
+    from fcap.files.pcapfile import PcapngWriter
     out = b""
     for section in range(2):
         b = io.BytesIO()
@@ -141,7 +141,7 @@ def written_pcapng() -> bytes:
 
 
 def written_pcap() -> bytes:
-    from fcap.pcapfile import PcapWriter
+    from fcap.files.pcapfile import PcapWriter
     b = io.BytesIO()
     w = PcapWriter(b, 101, 65535, closefd=False)
     for i in range(4):
@@ -394,8 +394,8 @@ def as_the_kernels(btf: BTF):
 def fcap_on(btf: BTF) -> None:
     """fcap's own uses of the kernel's BTF: list-devices (one line at most on failure), capture points resolved
     and their programs built (fcap's errors only)."""
-    from fcap import program as cprog
-    from fcap.points import resolve
+    from fcap.kernel import program as cprog
+    from fcap.points.spec import resolve
     with as_the_kernels(btf):
         rc, _out, err = run_cli(["list-devices"])
         assert rc in (0, 1) and len(err.splitlines()) <= 1 and (rc == 0 or err.startswith("fcap: ")), (rc, err)

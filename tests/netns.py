@@ -29,7 +29,7 @@ EXIT_TIMEOUT = 30.0 * SLOW
 def fcap_argv() -> list[str]:
     """How to run fcap: the installed command when it is on PATH, else the module from this checkout."""
     exe = shutil.which("fcap")
-    return [exe] if exe else [sys.executable, "-m", "fcap.cli"]
+    return [exe] if exe else [sys.executable, "-m", "fcap.commands.cli"]
 
 
 def subprocess_env() -> dict[str, str]:
@@ -343,7 +343,7 @@ class Pkt:
     comment: str | None = None
     flags: int | None = None
     extra: dict = field(default_factory=dict)
-    packet_id: int | None = None   # pcapng epb_packetid (fcap: the packet id, fcap.track)
+    packet_id: int | None = None   # pcapng epb_packetid (fcap: the packet id, fcap.kernel.track)
 
 
 ETH_HLEN = 14
@@ -353,7 +353,7 @@ LINKTYPE_IPV4, LINKTYPE_IPV6 = 228, 229
 
 def read_packets(path) -> list[Pkt]:
     """Every packet of a pcap/pcapng file (fcap's own reader), with the link header taken off."""
-    from fcap.pcapread import read
+    from fcap.files.pcapread import read
     out = []
     for r in read(path):
         off = {LINKTYPE_EN10MB: ETH_HLEN, LINKTYPE_RAW: 0, LINKTYPE_IPV4: 0, LINKTYPE_IPV6: 0,

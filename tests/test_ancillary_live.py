@@ -116,8 +116,8 @@ class Api:
         self.sessions: dict[str, object] = {}
 
     def add(self, name: str, cbpf=None, expr: str | None = None, where: str | None = None) -> None:
-        from fcap import predicates as pr
-        from fcap.session import Config, Session
+        from fcap.kernel import predicates as pr
+        from fcap.live.session import Config, Session
         preds = [lambda p: pr.netns(self.ns.inum)] + ([lambda p: pr.where(p, where)] if where else [])
         s = Session(Config(points=["tp_btf/net_dev_queue", RX], linktype="EN10MB", filter=expr, predicates=preds,
                            buffer_kib=1024))

@@ -21,8 +21,8 @@ SETTLE = 0.3 * SLOW
 
 def _file_rings() -> bool:
     need_root()
-    from fcap import pointcaps
-    from fcap.session import Config, Session
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
     return bool(pointcaps.dynptr_kfunc(s.points[0]))
@@ -97,7 +97,7 @@ def test_gso_skbs_over_64k_land_whole(tmp_path, fmt):
     if rings:
         n, big = _check(pkts, data, lambda orig: orig)
     else:
-        from fcap.layout import COPY_MAX   # what a perf sample holds of the skb (the Ethernet header included)
+        from fcap.kernel.layout import COPY_MAX   # what a perf sample holds of the skb (the Ethernet header included)
         n, big = _check(pkts, data, lambda orig: min(orig, COPY_MAX - 14))
     if not big:
         pytest.skip(f"this kernel built no TCP skb over 64 KiB on lo ({n} segments): nothing to check past 64 KiB")

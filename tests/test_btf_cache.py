@@ -96,7 +96,7 @@ def test_points_list_is_keyed_by_the_btf_it_came_from(cache_home, tmp_path, monk
     """The list-devices list made from one BTF directory (a test's own) is not served for another (the kernel's):
     the key is taken from the files the list was made from."""
     import bpf.btf
-    from fcap.points import list_points
+    from fcap.points.spec import list_points
     from test_btf import sample
     _vmlinux_blob()
     fake = tmp_path / "btf"

@@ -17,7 +17,7 @@ import pytest
 import fuzz
 from bpf.btf import BTF
 from fcap.errors import PcapFormatError
-from fcap.pcapread import read
+from fcap.files.pcapread import read
 from corpus import CAPTURES as CORPUS
 from netns import fcap_argv
 from test_pcapfile import block, epb, idb, opt, pcap_blob, shb
@@ -210,7 +210,7 @@ def kernel_btf(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))   # (the per-boot caches stay the real BTF's)
     monkeypatch.setattr(BTF, "_vmlinux", None)
     monkeypatch.setattr(BTF, "_modules", {})
-    monkeypatch.setattr("fcap.listcmd.refused_kinds", lambda: "")
+    monkeypatch.setattr("fcap.commands.listing.refused_kinds", lambda: "")
 
     def write(blob: bytes) -> None:
         (tmp_path / "vmlinux").write_bytes(blob)

@@ -221,7 +221,7 @@ def test_bad_paths_one_line(args, says):
 
 def test_member_list_names_members_of_anonymous_unions():
     from bpf.btf import BTF
-    from fcap.paths import member_names
+    from fcap.points.members import member_names
     names = member_names(BTF.vmlinux().find("sk_buff", "struct"))
     assert {"dev", "len", "protocol", "pkt_type", "mark"} <= set(names) and "" not in names
 

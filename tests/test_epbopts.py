@@ -148,15 +148,15 @@ def test_drop_verdict(tmp_path, tshark, path_kind):
     rows = _tshark_fields(tshark, path, "frame.verdict.ebpf_tc", "frame.interface_queue",
                           display="frame.verdict.ebpf_tc == 2")
     assert rows == [[str(TC_ACT_SHOT), ""]] * 6
-    from fcap.pcapfile import VERDICT_TC
-    from fcap.pcapread import read
+    from fcap.files.pcapfile import VERDICT_TC
+    from fcap.files.pcapread import read
     assert [r.verdict for r in read(path)] == [(VERDICT_TC, TC_ACT_SHOT)] * 6
     _blocks_as_the_writer_makes_them(path)
 
 
 def _blocks_as_the_writer_makes_them(path) -> None:
-    from fcap.pcapfile import PcapngWriter
-    from fcap.pcapread import read
+    from fcap.files.pcapfile import PcapngWriter
+    from fcap.files.pcapread import read
     records = list(read(path))
     data = open(path, "rb").read()
     off = 0
@@ -176,8 +176,8 @@ def _blocks_as_the_writer_makes_them(path) -> None:
 
 
 def test_writer_and_reader_round_trip_queue_and_verdict():
-    from fcap.pcapfile import VERDICT_HW, VERDICT_TC, VERDICT_XDP, PcapngWriter
-    from fcap.pcapread import read
+    from fcap.files.pcapfile import VERDICT_HW, VERDICT_TC, VERDICT_XDP, PcapngWriter
+    from fcap.files.pcapread import read
     buf = io.BytesIO()
     w = PcapngWriter(buf, closefd=False)
     w.add_interface("p", 1)

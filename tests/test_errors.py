@@ -115,13 +115,13 @@ def test_as_nobody(root, tmp_path):
     """As user nobody: the same refusal. Needs an interpreter nobody can run (not one under /root)."""
     need_tool("setpriv", "switches to user nobody")
     drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    probe = subprocess.run(drop + [sys.executable, "-c", "import fcap.cli"], capture_output=True, timeout=60,
+    probe = subprocess.run(drop + [sys.executable, "-c", "import fcap.commands.cli"], capture_output=True, timeout=60,
                            env=subprocess_env(), cwd="/")
     if probe.returncode != 0:
         pytest.skip(f"user nobody cannot run {sys.executable} with fcap importable "
                     f"({probe.stderr.decode().strip().splitlines()[-1] if probe.stderr else probe.returncode})")
     os.chmod(tmp_path, 0o777)
-    r = subprocess.run(drop + [sys.executable, "-m", "fcap.cli", *CAPTURE, "-w", str(tmp_path / "x.pcap")],
+    r = subprocess.run(drop + [sys.executable, "-m", "fcap.commands.cli", *CAPTURE, "-w", str(tmp_path / "x.pcap")],
                        capture_output=True, timeout=60, env=subprocess_env(), cwd="/")
     line = one_line_error(r)
     assert re.search(r"not permitted|permission", line, re.I) and "root" in line, line

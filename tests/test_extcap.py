@@ -142,7 +142,7 @@ def _no_extcap_left(marker: str) -> None:
     deadline = time.monotonic() + 10 * SLOW
     while time.monotonic() < deadline:
         ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        left = [line for line in ps.splitlines() if "fcap.cli extcap --capture" in line and
+        left = [line for line in ps.splitlines() if "fcap.commands.cli extcap --capture" in line and
                 "wireshark_extcap_fcap" in line and _env_home(line) == marker]
         if not left:
             return

@@ -1,4 +1,4 @@
-"""The file rings (fcap.ringrec), where the capture program writes finished pcap/pcapng records itself, against
+"""The file rings (fcap.kernel.ringrec), where the capture program writes finished pcap/pcapng records itself, against
 the perf buffer path (FileDrain, which fcap takes with --perf-buffer): the same packets, the same bytes, the same
 metadata comment, the same block layout as the writer's; exact counts when the ring wraps and overflows."""
 
@@ -21,8 +21,8 @@ PR_SET_NAME = 15
 
 def _ring_available() -> None:
     need_root()
-    from fcap import pointcaps
-    from fcap.session import Config, Session
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
     if not pointcaps.dynptr_kfunc(s.points[0]):
@@ -55,7 +55,7 @@ def _traffic(tag: bytes) -> int:
 
 
 def _packets(path: str, tag: bytes) -> dict:
-    from fcap.pcapread import read
+    from fcap.files.pcapread import read
     # (two captures make their own packet ids: the skb address in the comment pairs their records)
     return {(r.comment.split(" ", 1)[0], bytes(r.data)): r for r in read(path) if tag in r.data}
 
@@ -76,7 +76,7 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
             p.stop()
     assert a.p.returncode == 0 and b.p.returncode == 0, a.stderr + b.stderr
     if fmt == "pcap":   # no packet ids in pcap: match on the bytes (each datagram's are unique)
-        from fcap.pcapread import read
+        from fcap.files.pcapread import read
         ours = sorted((bytes(r.data), r.orig_len) for r in read(ring) if tag in r.data)
         theirs = sorted((bytes(r.data), r.orig_len) for r in read(perf) if tag in r.data)
         assert len(ours) == sent and ours == theirs
@@ -98,8 +98,8 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
 def test_ring_pcapng_blocks_as_the_writer_makes_them(tmp_path):
     """Every block the program laid out is byte for byte what PcapngWriter.write makes of the same record."""
     _ring_available()
-    from fcap.pcapfile import PcapngWriter
-    from fcap.pcapread import read
+    from fcap.files.pcapfile import PcapngWriter
+    from fcap.files.pcapread import read
     path = str(tmp_path / "ring.pcapng")
     a = start_fcap(["-i", POINT, "-s", "200", "-w", path])
     try:
@@ -137,7 +137,7 @@ def test_ring_wraps_and_counts_exactly(tmp_path, fmt, snap):
     whole, in time order, and captured + dropped == received, captured == records in the file. With 30-byte
     records (-s 14) its index (one entry per 32 bytes) fills before its bytes do."""
     _ring_available()
-    from fcap.pcapread import read
+    from fcap.files.pcapread import read
     path = str(tmp_path / f"small.{fmt}")
     a = start_fcap(["-i", POINT, "-B", "128", "-s", snap, "-w", path])
     tag = os.urandom(8)

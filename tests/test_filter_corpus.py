@@ -26,7 +26,7 @@ SWEEP = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1]]
 import cbpf_harness as H
-from fcap.session import CaptureError, Config, Session
+from fcap.live.session import CaptureError, Config, Session
 loaded = {}
 for lt, expr in H.corpus_filters():
     s = Session(Config(points=[sys.argv[2]], linktype=lt, filter=expr))

@@ -27,8 +27,8 @@ def _byte(off: int, k: int) -> int:
 
 def _slow_path_available() -> bool:
     need_root()
-    from fcap import pointcaps
-    from fcap.session import Config, Session
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
     s = Session(Config(points=[POINT]))
     s.resolve()
     return bool(pointcaps.dynptr_kfunc(s.points[0]))

@@ -31,7 +31,7 @@ DEEP = "ip[20000] = (ip[52] + 119) % 251"                      # 19948 % 251 = 1
 
 def straddle(link_hlen: int) -> str:
     """A 2-byte load whose second byte is the first packet byte the filter's copy does not hold."""
-    from fcap.program import FILTER_CAP
+    from fcap.kernel.program import FILTER_CAP
     first_out = FILTER_CAP - link_hlen        # as an ip[] offset
     return f"ip[{first_out - 1}:2] & 0xff = (ip[52] + {(first_out - 52) % 251}) % 251"
 
@@ -100,8 +100,8 @@ BATCH = 16 if IN_VM else 64      # fcap processes at once (the VM has 2 GiB; ~45
 
 def filter_sees_frags() -> bool:
     """Whether fcap's filter can read bytes in page frags at the test's point (the skb dynptr kfunc)."""
-    from fcap import pointcaps
-    from fcap.session import Config, Session
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
     s = Session(Config(points=[POINT], filter="tcp"))
     s.resolve()
     return pointcaps.dynptr_kfunc(s.points[0]) != 0
@@ -283,7 +283,7 @@ def test_payload_in_frags_is_filtered(live):
 # ---- -F, -d, errors (no traffic) ------------------------------------------------------------------------
 
 def _empty_pcap(path: Path, linktype: int = 1) -> Path:
-    from fcap.pcapfile import PcapWriter
+    from fcap.files.pcapfile import PcapWriter
     with open(path, "wb") as f:
         w = PcapWriter(f, linktype=linktype, snaplen=262144)
         w.close()

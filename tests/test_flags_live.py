@@ -105,7 +105,7 @@ def test_e_prints_the_link_level_header_on_a_pipe(sink):
 
 
 def _libpcap_description(number: int) -> str:
-    from fcap.linktypes import dlt_for_libpcap
+    from fcap.files.linktypes import dlt_for_libpcap
     lib = ctypes.CDLL(ctypes.util.find_library("pcap") or "libpcap.so.0.8")
     lib.pcap_datalink_val_to_description.restype = ctypes.c_char_p
     return lib.pcap_datalink_val_to_description(dlt_for_libpcap(number)).decode()
@@ -124,7 +124,7 @@ def test_L_lists_link_types_as_tcpdump(root):
     assert lines[0] == f"Data link types for {OUT} (use option -y to set):"
     assert lines[1] == "  EN10MB (Ethernet)" and lines[7] == "Data link types for tp_btf/kfree_skb (use option -y " \
         "to set):" and lines[8] == "  LINUX_SLL2 (Linux cooked v2)"
-    from fcap.linktypes import lookup
+    from fcap.files.linktypes import lookup
     for line in lines[1:7] + lines[8:]:
         m = re.fullmatch(r"  (\w+) \((.*?)\)( \(printing not supported\))?", line)
         assert m, line

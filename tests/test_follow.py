@@ -29,7 +29,7 @@ def _listed(pattern: str) -> list[str]:
 
 
 def _stats(path) -> list:
-    from fcap.pcapread import InterfaceStats, read
+    from fcap.files.pcapread import InterfaceStats, read
     return [r for r in read(path, stats=True) if isinstance(r, InterfaceStats)]
 
 
@@ -60,7 +60,7 @@ def test_glob_of_tracepoints_attaches_every_match(tmp_path, root):
     assert f.p.returncode == 0, f.stderr
     assert line.startswith("listening on " + ", ".join(want) + ", "), line
     assert len(ids["prog"]) >= len(want) and len(ids["link"]) >= len(want), ids
-    from fcap.pcapread import read
+    from fcap.files.pcapread import read
     recs = list(read(path))
     by_id: dict[int, set] = {}
     for r in recs:
@@ -86,14 +86,14 @@ def test_glob_past_a_screenful_is_counted(tmp_path, root):
     assert f.p.returncode == 0, f.stderr
     if len(want) > 24:
         assert line.startswith(f"listening on {len(want)} points: tp_btf/* ({len(want)}), "), line
-    from fcap.track import FREE_POINTS, MEMORY_POINTS   # (and the identity map's helpers: fcap.track)
+    from fcap.kernel.track import FREE_POINTS, MEMORY_POINTS   # (and the identity map's helpers: fcap.kernel.track)
     assert len(want) <= links <= len(want) + len(FREE_POINTS) + len(MEMORY_POINTS), (links, len(want))
 
 
 def test_glob_skips_matches_a_predicate_cannot_serve(tmp_path, root):
     """--where over an argument only some matches have: the others are skipped and said so in one line."""
     want = _listed("tp_btf/*_skb")
-    from fcap.points import resolve
+    from fcap.points.spec import resolve
     have = [p for p in want if "location" in [q.name for q in resolve(p).params]]
     if not have or len(have) == len(want):
         pytest.skip(f"needs some of {want} with a 'location' argument and some without")
@@ -129,7 +129,7 @@ def test_bad_points_are_one_line(spec, words, tmp_path, root):
 def test_semantic_points_map_to_this_kernels_hooks(root):
     """list-devices --semantic: every semantic point, mapped to fentry where this kernel allows it, else to a
     tracepoint; a point this kernel cannot serve says why."""
-    from fcap.semantic import TABLE
+    from fcap.points.semantic import TABLE
     r = run_fcap(["list-devices", "--semantic", "--json"])
     assert r.returncode == 0, r.stderr.decode()
     rows = {x["point"]: x for x in json.loads(r.stdout)}
@@ -220,7 +220,7 @@ def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
     -i skb:drop each record's comment names the reason (from this kernel's BTF) and where (from kallsyms):
     NO_SOCKET in UDP's receive, NO_SOCKET in TCP's, SOCKET_RCVBUFF where UDP queues; fcap path ends each packet
     with them."""
-    from fcap.drops import reason_enum
+    from fcap.kernel.drops import reason_enum
     enum = reason_enum()
     if enum is None or "SKB_DROP_REASON_SOCKET_RCVBUFF" not in enum.values:
         pytest.skip("this kernel names no drop reasons (enum skb_drop_reason, Linux 5.17+)")
@@ -247,7 +247,7 @@ def test_drops_carry_their_reason_and_location(tmp_path, veth_ns):
 def test_fcap_drops_counts_per_reason_and_location(tmp_path, root):
     """fcap drops -- CMD: a table of drops per reason and location, with the command's drops in it; with -w
     the drops are written too."""
-    from fcap.drops import reason_enum
+    from fcap.kernel.drops import reason_enum
     if reason_enum() is None:
         pytest.skip("this kernel names no drop reasons")
     port = 30000 + os.getpid() % 20000
@@ -268,7 +268,7 @@ def test_fcap_drops_counts_per_reason_and_location(tmp_path, root):
 
 def test_where_reason_by_short_name(tmp_path, root):
     """--where 'reason == NO_SOCKET' (the name without SKB_DROP_REASON_) keeps the datagrams to a closed port."""
-    from fcap.drops import reason_enum
+    from fcap.kernel.drops import reason_enum
     if reason_enum() is None:
         pytest.skip("this kernel names no drop reasons")
     port = 30000 + (os.getpid() + 7) % 20000
@@ -319,7 +319,7 @@ def test_track_follows_the_skb_across_the_namespace(tmp_path, veth_ns):
     out = run_fcap(["path", str(path)]).stdout.decode()
     blocks = [b for b in out.split("packet 0x")[1:]]
     assert len(blocks) == 3, out
-    from fcap.drops import reason_enum
+    from fcap.kernel.drops import reason_enum
     end = "  dropped: NO_SOCKET at " if reason_enum() is not None else "  dropped: at __udp4_lib_rcv+0x"
     for b in blocks:
         lines = b.splitlines()
@@ -350,7 +350,7 @@ def test_track_evictions_are_counted(tmp_path, veth_ns):
 def test_path_streams_in_time_order():
     """Pure: hops out of order (within the window) come out in order; a packet id seen again at a point and
     device it passed is a new packet; percentiles are nearest-rank; the summary counts the ends."""
-    from fcap.pathcmd import Hop, Tracker
+    from fcap.commands.path_report import Hop, Tracker
     t = Tracker(window_ns=1000, idle_ns=10**12)
     hops = [Hop(110, 1, "b", 2), Hop(100, 1, "a", 1), Hop(130, 1, "skb:drop", 2, drop="NO_SOCKET at f+0x1"),
             Hop(200, 1, "a", 1), Hop(260, 1, "skb:consume", 1), Hop(300, 2, "a", 1), Hop(5000, 3, "a", 1)]
@@ -367,7 +367,7 @@ def test_path_streams_in_time_order():
 
 def test_path_needs_a_file_fcap_wrote(tmp_path, root):
     """fcap path on a pcap, a foreign pcapng, or not a capture at all: one line saying what it needs."""
-    from fcap.pcapfile import open_writer
+    from fcap.files.pcapfile import open_writer
     pcap, png, junk = tmp_path / "a.pcap", tmp_path / "b.pcapng", tmp_path / "c.txt"
     for path, fmt in ((pcap, "pcap"), (png, "pcapng")):
         with open(path, "wb") as fh:
@@ -389,8 +389,8 @@ def test_path_needs_a_file_fcap_wrote(tmp_path, root):
 def test_interface_statistics_round_trip(tmp_path):
     """Pure: every ISB option written comes back; the other readers accept the file (tshark reads it, capinfos
     counts one statistics entry per interface)."""
-    from fcap.pcapfile import PcapngWriter
-    from fcap.pcapread import InterfaceStats, read
+    from fcap.files.pcapfile import PcapngWriter
+    from fcap.files.pcapread import InterfaceStats, read
     path = tmp_path / "isb.pcapng"
     with open(path, "wb") as fh:
         w = PcapngWriter(fh)
@@ -487,8 +487,8 @@ def test_live_path(tmp_path, root):
 
 def test_drop_point_without_reason_says_so(tmp_path, root):
     """Where kfree_skb has no reason argument (before 5.17) fcap says so in one line; elsewhere it says nothing."""
-    from fcap.drops import reason_arg
-    from fcap.points import resolve
+    from fcap.kernel.drops import reason_arg
+    from fcap.points.spec import resolve
     f = start_fcap(["-i", "skb:drop", "-w", str(tmp_path / "n.pcapng")])
     f.stop()
     note = [ln for ln in f.lines if "has no drop reason argument" in ln]

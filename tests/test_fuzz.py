@@ -28,8 +28,8 @@ def test_damaged_btf():
 def test_vmlinux_slices_are_what_fcap_needs():
     """The slices the BTF target damages hold a capture point whose program builds (else the fuzz would only
     ever see parse errors)."""
-    from fcap import program as cprog
-    from fcap.points import resolve
+    from fcap.kernel import program as cprog
+    from fcap.points.spec import resolve
     btf = BTF.load(fuzz.vmlinux_bases()[0], name="slice")
     with fuzz.as_the_kernels(btf):
         p = resolve("tp_btf/net_dev_queue")

@@ -23,7 +23,7 @@ BASE = ("tp_btf", "raw_tp", "filter", "predicates", "pidcomm")
 
 def fcap(*args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "fcap.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fcap.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(ROOT))
 
 
@@ -33,7 +33,7 @@ def report():
         pytest.skip("needs root: the report loads and attaches programs")
     if shutil.which("modprobe"):   # a module with BTF to capture at, where veth is a module (the guests)
         subprocess.run(["modprobe", "-q", "veth"], capture_output=True, timeout=60)
-    r = subprocess.run([sys.executable, "-m", "fcap.features", "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "fcap.commands.feature_report", "--json"], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT))
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
@@ -45,7 +45,7 @@ def report():
 
 
 def test_every_feature_works_or_says_why_in_one_line(report):
-    from fcap.features import ROWS
+    from fcap.commands.feature_report import ROWS
     rows = {r["key"]: r for r in report["rows"]}
     assert list(rows) == [k for k, _t, _n in ROWS]
     for key, row in rows.items():

@@ -1,4 +1,4 @@
-"""Every record in time order (fcap.order): `-c N` keeps the first N packets by time and files are in time order, on
+"""Every record in time order (fcap.live.order): `-c N` keeps the first N packets by time and files are in time order, on
 every path (file rings, perf buffer, printing, the Python API), with TCP client and server on different CPUs.
 Held to tcpdump -i lo on the same traffic at tp_btf/net_dev_start_xmit, the point that sees what its tap sees."""
 
@@ -231,8 +231,8 @@ def test_api_count_is_the_first_packets(tmp_path, traffic, tcpdump):
 
 
 def test_window_merges_by_runs():
-    """fcap.order's merge: runs across batches, ties to the earlier batch, a limit, unsorted batches by record."""
-    from fcap import order
+    """fcap.live.order's merge: runs across batches, ties to the earlier batch, a limit, unsorted batches by record."""
+    from fcap.live import order
     a, b = [1, 2, 3, 10, 11], [4, 5, 12]
     yes = [True, True]
     assert order.runs([a, b], [5, 3], yes) == [(0, 0, 3), (1, 0, 2), (0, 3, 5), (1, 2, 3)]
@@ -249,8 +249,7 @@ def test_window_merges_by_runs():
 
 
 def test_pending_holds_records_past_the_cutoff():
-    from fcap import order
-
+    from fcap.live import order
     class R:
         def __init__(self, ts):
             self.ts_ns = ts
@@ -270,10 +269,10 @@ class _Memory(bytearray):
 
 
 class _FakeRings:
-    """File rings in user memory, as the programs fill them (fcap.layout's RING, its index), for RingDrain."""
+    """File rings in user memory, as the programs fill them (fcap.kernel.layout's RING, its index), for RingDrain."""
 
     def __init__(self, size: int = 256, cpus: int = 2):
-        from fcap.ringrec import element_size
+        from fcap.kernel.ringrec import element_size
         self.size, self.max_entries = size, cpus
         self.stride = element_size(size)
         self.buf = _Memory(self.stride * cpus)
@@ -284,8 +283,8 @@ class _FakeRings:
     def publish(self, cpu: int, ts: int, data: bytes) -> None:
         import struct as st
 
-        from fcap import layout
-        from fcap.ringrec import index_at, index_entries
+        from fcap.kernel import layout
+        from fcap.kernel.ringrec import index_at, index_entries
         base = cpu * self.stride
         R = layout.RING
         q = st.Struct("<Q")
@@ -325,7 +324,7 @@ def test_ring_drain_merges_holds_and_counts():
     order merged record by record, a late record, and -c's limit."""
     import time
 
-    from fcap.drain import RingDrain
+    from fcap.live.drain import RingDrain
     rings, sink = _FakeRings(), _Sink()
     d = RingDrain(rings, rings.size, _NoBells(), sink)
     t = time.monotonic_ns() - 10**9
@@ -383,7 +382,7 @@ class _FakePerfRing:
     def sample(self, ts: int, payload: bytes) -> None:
         import struct as st
 
-        from fcap.layout import META
+        from fcap.kernel.layout import META
         fields = dict.fromkeys(META.Tuple._fields, 0)
         fields.update(ts=ts, comm=b"", fast=len(payload), caplen=len(payload), orig=len(payload), copy=len(payload))
         raw = META.struct.pack(*fields.values()) + payload
@@ -416,7 +415,7 @@ def test_perf_drain_merges_holds_and_counts_lost():
     stops before it, LOST records after it counted once), records that wrap the ring's end, and -c."""
     import time
 
-    from fcap.drain import FileDrain
+    from fcap.live.drain import FileDrain
     buf, sink = _FakePerf(2), _Sink()
     d = FileDrain(buf, sink)
     t = time.monotonic_ns() - 10**9

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fcap import linktypes
+from fcap.files import linktypes
 from fcap.errors import FcapError, PcapFormatError
-from fcap.pcapfile import FLAG_INBOUND, FLAG_OUTBOUND, PcapngWriter, PcapWriter, format_for_path, open_writer
-from fcap.pcapread import Record, read
+from fcap.files.pcapfile import FLAG_INBOUND, FLAG_OUTBOUND, PcapngWriter, PcapWriter, format_for_path, open_writer
+from fcap.files.pcapread import Record, read
 from corpus import CAPTURES as CORPUS
 
 TSHARK = shutil.which("tshark")

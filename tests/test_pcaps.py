@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fcap.pcapread import read
+from fcap.files.pcapread import read
 
 PCAPS = Path(__file__).resolve().parent.parent / "pcaps"
 

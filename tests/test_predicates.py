@@ -299,7 +299,7 @@ def test_device_and_namespace_predicates(veth_ns, tmp_path):
 # ---- an enum by name: the drop reason at tp_btf/kfree_skb ---------------------------------------------------
 
 def _drop_reason_arg() -> tuple[str, dict]:
-    from fcap.points import resolve
+    from fcap.points.spec import resolve
     p = resolve("tp_btf/kfree_skb")
     for prm in p.params:
         t = prm.type.strip()

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from fcap.pcapfile import open_writer
-from fcap.pcapread import read
+from fcap.files.pcapfile import open_writer
+from fcap.files.pcapread import read
 from netns import fcap_argv, read_packets, send_udp, start_fcap, subprocess_env
-from fcap.rotate import Plan, RotatingWriter, file_name
+from fcap.files.rotate import Plan, RotatingWriter, file_name
 
 
 @pytest.mark.parametrize("files,chars", [(0, 0), (1, 0), (2, 1), (10, 1), (11, 2), (100, 2), (101, 3), (1000, 3)])

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fcap import show
+from fcap.text import show
 from fcap.errors import PcapFormatError
-from fcap.pcapfile import PcapWriter
-from fcap.pcapread import read
-from fcap.printer import Printer
-from fcap.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
+from fcap.files.pcapfile import PcapWriter
+from fcap.files.pcapread import read
+from fcap.text.printer import Printer
+from fcap.text.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
 from corpus import CAPTURES as CORPUS
 
 scapy = pytest.importorskip("scapy.all", reason="scapy builds the test packets")
@@ -72,7 +72,7 @@ def tcpdump_packets(path: Path, *flags: str) -> list[str]:
 
 def printed_packets(recs, linktype: int, *flags: str) -> list[str]:
     """Everything fcap -r prints for each packet with the same flags (parsed by fcap's own parser)."""
-    from fcap.cli import _parser
+    from fcap.commands.cli import _parser
     args = _parser().parse_args([*flags, "-r", "-"])
     out = io.StringIO()
     printer = Printer(args, out)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from fcap import show
+from fcap.text import show
 from fcap.errors import PcapFormatError
-from fcap.pcapfile import PcapWriter
-from fcap.pcapread import read
-from fcap.printer import Printer
+from fcap.files.pcapfile import PcapWriter
+from fcap.files.pcapread import read
+from fcap.text.printer import Printer
 from test_show import (CORPUS, LO4, LO6, SYN, T0, TCPDUMP, UDP4, arp_packets, compare_printed, eth, ipv4_packets,
                        ipv6_packets, need_tcpdump, printed_packets, tcp_conversation, tcpdump_packets, write_pcap)
 
@@ -194,7 +194,7 @@ def test_read_with_flags_is_tcpdump_output_and_count(tmp_path):
     path = tmp_path / "c.pcap"
     write_pcap(path, 1, [eth(p) for p in tcp_conversation()[:5]])
     for flags in (["-e", "-x", "-c", "3"], ["-A", "-S", "-ttttt"], ["--count"], ["--count", "-c", "1"]):
-        ours = subprocess.run([sys.executable, "-m", "fcap.cli", "-r", str(path), *flags], capture_output=True,
+        ours = subprocess.run([sys.executable, "-m", "fcap.commands.cli", "-r", str(path), *flags], capture_output=True,
                               text=True, timeout=60, check=False)
         theirs = subprocess.run([TCPDUMP, "-nn", "-r", str(path), *flags], capture_output=True, text=True,
                                 timeout=60, check=False)

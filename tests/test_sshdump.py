@@ -56,7 +56,7 @@ class Remote:
 
 def fcap_command(args: str) -> str:
     """fcap as the remote host runs it (this checkout's, with this Python)."""
-    return f"PYTHONPATH={shlex.quote(str(ROOT))} {shlex.quote(sys.executable)} -m fcap.cli {args}"
+    return f"PYTHONPATH={shlex.quote(str(ROOT))} {shlex.quote(sys.executable)} -m fcap {args}"
 
 
 @pytest.fixture

@@ -328,7 +328,7 @@ def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
 def test_modes_and_seen_bits():
     """How records get ids: --track; several points (the map); one point (each its own); none without metadata.
     Each point its own power-of-two share of the 64 seen bits, none past 64 points."""
-    from fcap.track import IDENT_EACH, IDENT_MAP, IDENT_NONE, IDENT_TRACK, mode, seen_slots
+    from fcap.kernel.track import IDENT_EACH, IDENT_MAP, IDENT_NONE, IDENT_TRACK, mode, seen_slots
     assert [mode(True, 1), mode(False, 3), mode(False, 1), mode(False, 3, ids=False)] == \
         [IDENT_TRACK, IDENT_MAP, IDENT_EACH, IDENT_NONE]
     assert [seen_slots(n) for n in (1, 2, 3, 4, 5, 33, 64, 65)] == [64, 32, 16, 16, 8, 1, 1, 0]

@@ -1,0 +1,567 @@
+"""The fcap command: tcpdump's flags over BTF-found capture points; errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import signal
+
+# Until the capture loop takes SIGINT/SIGTERM over, Ctrl-C ends the command as it ends tcpdump: by the signal,
+# without a Python traceback from wherever start-up happened to be.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from fcap import __version__  # noqa: E402
+from fcap.commands.console import PROG, fail, quiet_stdout  # noqa: E402
+from fcap.errors import FcapError, UsageError  # noqa: E402
+from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
+
+EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,
+or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
+  fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
+  fcap info ip_send_skb             a point's prototype
+  fcap features                     what this kernel lets fcap do, tried for real (needs root)
+  fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
+  fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="tcpdump for any point inside the Linux network stack",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", dest="points", action="append", metavar="POINT", help="capture point (repeatable)")
+    p.add_argument("-w", dest="write", metavar="FILE", help="write packets to FILE (- for stdout)")
+    p.add_argument("-C", dest="file_size", metavar="SIZE",
+                   help="with -w: a new file when the current one is larger than SIZE million bytes (FILE, FILE1, ...)")
+    p.add_argument("-G", dest="seconds", metavar="SECONDS",
+                   help="with -w: a new file every SECONDS, FILE's %%-escapes through strftime (local time)")
+    p.add_argument("-W", dest="files", metavar="N",
+                   help="with -C: a ring of N files (FILE0 ... names padded); with -G: stop after N files")
+    p.add_argument("-r", dest="read", metavar="FILE", help="read packets from a pcap/pcapng FILE and print them")
+    p.add_argument("-y", dest="linktype", metavar="TYPE", help="link-type: EN10MB, RAW, IPV4, IPV6, LINUX_SLL2")
+    p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help="bytes per packet (default 262144; 0 = default)")
+    p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
+    p.add_argument("-B", dest="buffer", metavar="KIB", help="buffer size in KiB (default 4096)")
+    p.add_argument("-Z", dest="user", metavar="USER",
+                   help="once attached and the output open, go on as USER (the output file is USER's)")
+    p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")
+    p.add_argument("-F", dest="filter_file", metavar="FILE", help="read the filter expression from FILE")
+    p.add_argument("-d", dest="dump_filter", action="store_true",
+                   help="print the compiled filter (cBPF) and the generated eBPF, then exit")
+    p.add_argument("-D", dest="list", action="store_true", help="list capture points (as list-devices)")
+    p.add_argument("-n", dest="numeric", action="count", default=0, help="no name resolution (always the case)")
+    p.add_argument("-x", dest="hex", action="count", default=0, help="print each packet in hex")
+    p.add_argument("-X", dest="hexascii", action="count", default=0, help="print each packet in hex and ASCII")
+    p.add_argument("-q", dest="quiet", action="store_true", help="no 'listening on' / summary lines")
+    p.add_argument("-v", dest="verbose", action="count", default=0, help="decode each packet with scapy")
+    p.add_argument("--nano", action="store_true", help="nanosecond timestamps in printed lines")
+    p.add_argument("-e", dest="link_header", action="count", default=0, help="print the link-level header")
+    p.add_argument("-A", dest="ascii", action="count", default=0,
+                   help="print each packet in ASCII (-AA: with its link-level header)")
+    p.add_argument("-t", dest="time", action="count", default=0,
+                   help="-t no time, -tt seconds since 1970, -ttt since the packet before, -tttt date and time, "
+                        "-ttttt since the first packet")
+    p.add_argument("-l", dest="line_buffered", action="store_true", help="flush each printed packet (| grep)")
+    p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
+    p.add_argument("-K", dest="no_checksums", action="store_true",
+                   help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
+    p.add_argument("--count", dest="count_only", action="store_true",
+                   help="count packets instead of printing them (with -r: print 'N packets')")
+    p.add_argument("-L", dest="list_linktypes", action="store_true", help="list the link types of each -i point")
+    p.add_argument("-Q", dest="direction", metavar="in|out|inout",
+                   help="only packets going in, or out (from the point's direction or the skb's packet type)")
+    p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
+    p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    p.add_argument("--perf-buffer", action="store_true",
+                   help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "
+                        "file rings), not in the programs' file rings")
+    g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
+    g.add_argument("--pid", metavar="PID", help="only packets handled in process PID (thread group id)")
+    g.add_argument("--comm", metavar="NAME", help="only packets handled by a task called NAME")
+    g.add_argument("--netns", metavar="INUM", help="only packets of devices in network namespace INUM")
+    g.add_argument("--ifname", metavar="NAME", help="only packets on the device called NAME")
+    g.add_argument("--ifindex", metavar="N", help="only packets on the device with index N")
+    g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
+    g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
+                   help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
+    g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
+    g.add_argument("--dump", metavar="PATH", action="append", default=[],
+                   help="an argument, a member chain ('skb->dev', 'skb->sk->__sk_common') or return (fexit), "
+                        "copied per packet and shown typed (repeatable)")
+    g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
+                   help="one member per line (default) or all on one line")
+    g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
+    f = p.add_argument_group("following packets")
+    f.add_argument("--track", action="store_true",
+                   help="the filter and predicates choose a packet at the first point it passes; then its skb is "
+                        "captured at every point until the kernel frees it, under the packet id it got there")
+    f.add_argument("--track-max", metavar="N", help="entries of the tracking map (default 16384; evictions counted)")
+    f.add_argument("--path", dest="live_path", action="store_true",
+                   help="print each packet's path (points in order, time between them, how it ended) as fcap path "
+                        "does, instead of the packets")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("expression", nargs="*", help="filter expression (tcpdump syntax)")
+    return p
+
+
+def _int(value: str | None, flag: str, default: int, lo: int = 0) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value, 0)
+    except ValueError:
+        raise UsageError(f"invalid {flag} '{value}': not a number") from None
+    if n < lo:
+        raise UsageError(f"invalid {flag} '{value}': must be at least {lo}")
+    return n
+
+
+def _decimal(value: str | None, what: str, lo: int) -> int:
+    """A flag's decimal integer as tcpdump's -C/-G/-W take it (0 when the flag is not given)."""
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError(f"invalid {what} '{value}': a whole number")
+    n = int(value)
+    if n < lo:
+        raise UsageError(f"invalid {what} '{value}': must be at least {lo}")
+    return n
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        opts, command = _split_command(argv)
+        args = _parser().parse_args(opts)
+        if args.list:
+            return cmd_list(args.expression)
+        if args.list_linktypes:
+            return cmd_linktypes(args)
+        if args.read:
+            return cmd_read(args)
+        return cmd_capture(args, command)
+    except UsageError as e:
+        return fail(str(e), 2)
+    except FcapError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_extcap(argv: list[str]) -> int:
+    from fcap.commands.extcap import main as extcap_main
+    return extcap_main(argv, main)
+
+
+def cmd_features(argv: list[str]) -> int:
+    from fcap.commands.feature_report import main as features_main
+    return features_main(argv)
+
+
+# ---- fcap drops ------------------------------------------------------------------------------
+
+def cmd_drops(argv: list[str]) -> int:
+    """fcap drops [-w FILE [FILTER]] [-- COMMAND]: drops counted per reason and location, a table on exit; with -w
+    they are captured too (at skb:drop unless -i says otherwise)."""
+    from fcap.commands import drop_report as dropscmd
+    opts, command = _split_command(argv)
+    args = _parser().parse_args(opts)
+    if args.read:
+        raise UsageError("fcap drops counts live drops; -r makes no sense here")
+    counter = dropscmd.Counter()
+    counter.start()
+    try:
+        if args.write:
+            args.points = args.points or ["skb:drop"]
+            status = cmd_capture(args, command)
+        else:
+            if not args.quiet:
+                sys.stderr.write(f"counting drops at {counter.point.spec}"
+                                 f"{'' if command else '; Ctrl-C prints the table'}\n")
+            status = dropscmd.wait(command)
+        dropscmd.write_table(counter)
+    except BrokenPipeError:
+        quiet_stdout()
+        status = 0
+    finally:
+        counter.close()
+    return status
+
+
+# ---- reading files ---------------------------------------------------------------------------
+
+def cmd_path(argv: list[str]) -> int:
+    """fcap path FILE: each packet's points in order, the time between them, how it ended; hop latencies."""
+    from fcap.errors import PcapFormatError
+    from fcap.commands.path_report import hops_of_file, report
+    ap = argparse.ArgumentParser(prog=f"{PROG} path", description="each packet's path through the points of a "
+                                 "pcapng file fcap wrote (several points, e.g. -i skb:drop -i dev:queue --track)")
+    ap.add_argument("file")
+    a = ap.parse_args(argv)
+    try:
+        report(hops_of_file(a.file), sys.stdout.write)
+        sys.stdout.flush()
+    except PcapFormatError as e:
+        return fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
+    except BrokenPipeError:
+        quiet_stdout()
+    return 0
+
+
+def cmd_read(args) -> int:
+    from fcap.errors import PcapFormatError
+    from fcap.files.pcapread import read
+    from fcap.text.printer import Printer
+    limit = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
+    printer = Printer(args, sys.stdout)
+    try:
+        for rec in read(sys.stdin.buffer if args.read == "-" else args.read):
+            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+            if rec.custom:   # fcap's --dump values travel as custom options
+                _print_dumps(printer, rec)
+            if printer.counted == limit:
+                break
+        if args.count_only:
+            sys.stdout.write(printer.count_line())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+    except (OSError, PcapFormatError) as e:
+        try:
+            sys.stdout.flush()     # the packets before the damage, then what is wrong
+        except BrokenPipeError:
+            quiet_stdout()
+        return fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
+    return 0
+
+
+def _print_dumps(printer, rec) -> None:
+    from fcap.kernel.dumps import dumps_of
+    found = dumps_of(rec.custom, (rec.comment or "").split("\n"))
+    if found:
+        printer.dumps(found)
+
+
+def cmd_linktypes(args) -> int:
+    """-L: the link types each -i point can give, as tcpdump -L lists a device's."""
+    from fcap.points.spec import resolve
+    from fcap.live.session import START_FOR, default_linktype
+    from fcap.files.linktypes import lookup
+    if not args.points:
+        raise UsageError("-L lists the link types of a capture point: give -i POINT")
+    printable = (0, 1, 101, 108, 113, 228, 229, 276)
+    out = []
+    for spec in args.points:
+        point = resolve(spec)
+        first = default_linktype([point]).name
+        out.append(f"Data link types for {point.spec} (use option -y to set):\n")
+        for name in [first] + [n for n in START_FOR if n != first]:
+            lt = lookup(name)
+            note = "" if lt.number in printable else " (printing not supported)"
+            out.append(f"  {lt.name} ({lt.description}){note}\n")
+    try:
+        sys.stdout.write("".join(out))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+    return 0
+
+
+# ---- capturing -------------------------------------------------------------------------------
+
+def cmd_capture(args, command: list[str]) -> int:
+    from fcap.live.session import Session
+    cfg, count = _config(args)
+    rotation = _rotation(args)
+    user = None
+    if args.user:
+        from fcap.live import privileges
+        user = privileges.lookup(args.user)
+        if rotation is not None:
+            _check_rotation_dir(args.write, rotation, user)
+    session = Session(cfg)
+    try:
+        session.resolve()
+        # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
+        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
+        if fmt == "pcap" and args.dump:
+            raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+        if fmt is not None:
+            session.cfg = session.cfg._replace(
+                record=fmt,                       # the programs lay out this format's record headers
+                file_ring=not args.perf_buffer,   # and where they can, write finished records themselves
+                meta=fmt != "pcap")               # pcap holds no pid, comm, mark or netns
+        if args.dump_ebpf or args.dump_filter:
+            return _dump(session, args)
+        out = _start(session, args, fmt, user, rotation)
+    except FcapError as e:
+        session.close()
+        return fail(str(e))
+    except OSError as e:
+        session.close()
+        return fail(f"{e.filename or args.write}: {e.strerror}")
+    return _run(session, args, out, count, command)
+
+
+def _config(args):
+    """The session's configuration and the packet count, from the flags (UsageError on nonsense)."""
+    from fcap.live.session import Config
+    if not args.points:
+        raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
+    snaplen = _int(args.snaplen, "snaplen", 262144, 0) or 262144
+    if snaplen > 0x7FFFFFFF:
+        raise UsageError(f"invalid snaplen '{args.snaplen}': too large")
+    count = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
+    buffer_kib = _int(args.buffer, "buffer size", 4096, 1)
+    expr = " ".join(args.expression) or None
+    if args.filter_file:
+        try:
+            with open(args.filter_file) as f:
+                expr = " ".join(line.split("#", 1)[0].strip() for line in f).strip() or None
+        except OSError as e:
+            raise FcapError(f"{args.filter_file}: {e.strerror}") from None
+    if args.linktype:
+        from fcap.files.linktypes import lookup
+        lookup(args.linktype)
+    if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
+        raise UsageError(f"unknown capture direction `{args.direction}'")
+    track_max = _int(args.track_max, "tracking map size", 16384, 2)
+    return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
+                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
+                  track_max=track_max), count
+
+
+def _rotation(args):
+    """-C (millions of bytes), -G, -W as tcpdump 4.99 takes them: the plan, or None without one or without a
+    -w FILE (tcpdump ignores them then)."""
+    from fcap.files.rotate import MILLION, Plan
+    plan = Plan(_decimal(args.file_size, "file size", 1) * MILLION, _decimal(args.seconds, "number of seconds", 0),
+                _decimal(args.files, "number of output files", 1))
+    if not plan.active or args.write is None:
+        return None
+    if args.write == "-":
+        raise UsageError("-C and -G write a series of files: give -w FILE, not stdout")
+    return plan
+
+
+def _check_rotation_dir(path: str, rotation, user) -> None:
+    """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
+    cannot make files there."""
+    import time
+
+    from fcap.live import privileges
+    from fcap.files.rotate import file_name
+    first = file_name(path, 0, 0, int(time.time()) if rotation.seconds else None)
+    directory = os.path.dirname(first) or "."
+    if not privileges.may_create_in(directory, user):
+        raise FcapError(f"-Z {user.pw_name}: cannot create files in {directory} (-C/-G make their files as "
+                        f"{user.pw_name})")
+
+
+def _start(session, args, fmt: str | None, user, rotation=None):
+    """Load, open the output, attach, and (-Z) become USER; returns the output."""
+    from fcap.live.session import CaptureError
+    session.open()                            # load first: a refused program leaves no file behind
+    if not args.quiet and session.cbpf is not None:
+        from fcap.commands.feature_report import filter_note
+        note = filter_note(session)
+        if note:
+            sys.stderr.write(f"{PROG}: {note}\n")
+    out = _open_output(args, session, fmt, rotation)
+    try:
+        session.attach()
+    except CaptureError:
+        _discard_output(args, out)
+        raise
+    if user is not None:
+        _become(user, out)
+    return out
+
+
+def _become(user, out) -> None:
+    """-Z: the output is USER's, then the process is (an OSError is reported as the capture's error)."""
+    from fcap.live import privileges
+    try:
+        if out.writer is not None and not out.stream:
+            privileges.give_output(out.writer.fileno(), user)
+        privileges.drop_to(user)
+    except OSError as e:
+        raise FcapError(f"-Z {user.pw_name}: {e.strerror}") from None
+
+
+def _discard_output(args, out) -> None:
+    """A capture that never started: close its output and remove the file it created."""
+    try:
+        if out.writer is not None:
+            out.writer.close()
+        if args.write and args.write != "-":
+            os.unlink(out.path)
+    except OSError:
+        pass
+
+
+_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction")
+
+
+def _predicates(args) -> list:
+    """Factories (point -> predicate) for the predicate flags, in a cheap-first order."""
+    if not any(getattr(args, flag) for flag in _PREDICATE_FLAGS):   # (a capture without them starts sooner)
+        return []
+    from fcap.kernel import predicates as pr
+    out = []
+
+    def const(pred):
+        return lambda point: pred
+    try:
+        if args.pid is not None:
+            out.append(const(pr.pid(_int(args.pid, "pid", 0, 0))))
+        if args.comm is not None:
+            out.append(const(pr.comm(args.comm)))
+        if args.mark is not None:
+            out.append(const(pr.mark(_int(args.mark, "mark", 0, 0))))
+        if args.ifindex is not None:
+            out.append(const(pr.ifindex(_int(args.ifindex, "ifindex", 0, 1))))
+        if args.ifname is not None:
+            out.append(const(pr.ifname(args.ifname)))
+        if args.netns is not None:
+            out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+    except pr.PredicateError as e:
+        raise UsageError(str(e)) from None
+    for text in args.where:
+        out.append(lambda point, text=text: pr.where(point, text))
+    if args.direction is not None and args.direction.lower() != "inout":
+        out.insert(0, pr.direction(args.direction.lower()))
+    return out
+
+
+def _dump(session, args) -> int:
+    try:
+        if args.dump_filter and session.cbpf is not None:
+            from fcap.kernel.filter import format_cbpf
+            sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
+        sys.stdout.write(session.dump() + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+    return 0
+
+
+# flags that only change printed lines: given one, a user wants lines even on a pipe (as tcpdump prints them)
+_TEXT_FLAGS = ("line_buffered", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
+               "absolute_seq", "nano")
+
+
+def _to_stdout(args) -> bool:
+    """Whether packets go to stdout as a capture file: -w -, or no -w, stdout not a terminal and no text flag."""
+    if args.write is not None:
+        return args.write == "-"
+    return not sys.stdout.isatty() and not any(getattr(args, f) for f in _TEXT_FLAGS)
+
+
+def _output_format(args, session) -> str | None:
+    """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
+    from fcap.files.pcapfile import format_for_path
+    to_stdout = _to_stdout(args)
+    if args.live_path:
+        if args.write:
+            raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
+        return None
+    if args.write is None and not to_stdout:
+        return None
+    fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
+    if len(session.points) > 1 and fmt == "pcap":
+        fmt = "pcapng" if args.format is None else fmt
+    return fmt
+
+
+def _open_output(args, session, fmt: str | None, rotation=None):
+    from fcap.live.loop import Output
+    from fcap.text.printer import Printer
+    if fmt is None:
+        tracker = None
+        if getattr(args, "live_path", False):
+            from fcap.commands.path_report import Tracker
+            tracker = Tracker()
+        return Output(printer=Printer(args, sys.stdout), tracker=tracker)
+
+    def start(f):
+        """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
+        from fcap.files.pcapfile import open_writer
+        writer = open_writer(f, fmt)
+        lt = session.linktype
+        for p in session.points:
+            if fmt == "pcap" and p.id > 0:
+                break
+            writer.add_interface(p.if_name, lt.number, session.cfg.snaplen, description=p.if_description())
+        return writer
+    if rotation is not None:
+        from fcap.files.rotate import RotatingWriter
+        writer = RotatingWriter(args.write, rotation, fmt, start)
+        return Output(writer=writer, path=writer.path, clock=writer.tick if rotation.seconds else None)
+    to_stdout = _to_stdout(args)
+    if to_stdout:
+        f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
+    else:
+        f = open(args.write, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
+    return Output(writer=start(f), stream=to_stdout, path="stdout" if to_stdout else args.write)
+
+
+def _run(session, args, out, count: int, command: list[str]) -> int:
+    from fcap.kernel import drops
+    from fcap.live.loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
+    loop = CaptureLoop(session, out, count=count, command=command)
+    try:
+        loop.ready()
+    except OSError as e:   # (mapping the rings, the signals' pipe: ENOMEM, EMFILE)
+        session.close()
+        return fail(f"cannot start the capture: {e.strerror or e}")
+    if not args.quiet:
+        write_stderr(listening_line(session))
+        if session.skipped:
+            write_stderr(f"{PROG}: {skipped_line(session)}")
+        note = drops.note(session.points)
+        if note:
+            write_stderr(f"{PROG}: {note}\n")
+    try:
+        status = loop.run()
+    except CommandError as e:
+        return fail(str(e))
+    if loop.files_done:     # (tcpdump's line, before the summary)
+        write_stderr(f"Maximum file limit reached: {out.writer.plan.files}\n")
+    if loop.error is not None:
+        fail(loop.error_line())
+    if loop.broken:
+        quiet_stdout()
+    elif not args.quiet:
+        write_stderr(loop.summary())
+    return status
+
+
+# fcap NAME ...: the commands beside capturing and reading
+SUBCOMMANDS = {"list-devices": cmd_list, "list": cmd_list, "info": cmd_info, "extcap": cmd_extcap,
+               "features": cmd_features, "path": cmd_path, "drops": cmd_drops}
+
+
+def run() -> None:
+    """The `fcap` command: main(), then out without the interpreter's teardown (freeing every object of a large
+    process takes tens of milliseconds of CPU, all of it after the work is done and the files are closed)."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,1 @@
+"""pcap and pcapng, read and written; rotation; link types."""

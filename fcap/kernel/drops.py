@@ -1,0 +1,145 @@
+"""Dropped packets: the drop reason and location a drop point's program records, and their names in user space
+(the reason from this kernel's BTF enum skb_drop_reason, never a table of our own; the location from
+/proc/kallsyms when it is readable)."""
+
+from __future__ import annotations
+
+import bisect
+
+from bpf.asm import DW, FP, R0, R1, R7, ldx
+from bpf.btf import BTF, BTFError, Enum, Enum64, Type
+
+from fcap.kernel.layout import META, STACK
+from fcap.points.spec import Point
+
+REASON_ENUM = "skb_drop_reason"
+PREFIXES = ("SKB_DROP_REASON_", "SKB_")   # stripped from the names users see: NO_SOCKET, CONSUMED
+KALLSYMS = "/proc/kallsyms"
+
+
+def _arg(point: Point, name: str, enum: bool) -> int | None:
+    """The index of the point's argument `name` (an enum skb_drop_reason when `enum`), or None."""
+    for i, p in enumerate(point.params):
+        t = p.type.strip()
+        if p.name == name and (not enum or (t.kind == "enum" and t.name == REASON_ENUM)):
+            return i
+    return None
+
+
+def reason_arg(point: Point) -> int | None:
+    return _arg(point, "reason", True)
+
+
+def location_arg(point: Point) -> int | None:
+    return _arg(point, "location", False) if point.kind in ("tp_btf", "raw_tp") else None
+
+
+def is_drop_point(point: Point) -> bool:
+    """A point whose records say why and where a packet was dropped: kfree_skb (also on kernels whose tracepoint
+    has no reason yet), or any point with an enum skb_drop_reason argument."""
+    return point.name == "kfree_skb" and point.kind in ("tp_btf", "raw_tp") or reason_arg(point) is not None
+
+
+def emit_meta(b) -> None:
+    """The program's part: META's reason and location from the point's arguments (other points leave them 0:
+    each point has its own scratch value, zero at creation)."""
+    p = b.p
+    for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
+        if index is None:
+            continue
+        off = b.f.arg_regs[index] if p.kind == "kprobe" else 8 * index
+        b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, off), META.store(R7, field, R0))
+
+
+# ---- user space: names ---------------------------------------------------------------------------------------
+
+def short(name: str) -> str:
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def reason_enum(btf: BTF | None = None) -> Enum | Enum64 | None:
+    try:
+        btf = btf or BTF.vmlinux()
+        t = btf.find(REASON_ENUM, "enum")
+    except BTFError:
+        return None
+    return t if isinstance(t, (Enum, Enum64)) else None
+
+
+def reason_value(leaf: Type, text: str) -> int | None:
+    """The value of an enum skb_drop_reason name as users write it (NO_SOCKET, or the whole name), else None."""
+    values = getattr(leaf, "values", {})
+    if text in values:
+        return values[text]
+    for name, v in values.items():
+        if short(name) == text:
+            return v
+    return None
+
+
+def close_names(leaf: Type, text: str, n: int = 4) -> list[str]:
+    """The enum's names (short where it has the drop reason prefixes) closest to `text`."""
+    names = [short(k) for k in getattr(leaf, "values", {})]
+    from difflib import get_close_matches
+    return get_close_matches(short(text.upper()), names, n=n, cutoff=0.6)
+
+
+class Names:
+    """Names for drop records: reasons from this kernel's BTF, locations from /proc/kallsyms (read at first
+    use; unreadable or hidden addresses leave the location as a number)."""
+
+    def __init__(self, btf: BTF | None = None):
+        enum = reason_enum(btf)
+        self.reasons = {v: short(k) for k, v in enum.values.items()} if enum is not None else {}
+        self._addrs: list[int] | None = None
+        self._syms: list[str] = []
+
+    def reason(self, value: int) -> str:
+        return self.reasons.get(value, str(value))
+
+    def location(self, addr: int) -> str:
+        if not addr:
+            return "?"
+        if self._addrs is None:
+            self._load_kallsyms()
+        i = bisect.bisect_right(self._addrs, addr) - 1
+        if i < 0:
+            return f"{addr:#x}"
+        return f"{self._syms[i]}+{addr - self._addrs[i]:#x}"
+
+    def _load_kallsyms(self) -> None:
+        pairs = []
+        try:
+            with open(KALLSYMS) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 3 and parts[1] in "tT":
+                        a = int(parts[0], 16)
+                        if a:
+                            pairs.append((a, parts[2]))
+        except (OSError, ValueError):
+            pairs = []
+        pairs.sort()
+        self._addrs = [a for a, _ in pairs]
+        self._syms = [s for _, s in pairs]
+
+    def text(self, rec, has_reason: bool = True) -> str:
+        """What a drop record's comment ends with: ' reason=NO_SOCKET at=FUNC+0xOFF'."""
+        out = f" reason={self.reason(rec.reason)}" if has_reason else ""
+        return out + f" at={self.location(rec.location)}"
+
+    def describe(self, rec, has_reason: bool = True) -> str:
+        """'NO_SOCKET at FUNC+0xOFF' (as fcap path says it)."""
+        return (f"{self.reason(rec.reason)} " if has_reason else "") + f"at {self.location(rec.location)}"
+
+
+def note(points: list[Point]) -> str:
+    """One line when a drop point of this kernel carries no reason (kfree_skb before Linux 5.17), else ""."""
+    for p in points:
+        if is_drop_point(p) and reason_arg(p) is None:
+            return (f"note: {p.spec} on this kernel has no drop reason argument (Linux 5.17+): its records name "
+                    f"the location only")
+    return ""

@@ -1,0 +1,325 @@
+"""--dump PATH: what the kernel held for each packet (an argument, a member chain, `return` at fexit), copied by the
+capture program into the record's dump area (fcap.kernel.layout's DUMP) and shown in user space from BTF
+(bpf.btf_dump); in pcapng each dump travels with its packet as a comment (the text) and a custom option (the
+bytes), which fcap's reader turns back into Dumps."""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import functools
+import os
+import struct
+from dataclasses import dataclass, field
+
+from bpf.asm import DW, FP, JEQ, JNE, R0, R1, R2, R3, R7, R8, R9, addi, call, ja, jmp, label, ldx, mov, movi, stx
+from bpf.btf import BTF, BTFError, Composite, Ptr, Type
+from bpf.btf_dump import decode, dump_type_data, format_node, type_name
+from bpf.uapi import Helper
+
+from fcap.errors import PathError
+from fcap.kernel.layout import DUMP, DUMP_MAX, DUMP_NULL, DUMP_OK, DUMPS_MAX, META_SIZE, STACK, parse_record
+from fcap.points.members import PATH, parse_path, root, walk
+from fcap.points.spec import Point
+
+FLAG = "--dump"
+# pcapng: a custom option (RFC 5612's example Private Enterprise Number, until fcap has its own) per dump
+PEN = 32473
+OPT_CUSTOM_BINARY = 2989     # custom option, binary, may be copied
+_OPT = struct.Struct("<BiHBBQI")   # version, status, null_at, bit offset, bits, addr, type size; then names, data
+OPT_VERSION = 1
+
+
+@dataclass
+class Plan:
+    """How one --dump PATH is read at one point."""
+
+    path: str
+    arg_index: int
+    chain: list[int]          # offsets of the pointers loaded on the way (the argument's value is the first base)
+    off: int                  # where the bytes start in the last object
+    size: int                 # bytes copied (at most DUMP_MAX)
+    type: Type                # what the bytes hold
+    value: bool = False       # the bytes are the argument's value itself (nothing is read)
+    bit_offset: int = 0       # a bitfield: its bits within the bytes copied
+    bits: int = 0
+
+    @property
+    def ctype(self) -> str:
+        return type_name(self.type)
+
+
+def plan(point: Point, path: str) -> Plan:
+    """Resolve PATH at the point (PathError with one line when it does not resolve)."""
+    if not PATH.match(path):
+        raise PathError(f"{FLAG} {path!r}: expected an argument or a member chain, e.g. skb, 'skb->dev', "
+                        f"'skb->sk->__sk_common', return")
+    steps = parse_path(path)
+    arg_index, t = root(point, path, steps[0].name, FLAG)
+    chain, off, bits_at, t = walk(path, steps, t, FLAG)
+    path = "".join(("->" if s.deref else ".") + s.name for s in steps[1:])
+    path = steps[0].name + path
+    leaf = t.strip()
+    target = leaf.target.strip() if isinstance(leaf, Ptr) else None
+    is_arg = len(steps) == 1
+    if isinstance(target, Composite) and target.size:   # a pointer to a struct/union: what it points to
+        if not is_arg:
+            chain = chain + [off]
+        return Plan(path, arg_index, chain, 0, min(target.size, DUMP_MAX), leaf.target)
+    if is_arg:
+        if isinstance(leaf, Composite):
+            raise PathError(f"{FLAG} {path}: a struct passed by value cannot be dumped")
+        return Plan(path, arg_index, [], 0, min(_size(leaf), 8), t, value=True)
+    if bits_at is not None:
+        bit_off, nbits = bits_at
+        return Plan(path, arg_index, chain, bit_off // 8, (bit_off % 8 + nbits + 7) // 8, t,
+                    bit_offset=bit_off % 8, bits=nbits)
+    size = _size(leaf)
+    if size == 0:
+        raise PathError(f"{FLAG} {path}: {type_name(t)} has no size to dump")
+    return Plan(path, arg_index, chain, off, min(size, DUMP_MAX), t)
+
+
+def _size(t: Type) -> int:
+    try:
+        return t.size
+    except BTFError:
+        return 0
+
+
+def _slot_bytes(size: int) -> int:
+    return DUMP.size + (size + 7 & ~7)
+
+
+class Area:
+    """The dump area of a capture: one slot per PATH, as large as the largest of the points' plans for it."""
+
+    def __init__(self, paths: list[str], plans: dict[int, list[Plan]]):
+        self.paths = paths
+        self.plans = plans        # point id -> a Plan per path
+        self.slots: list[int] = []
+        at = 0
+        for i, path in enumerate(paths):
+            self.slots.append(at)
+            at += _slot_bytes(max(p[i].size for p in plans.values()))
+        self.size = at
+        if self.size > DUMPS_MAX:
+            raise PathError(f"{FLAG}: the dumps take {self.size} bytes per packet; at most {DUMPS_MAX} fit "
+                            f"(dump members rather than whole structures)")
+
+    def for_point(self, point: Point) -> PointDumps:
+        return PointDumps(self, self.plans[point.id])
+
+    def parse(self, raw):
+        """The Record (with its dumps) of a perf sample that starts with this area."""
+        rec = parse_record(memoryview(raw)[self.size:])
+        return rec._replace(dumps=self.dumps(raw, rec.point))
+
+    def dumps(self, raw, point: int) -> tuple:
+        plans = self.plans.get(point)
+        if plans is None:
+            return ()
+        out = []
+        for at, p in zip(self.slots, plans):
+            h = DUMP.unpack(raw, at)
+            size = min(h.size, p.size)
+            out.append(Dump(p.path, p.type, p.ctype, h.addr, bytes(raw[at + DUMP.size:at + DUMP.size + size]),
+                            h.status, h.null_at, p.bit_offset, p.bits))
+        return tuple(out)
+
+
+def make_area(points: list[Point], paths: list[str]) -> Area | None:
+    if not paths:
+        return None
+    return Area(list(paths), {p.id: [plan(p, path) for path in paths] for p in points})
+
+
+@dataclass
+class PointDumps:
+    """What one point's program writes: Builder.build calls emit() after the metadata."""
+
+    area: Area
+    plans: list[Plan]
+
+    @property
+    def size(self) -> int:
+        return self.area.size
+
+    def emit(self, b) -> None:
+        for at, p in zip(self.area.slots, self.plans):
+            _emit_one(b, p, at - self.area.size)
+
+
+def _emit_one(b, p: Plan, at: int) -> None:
+    """One slot at R7 + at (R7 is META, past the area). Uses R0-R3, R8, R9."""
+    done, null, fail = b.fresh("dump_done"), b.fresh("dump_null"), b.fresh("dump_fail")
+    ctx_off = b.f.arg_regs[p.arg_index] if b.p.kind == "kprobe" else 8 * p.arg_index
+    data = at + DUMP.size
+    b.emit(ldx(DW, R9, FP, STACK.ctx), ldx(DW, R9, R9, ctx_off))
+    if p.value:
+        b.emit(stx(DW, R7, data, R9), DUMP.store_imm(R7, "addr", 0, at), DUMP.store_imm(R7, "status", DUMP_OK, at),
+               DUMP.store_imm(R7, "size", p.size, at), DUMP.store_imm(R7, "null_at", 0, at))
+        return
+    b.emit(DUMP.store_imm(R7, "size", 0, at), DUMP.store_imm(R7, "null_at", 0, at),
+           DUMP.store_imm(R7, "addr", 0, at))
+    for k, off in enumerate(p.chain):
+        b.emit(movi(R8, k), jmp(JEQ, R9, 0, null),
+               mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 8), mov(R3, R9), addi(R3, off),
+               call(Helper.probe_read_kernel), jmp(JNE, R0, 0, fail), ldx(DW, R9, FP, STACK.tmp))
+    b.emit(movi(R8, len(p.chain)), jmp(JEQ, R9, 0, null), [addi(R9, p.off)] if p.off else [],
+           DUMP.store(R7, "addr", R9, at),
+           mov(R1, R7), addi(R1, data), movi(R2, p.size), mov(R3, R9), call(Helper.probe_read_kernel),
+           jmp(JNE, R0, 0, fail), DUMP.store_imm(R7, "size", p.size, at),
+           DUMP.store_imm(R7, "status", DUMP_OK, at), ja(done),
+           label(null), DUMP.store_imm(R7, "status", DUMP_NULL, at), DUMP.store(R7, "null_at", R8, at), ja(done),
+           label(fail), DUMP.store(R7, "status", R0, at),
+           label(done))
+
+
+@dataclass
+class Dump:
+    """One --dump PATH of one packet: the bytes the program copied and the BTF type that shows them."""
+
+    path: str
+    type: Type | None         # None when read from a file whose type this kernel's BTF does not have
+    ctype: str                # the type's C name: `struct net_device`, `unsigned int`
+    addr: int                 # where the bytes were read (0: an argument's value)
+    data: bytes
+    status: int = DUMP_OK     # DUMP_OK, DUMP_NULL, or the read's -errno
+    null_at: int = 0
+    bit_offset: int = 0
+    bits: int = 0
+    comment: str = field(default="", repr=False)   # the text a file carried (when type is None)
+
+    @property
+    def error(self) -> str | None:
+        """Why there are no bytes (a NULL pointer on the way, a failed read), or None."""
+        if self.status == DUMP_OK:
+            return None
+        if self.status == DUMP_NULL:
+            steps = parse_path(self.path)
+            return f"NULL pointer at {_prefix(steps, self.null_at)}"
+        code = -self.status
+        return f"read failed: {errno_mod.errorcode.get(code, str(code))} ({os.strerror(code)})"
+
+    def node(self):
+        """The decoded value (bpf.btf_dump.Node): node['mtu'].value, node.python()."""
+        if self.type is None or self.error is not None:
+            return None
+        return decode(self.type, self.data, self.bit_offset, self.bits)
+
+    @property
+    def value(self):
+        """The value as Python data (dicts, lists, ints, strings), or None."""
+        n = self.node()
+        return None if n is None else n.python()
+
+    def text(self, compact: bool = False, zeroes: bool = False) -> str:
+        """`(struct net_device){ .name = (char[16])"lo", ... }` (multi-line unless compact), or the error."""
+        err = self.error
+        if err is not None:
+            return f"<{err}>"
+        if self.type is None:
+            return self.comment or f"({self.ctype}) <{len(self.data)} bytes; type not in this kernel's BTF>"
+        return _text(self.type, self.data, compact, zeroes, self.bit_offset, self.bits)
+
+    def line(self, compact: bool = False, zeroes: bool = False) -> str:
+        """`PATH = TEXT`, the address first where the bytes were read through a pointer."""
+        at = f" @0x{self.addr:x}" if self.addr else ""
+        return f"{self.path}{at} = {self.text(compact, zeroes)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _text(t: Type, data: bytes, compact: bool, zeroes: bool, bit_offset: int, bits: int) -> str:
+    """The text of a value, remembered: packet after packet, a dump often holds the same bytes (a device)."""
+    if bits:
+        return format_node(decode(t, data, bit_offset, bits), compact, zeroes)
+    return dump_type_data(t, data, compact, zeroes)
+
+
+def _prefix(steps, n: int) -> str:
+    """The path up to (and including) the n-th pointer it loads: the one that was NULL."""
+    out, loaded = steps[0].name, 0
+    for s in steps[1:]:
+        if s.deref:
+            if loaded == n:
+                return out
+            loaded += 1
+        out += ("->" if s.deref else ".") + s.name
+    return out
+
+
+# ---- pcapng: a comment with the text, a custom option with the bytes -----------------------------------------
+
+COMMENT_PREFIX = "dump "
+
+
+def comment(d: Dump) -> str:
+    return COMMENT_PREFIX + d.line(compact=True)
+
+
+def records_options(dumps: tuple) -> tuple[list[str], list[tuple[int, bytes]]]:
+    """A packet's dumps as pcapng options: (comments, [(custom option code, value)])."""
+    return [comment(d) for d in dumps], [(OPT_CUSTOM_BINARY, option_value(d)) for d in dumps]
+
+
+def option_value(d: Dump) -> bytes:
+    """The custom option's value: PEN, then the dump (read back by from_option)."""
+    path, ctype = d.path.encode(), d.ctype.encode()
+    size = _size(d.type) if d.type is not None else 0
+    return (struct.pack("<I", PEN) + _OPT.pack(OPT_VERSION, d.status, d.null_at, d.bit_offset, d.bits, d.addr, size)
+            + struct.pack("<HH", len(path), len(ctype)) + path + ctype + d.data)
+
+
+def from_option(value: bytes, btf: BTF | None = None) -> Dump | None:
+    """The Dump in a custom option's value, or None when it is not fcap's. The type is looked up by name in
+    `btf` (this kernel's by default) and used when its size is the one recorded."""
+    if len(value) < 4 + _OPT.size + 4 or struct.unpack_from("<I", value)[0] != PEN:
+        return None
+    version, status, null_at, bit_offset, bits, addr, size = _OPT.unpack_from(value, 4)
+    if version != OPT_VERSION:
+        return None
+    at = 4 + _OPT.size
+    plen, clen = struct.unpack_from("<HH", value, at)
+    at += 4
+    path = value[at:at + plen].decode("utf-8", "replace")
+    ctype = value[at + plen:at + plen + clen].decode("utf-8", "replace")
+    data = bytes(value[at + plen + clen:])
+    return Dump(path, _find_type(ctype, size, btf), ctype, addr, data, status, null_at, bit_offset, bits)
+
+
+def _find_type(ctype: str, size: int, btf: BTF | None) -> Type | None:
+    """A named type (`struct net_device`, `unsigned int`, `__be16`) of this size, or None."""
+    try:
+        btf = btf or BTF.vmlinux()
+    except BTFError:
+        return None
+    word, _, name = ctype.partition(" ")
+    kinds = {"struct": "struct", "union": "union", "enum": None}
+    if word in kinds and name and "*" not in name and "[" not in name:
+        candidates = [t for t in btf.find_all(name, kinds[word]) if word != "enum" or t.kind in ("enum", "enum64")]
+    elif "*" in ctype or "[" in ctype or "(" in ctype:
+        return None
+    else:
+        candidates = btf.find_all(ctype)
+    for t in candidates:
+        if _size(t) == size and t.kind not in ("func", "var"):
+            return t
+    return None
+
+
+def dumps_of(custom: tuple, comments: list[str]) -> tuple:
+    """The Dumps of a packet read from a file: its custom options (code, value), its dump comments."""
+    texts = [c[len(COMMENT_PREFIX):] for c in comments if c.startswith(COMMENT_PREFIX)]
+    out = []
+    for code, value in custom:
+        if code != OPT_CUSTOM_BINARY:
+            continue
+        d = from_option(value)
+        if d is not None:
+            line = next((t for t in texts if t.startswith(d.path + " ") or t.startswith(d.path + "@")), "")
+            d.comment = line.split(" = ", 1)[1] if " = " in line else ""
+            out.append(d)
+    return tuple(out)
+
+
+assert META_SIZE % 8 == 0 and DUMP.size % 8 == 0

@@ -1,0 +1,83 @@
+"""The standard pcapng options fcap puts on each packet beside its metadata comment, where Wireshark shows them as
+fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track: frame.packet_id),
+epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
+frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (Options) and for
+those the capture program lays out (fcap.kernel.ringrec), decided here once."""
+
+from __future__ import annotations
+
+from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
+
+from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
+from fcap.files.pcapfile import VERDICT_TC
+from fcap.points.spec import Point, is_device_point
+
+TC_ACT_SHOT = 2
+DROP_VERDICT = (VERDICT_TC, TC_ACT_SHOT)    # "the kernel dropped it": Wireshark shows eBPF TC: TC_ACT_SHOT (2)
+# Points every packet of which is being dropped: the tracepoint and the functions that free with a drop reason
+DROP_POINTS = frozenset(("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "kfree_skb_list_reason"))
+# Device-layer transmit points where the queue is not picked yet (fentry at the entry of dev_queue_xmit)
+_BEFORE_PICK = frozenset(("dev_queue_xmit", "__dev_queue_xmit"))
+
+
+def verdict(point: Point) -> tuple | None:
+    """epb_verdict for every packet of this point: DROP_VERDICT at drop points, else None."""
+    return DROP_VERDICT if point.name in DROP_POINTS else None
+
+
+def queue_source(point: Point) -> str | None:
+    """Where the point's packets have a device queue: "tx" (skb->queue_mapping, picked at a device-layer
+    transmit point), "rx" (queue_mapping - 1 when a driver recorded one, at a device-layer receive point), or
+    None (no queue meant there: none is written)."""
+    if not is_device_point(point.name):
+        return None
+    if point.direction == "out" and not (point.name in _BEFORE_PICK and point.kind in ("fentry", "kprobe")):
+        return "tx"
+    return "rx" if point.direction == "in" else None
+
+
+def emit_queue(b) -> None:
+    """In the capture program (after the metadata): META's queue and FLAG_QUEUE where the point has a queue.
+    Uses R0, R8."""
+    source = queue_source(b.p)
+    if source is None:
+        return
+    vm = b.p.btf if b.p.btf.base is None else b.p.btf.base
+    _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
+    done = b.fresh("queue_done")
+    b.read(H, R8, R6, bits // 8)          # R6: the skb, R7: META
+    if source == "rx":   # skb_get_rx_queue(): recorded as queue + 1, 0 when no driver recorded one
+        b.emit(jmp(JEQ, R8, 0, done), addi(R8, -1))
+    b.emit(META.store(R7, "queue", R8), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_QUEUE),
+           META.store(R7, "flags", R0), label(done))
+
+
+class Options:
+    """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
+    space lays out: the same as the capture program writes into the file rings. At drop points the comment also
+    says why and where the packet was dropped."""
+
+    def __init__(self, points: list[Point]):
+        from fcap.kernel import drops
+        self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
+        self.verdicts = {p.id: verdict(p) for p in points}
+        self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
+        self.drop_names = drops.Names() if self.drop_points else None
+
+    def __call__(self, rec) -> dict:
+        return {"flags": self.flags.get(rec.point), "comment": format_comment(rec) + self.drop_text(rec),
+                "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+
+    def drop_text(self, rec) -> str:
+        """' reason=NO_SOCKET at=FUNC+0xOFF' for a record of a drop point, else ''."""
+        if rec.point not in self.drop_points:
+            return ""
+        return self.drop_names.text(rec, self.drop_points[rec.point])
+
+    def drop(self, rec) -> tuple:
+        """(reason name or None, location) of a record of a drop point; (None, None) elsewhere."""
+        if rec.point not in self.drop_points:
+            return None, None
+        names = self.drop_names
+        return (names.reason(rec.reason) if self.drop_points[rec.point] else None), names.location(rec.location)
+

@@ -1,0 +1,351 @@
+"""The capture record, declared once: the metadata the program writes ahead of each packet's bytes, the per-CPU
+scratch value and stack slots it works in, the file rings' control words, the pcapng comment's format; both the
+program builder and user space take offsets, sizes and names from here."""
+
+from __future__ import annotations
+
+import struct
+from collections import namedtuple
+from typing import NamedTuple
+
+from bpf import asm
+from bpf.asm import BYTES_SIZE
+
+from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, FLAG_INBOUND,
+                       FLAG_OUTBOUND, OPT_COMMENT)
+
+
+
+class Layout:
+    """A packed little-endian structure declared as (name, struct format) pairs ("" names padding): its offsets,
+    widths, a reader by name and eBPF loads/stores of its fields, all derived from the one declaration."""
+
+    def __init__(self, name: str, fields: tuple):
+        self.struct = struct.Struct("<" + "".join(fmt for _, fmt in fields))
+        self.size = self.struct.size
+        self._at: dict[str, tuple[int, int]] = {}
+        pos = 0
+        for fname, fmt in fields:
+            width = struct.calcsize("<" + fmt)
+            if fname:
+                self._at[fname] = (pos, width)
+            pos += width
+        self.Tuple = namedtuple(name, [f for f, fmt in fields if f and not fmt.endswith("x")])
+
+    def off(self, name: str) -> int:
+        return self._at[name][0]
+
+    def width(self, name: str) -> int:
+        return self._at[name][1]
+
+    def end(self, name: str) -> int:
+        off, width = self._at[name]
+        return off + width
+
+    def unpack(self, buf, at: int = 0):
+        return self.Tuple._make(self.struct.unpack_from(buf, at))
+
+    def load(self, dst: int, base: int, name: str, at: int = 0) -> asm.Insn:
+        """dst = the field `name` of the structure at base + at."""
+        off, width = self._at[name]
+        return asm.ldx(BYTES_SIZE[width], dst, base, at + off)
+
+    def store(self, base: int, name: str, src: int, at: int = 0) -> asm.Insn:
+        off, width = self._at[name]
+        return asm.stx(BYTES_SIZE[width], base, at + off, src)
+
+    def store_imm(self, base: int, name: str, imm: int, at: int = 0) -> asm.Insn:
+        off, width = self._at[name]
+        return asm.st(BYTES_SIZE[width], base, at + off, imm)
+
+    def words(self, names: tuple) -> list[tuple[int, int]]:
+        """(offset, bytes) loads of at most 8 aligned bytes that cover the named fields, adjacent ones merged."""
+        spans: list[list[int]] = []
+        for off, width in sorted(self._at[n] for n in names):
+            if spans and spans[-1][1] == off:
+                spans[-1][1] = off + width
+            else:
+                spans.append([off, off + width])
+        out = []
+        for start, stop in spans:
+            while start < stop:
+                n = next(n for n in (8, 4, 2, 1) if start % n == 0 and start + n <= stop)
+                out.append((start, n))
+                start += n
+        return out
+
+
+# ---- the metadata record: META bytes, then the made-up link header and header bytes, then the skb's bytes -------
+# It ends with the capture file's own record header, laid out by the program so that, when the skb's bytes follow
+# the link header bytes without a gap (skip == 0), user space writes the sample's tail as it is:
+#   pcap:   ts1 ts2 caplen orig                          (ts_sec ts_nsec caplen len: the last 16 bytes)
+#   pcapng: btype total iface ts1 ts2 caplen orig        (an EPB's header without options: the last 28 bytes)
+META = Layout("Meta", (
+    ("ts", "Q"),           # monotonic ns (ktime_get_ns)
+    ("id", "Q"),           # the packet id (pcapng epb_packetid): fcap.kernel.track
+    ("skb", "Q"),          # the skb's address (the comment's skb=0x...)
+    ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
+    ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
+    ("comm", "16s"),
+    ("len", "I"),          # skb->len
+    ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
+    ("ifindex", "I"),
+    ("mark", "I"),
+    ("netns", "I"),        # the device's network namespace inode number
+    ("reason", "I"),       # drop points: enum skb_drop_reason
+    ("proto", "H"),        # skb->protocol, network order
+    ("hdr", "H"),          # made-up link header + header bytes before skb->data, in the scratch after META
+    ("skip", "H"),         # skb bytes before the linktype's start (the start lies past skb->data)
+    ("pkt_type", "B"),
+    ("flags", "B"),        # FLAG_*
+    ("point", "H"),        # the point's id (the pcapng interface)
+    ("hatype", "H"),       # the device's ARPHRD type
+    ("queue", "H"),        # FLAG_QUEUE: the device queue the packet was given (transmit) or came from (receive)
+    ("", "2x"),
+    ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
+    ("btype", "I"),
+    ("total", "I"),
+    ("iface", "I"),
+    ("ts1", "I"),
+    ("ts2", "I"),
+    ("caplen", "I"),
+    ("orig", "I"),
+))
+META_SIZE = META.size
+PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
+PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
+assert META_SIZE == 128 and PCAP_HDR == 16 and EPB_HDR == 28
+
+RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
+
+FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
+FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
+FLAG_QUEUE = 4          # queue holds the packet's device queue (pcapng: epb_queue)
+
+# pcapng as the program writes it (the writer's if_tsresol is 9: nanoseconds)
+PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_COMMENT = BT_EPB, EPB_FLAGS, EPB_PACKETID, OPT_COMMENT
+PCAPNG_QUEUE, PCAPNG_VERDICT = EPB_QUEUE, EPB_VERDICT
+PCAPNG_OPTIONS = EPB_OPTION_ORDER   # the order of an EPB's options, the writer's and the program's
+EPB_DIRECTION = {"out": FLAG_OUTBOUND, "in": FLAG_INBOUND}   # epb_flags for a point's direction
+NS = 1_000_000_000
+
+# ---- the scratch value (per CPU, per point): META, then the packet's bytes as the record carries them ----------
+PKT = META_SIZE          # offset of the packet bytes in the scratch value
+PREFIX_MAX = 256         # header bytes before skb->data the program can reach (MAC + network + transport ...)
+SYNTH_MAX = 20           # a made-up link header: LINUX_SLL2 (20) or Ethernet (14)
+HDR_MAX = SYNTH_MAX + PREFIX_MAX
+FILTER_CAP = 512         # packet bytes copied for the filter to read (loads past it take the slow path)
+LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: linear data only
+PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
+COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
+CAPLEN_MAX = HDR_MAX + COPY_MAX
+# the file rings (fcap.kernel.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
+# GSO/BIG TCP skb larger than 64 KiB lands whole
+RING_CAPLEN_MAX = 262144
+RING_COPY_MAX = RING_CAPLEN_MAX - HDR_MAX
+
+# ---- typed dumps (--dump, fcap.kernel.dumps): an area before META, in the scratch value and at the start of the perf
+# sample; one slot per --dump PATH: this header, then the bytes copied (padded to 8). The program's R7 points past
+# the area (at META), so that every META offset stays what it is.
+DUMP = Layout("DumpHeader", (
+    ("addr", "Q"),         # where the bytes were read (0: the argument's value itself)
+    ("status", "i"),       # DUMP_OK, DUMP_NULL, or the read's -errno
+    ("size", "H"),         # bytes copied
+    ("null_at", "H"),      # DUMP_NULL: the number of pointers loaded before the NULL one
+))
+DUMP_OK, DUMP_NULL = 0, 1
+DUMP_MAX = 4096          # bytes of one dump (struct net_device is 2,496 bytes on 6.18; larger types are cut)
+DUMPS_MAX = 16384        # all the dumps of a record
+
+# ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
+COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.kernel.stats)
+COUNTERS = 3
+
+# ---- fcap drops (fcap.commands.drop_report): drops counted per (reason, location) in a hash map of u64 counts -------------
+DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
+
+# ---- --track (fcap.kernel.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
+# Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id, the head
+# the skb had when it was tracked, and a bit per (point, device) where the skb was seen (fcap.kernel.track.seen_slots).
+TRACK = Layout("Track", (("id", "Q"), ("head", "Q"), ("seen", "Q")))
+TRACK_COUNTERS = Layout("TrackCounters", (
+    ("started", "Q"),      # packets given an id in the map (--track: that the filter and predicates chose)
+    ("joined", "Q"),       # skbs found by their head: clones of a known packet
+    ("deleted", "Q"),      # map entries removed (freed, or found stale); inserted: 2 per packet, 1 per clone
+    ("next", "Q"),         # this CPU's packet id counter (ids are next << ID_CPU_BITS | cpu)
+))
+ID_CPU_BITS = 12
+
+
+# ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
+class _Stack(NamedTuple):
+    key: int = -4            # u32 key (the point id) for the scratch and counter lookups
+    tmp: int = -16           # 8-byte temporary for untyped reads
+    dynptr: int = -32        # struct bpf_dynptr (16 bytes)
+    head: int = -40          # skb->head
+    dataoff: int = -48       # skb->data - skb->head
+    wirelen: int = -56       # the filter's packet length
+    n: int = -64             # a byte count kept across a call
+    skb: int = -72           # the skb while the filter runs
+    ctx: int = -80           # the program's context (perf_event_output wants it)
+    slow: int = -88          # slow-load destination
+    cbpf: int = -160         # cBPF M[] (64 bytes)
+    comm: int = -192         # 16 bytes the predicates compare strings in
+    ring_key: int = -200     # u32: this CPU's file ring
+    ring_off: int = -208     # where this record starts in the ring
+    ring_len: int = -216     # the record's length
+    bell: int = -224         # the 8-byte doorbell sample
+    text_len: int = -232     # the comment's length
+    scratch: int = -240      # the scratch value while the filter runs (R7 may be the translator's)
+    track_key: int = -248    # the identity map (fcap.kernel.track): a key (an skb's or a head's address)
+    track_val: int = -328    # --track: a value to insert (TRACK, 24 bytes)
+    track_bit: int = -336    # the identity map: this point and device's seen bit (fcap.kernel.track)
+    track_id: int = -272     # --track: the packet id when the skb is tracked, else 0
+    track_ckey: int = -276   # --track: u32 key 0 of the tracking counters
+    drop_key: int = -296     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
+    drop_one: int = -304     # fcap drops: the value 1 to insert
+
+
+STACK = _Stack()
+_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
+                "drop_key": 16}
+
+
+def _check_stack() -> None:
+    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in STACK._asdict().items())
+    for (_o, end, name), (nxt, _e, other) in zip(slots, slots[1:]):
+        assert end <= nxt, f"stack slots {name} and {other} overlap"
+    assert slots[0][0] >= -512 and slots[-1][1] <= 0
+
+
+_check_stack()
+
+# ---- the file ring (fcap.kernel.ringrec writes it, fcap.live.drain reads it) --------------------------------------------------
+# An mmapable array map, one element per possible CPU: RING_CTRL bytes of control words, then the ring, then
+# RING_SLACK bytes past its end. The program appends whole records at head and publishes them with one atomic add:
+# the low HEAD_BITS bits of head are the byte position, the high bits count records. User space writes
+# [tail, head) as it is and stores head's position in tail. A record that runs past the ring's end is written on
+# into the slack and its overflow copied to the ring's start, so the stream is contiguous modulo the ring's size.
+# When a record leaves a quarter of the ring or more in use and bell is 0, the program sets bell and rings user
+# space through the perf buffer (8 bytes); user space clears it once it has written the bytes and stored tail.
+RING = Layout("RingControl", (
+    ("head", "Q"),
+    ("busy", "I"),          # a writer holds the ring (a program interrupted by another point's on this CPU)
+    ("", "4x"),
+    ("bell", "I"),
+    ("", "4x"),
+    ("sec_ns", "Q"),         # the program's: the wall-clock second its last pcap timestamp fell in, in ns ...
+    ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
+    ("last", "Q"),           # the timestamp of the last record published ...
+    ("disorder", "Q"),       # ... and how many were older than the one before (fcap.live.order merges those by record)
+    ("", "8x"),
+    ("tail", "Q"),           # user space's: on its own cache line
+    ("taken", "Q"),          # user space's: records taken so far (count bits as head's): frees the index's entries
+    ("", "48x"),
+))
+RING_CTRL = RING.size
+assert RING_CTRL == 128 and RING.off("tail") == 64
+HEAD_BITS = 40
+HEAD_POS = (1 << HEAD_BITS) - 1
+HEAD_ONE = 1 << HEAD_BITS
+HEAD_COUNT = (1 << (64 - HEAD_BITS)) - 1   # the count bits of head, shifted down
+# After the ring's slack, each CPU's index of its records: one entry per record, at (its count & (entries - 1)),
+# written before the record is published: its timestamp and the position where it ends (as head's position bits).
+# User space merges the CPUs' records by these (fcap.live.order) and frees the entries by storing `taken`; the program
+# refuses a record (lost) while the index is full. One entry per RING_INDEX_BYTES bytes of ring.
+RING_INDEX = Layout("RingIndex", (("ts", "Q"), ("end", "Q")))
+RING_INDEX_BYTES = 32
+RING_MAX = 64 << 20      # per CPU (kernels before 6.x cap a map value at 4 MiB: then 2 MiB, see Session)
+
+# ---- the pcapng comment --------------------------------------------------------------------------------------------
+# (text before, Record attribute, style). The capture program formats it into the file rings (fcap.kernel.ringrec): the
+# first (the skb) and the last (the length) every packet, the middle once per change of the META fields it shows;
+# user space formats the same text for the records it lays out itself (format_comment).
+COMMENT = (
+    ("skb=0x", "skb", "hex16"),
+    (" pid=", "pid", "dec"),
+    (" tid=", "tid", "dec"),
+    (" comm=", "comm", "str"),
+    (" ifindex=", "ifindex", "dec"),
+    (" mark=0x", "mark", "hex"),
+    (" netns=", "netns", "dec"),
+    (" proto=0x", "protocol", "hex4"),
+    (" pkt_type=", "pkt_type", "dec"),
+    (" len=", "len", "dec"),
+)
+COMMENT_SOURCE = {"pid": "pidtgid", "tid": "pidtgid", "protocol": "proto"}   # Record attribute -> META field
+_STYLE = {"dec": "{}".format, "hex": "{:x}".format, "hex4": "{:04x}".format, "hex16": "{:016x}".format,
+          "str": str}
+
+
+def format_comment(rec) -> str:
+    return "".join(pre + _STYLE[style](getattr(rec, attr)) for pre, attr, style in COMMENT)
+
+
+# Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
+# they are valid, the middle's length, the last packet's skb high half and length with their text, and the text
+# (written at positions masked to TEXT_POS_MASK, and up to 16 bytes past them).
+COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
+KEY_WORDS = META.words(COMMENT_KEY)
+TEXT_POS_MASK = 255
+TEXT_MAX = 168           # "skb=0x" + 16 + the middle (<= MID_MAX) + " len=" + 10 = 164 bytes at most
+MID_MAX = 127
+CAREA = Layout("CommentArea", (
+    ("key", f"{sum(n for _o, n in KEY_WORDS)}s"),
+    ("valid", "B"),
+    ("", f"{-(sum(n for _o, n in KEY_WORDS) + 1) % 8}x"),
+    ("midlen", "I"),
+    ("", "4x"),
+    # the per-packet parts remembered from the last packet: the skb address's high half and its 8 hex digits (a
+    # kernel address's high half is never 0, so the zeroed area never matches); the length + 1 (0: none yet), its
+    # text's length and the text itself (" len=" and the digits)
+    ("skb_hi", "I"),
+    ("len_key", "I"),
+    ("skb_hi_hex", "Q"),
+    ("len_n", "I"),
+    ("", "4x"),
+    ("len_text", "16s"),
+    ("text", f"{TEXT_POS_MASK + 1 + 16}s"),
+))
+TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
+TEXT_MID = TEXT_SKB + 16                  # then the middle
+assert CAREA.off("text") % 8 == 0
+
+
+# ---- user space: a record read back by name ---------------------------------------------------------------------
+class Record(NamedTuple):
+    ts_ns: int          # monotonic
+    skb: int            # the skb's address
+    pid: int
+    tid: int
+    comm: str
+    len: int            # skb->len
+    ifindex: int
+    mark: int
+    netns: int
+    protocol: int       # host order
+    pkt_type: int
+    point: int
+    hatype: int
+    flags: int
+    data: bytes         # the captured bytes, from the linktype's start
+    orig_len: int       # the packet's length from the linktype's start
+    dumps: tuple = ()   # fcap.kernel.dumps.Dump per --dump PATH
+    queue: int | None = None   # the device queue (FLAG_QUEUE), else None
+    reason: int = 0     # drop points: enum skb_drop_reason
+    location: int = 0   # drop points: where the skb was freed
+    id: int = 0         # the packet id (fcap.kernel.track)
+
+
+def parse_record(raw) -> Record:
+    """A perf sample's bytes (META, header bytes, skb bytes) as a Record."""
+    m = META.unpack(raw)
+    body = META_SIZE + m.hdr
+    if m.fast:
+        data = bytes(raw[META_SIZE:META_SIZE + m.fast])
+    else:
+        data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
+    return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
+        errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
+        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None,
+        reason=m.reason, location=m.location, id=m.id)

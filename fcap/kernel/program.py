@@ -1,0 +1,580 @@
+"""The capture program for a point: prologue (skb from the context), metadata, header bytes, filter, copy, record."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from bpf import asm
+from bpf.asm import (
+    ADD,
+    DW,
+    FP,
+    JEQ,
+    JGE,
+    JGT,
+    JNE,
+    JSGT,
+    JSLT,
+    OR,
+    R0,
+    R1,
+    R2,
+    R3,
+    R4,
+    R5,
+    R6,
+    R7,
+    R8,
+    R9,
+    SUB,
+    B,
+    H,
+    W,
+    addi,
+    alu64,
+    andi,
+    call,
+    exit_,
+    jmp,
+    label,
+    ld_imm64,
+    ld_map_fd,
+    ldx,
+    lshi,
+    mov,
+    movi,
+    rshi,
+    st,
+    stx,
+)
+from bpf.btf import BTF, BTFError
+from bpf.uapi import F_CURRENT_CPU, Helper
+
+from fcap.kernel import ancillary
+
+from fcap.kernel import drops
+
+from fcap.kernel import ringrec
+
+from fcap.kernel import stats
+
+from fcap.kernel import track
+from fcap.kernel.layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
+                     LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
+                     RING_COPY_MAX, STACK)
+from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
+from fcap.points.spec import Point
+from fcap.errors import ProgramError
+
+# starts: where a linktype's bytes begin
+START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
+
+
+class Maps:
+    """The maps a capture's programs use (fds), filled in as the session makes them."""
+
+    __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "track",
+                 "track_counters")
+
+    def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
+        self.events = events              # PERF_EVENT_ARRAY fd
+        self.scratch = scratch            # PERCPU_ARRAY fd, one value of scratch_size bytes
+        self.counters = counters          # PERCPU_ARRAY fd, one value of COUNTERS u64s
+        self.scratch_size = scratch_size
+        self.ring = 0           # mmapable ARRAY fd of per-CPU file rings (fcap.kernel.ringrec), 0: the perf buffer
+        self.ring_size = 0      # RING: bytes of each CPU's ring (a power of two)
+        self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
+        self.track = 0          # the identity map (LRU hash, fcap.kernel.track), 0: none
+        self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
+
+
+class Options(NamedTuple):
+    start: str                       # START_*
+    snaplen: int
+    filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
+    dynptr_kfunc: int = 0            # BTF id of bpf_dynptr_from_skb when tracing programs may call it
+    predicates: list | tuple = ()    # callables (builder) -> items that jump to "out" to drop
+    record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
+    clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
+    meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
+    task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
+    dumps: object = None             # fcap.kernel.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
+    head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
+    division_tracked: bool = False   # the verifier tracks ranges through a division (bpf.cbpf's loops: an xor)
+    count_seen: bool = False         # file rings: count each record in the counters too (fcap.kernel.stats: ISBs)
+    ident: str = "none"              # how records get their packet ids (fcap.kernel.track.mode)
+    points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
+
+
+def scratch_size(point: Point, opts: Options) -> int:
+    """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
+    if not point.typed:
+        size = PKT + HDR_MAX + LINEAR_CAP + 8
+    elif opts.filter is not None:
+        size = PKT + HDR_MAX + FILTER_CAP + 8
+    else:
+        size = PKT + HDR_MAX + 8
+    if opts.record == RECORD_PCAPNG:
+        size = (size + 7 & ~7) + CAREA.size
+    return size + dump_area(opts)
+
+
+def dump_area(opts: Options) -> int:
+    """Bytes of the dump area before META (0 without --dump)."""
+    return opts.dumps.size if opts.dumps is not None else 0
+
+
+class _Fields:
+    """Offsets of the kernel structures the program reads, from BTF."""
+
+    def __init__(self, btf: BTF):
+        vm = btf if btf.base is None else btf.base
+        skb = vm.find("sk_buff", "struct")
+        dev = vm.find("net_device", "struct")
+        net = vm.find("net", "struct")
+        if skb is None or dev is None:
+            raise ProgramError("this kernel's BTF has no struct sk_buff or struct net_device")
+
+        def off(struct_type, path: str) -> int:
+            _m, bits = struct_type.member_path(path) if "." in path else struct_type.member(path)
+            return bits // 8
+
+        self.len = off(skb, "len")
+        self.head = off(skb, "head")
+        self.data = off(skb, "data")
+        self.mac = off(skb, "mac_header")
+        self.network = off(skb, "network_header")
+        self.protocol = off(skb, "protocol")
+        self.dev = off(skb, "dev")
+        self.mark = off(skb, "mark")
+        self.data_len = off(skb, "data_len")
+        m, bits = skb.member("pkt_type")
+        self.pkt_type_byte, self.pkt_type_shift = bits // 8, bits % 8
+        self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1
+        self.ifindex = off(dev, "ifindex")
+        self.hatype = off(dev, "type")
+        self.dev_name = off(dev, "name")
+        self.dev_net = off(dev, "nd_net")
+        self.net_inum = None
+        if net is not None:
+            try:
+                self.net_inum = off(net, "ns.inum")
+            except Exception:  # noqa: BLE001 - older layouts: no netns id, not fatal
+                self.net_inum = None
+        task = vm.find("task_struct", "struct")
+        self.task = None   # (pid, tgid, comm) offsets: read straight from current where the verifier types it
+        if task is not None:
+            try:
+                self.task = (off(task, "pid"), off(task, "tgid"), off(task, "comm"))
+            except Exception:  # noqa: BLE001 - the helpers do it otherwise
+                self.task = None
+        regs = vm.find("pt_regs", "struct")
+        self.arg_regs = []
+        if regs is not None:
+            for name in ("di", "si", "dx", "cx", "r8", "r9"):
+                try:
+                    self.arg_regs.append(off(regs, name))
+                except Exception:  # noqa: BLE001
+                    break
+
+
+class Builder:
+    """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
+
+    def __init__(self, point: Point, opts: Options, maps: Maps):
+        self.p = point
+        self.o = opts
+        self.m = maps
+        self.f = _Fields(point.btf)
+        self.items: list = []
+        self._labels = 0
+
+    def fresh(self, prefix: str) -> str:
+        """A label name not used before in this program."""
+        self._labels += 1
+        return f"{prefix}_{self._labels}"
+
+    def emit(self, *items) -> None:
+        for it in items:
+            if isinstance(it, list):
+                self.items.extend(it)
+            else:
+                self.items.append(it)
+
+    # -- reading kernel memory: direct loads where the verifier knows the types, probe_read elsewhere
+    def read(self, size: int, dst: int, base: int, off: int) -> None:
+        """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped."""
+        if self.p.typed:
+            self.emit(ldx(size, dst, base, off))
+            return
+        nbytes = asm.SIZE_BYTES[size]
+        self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
+                  st(DW, FP, STACK.tmp, 0) if nbytes < 8 else [],
+                  call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
+
+    def build(self) -> list:
+        p, f, o = self.p, self.f, self.o
+        # prologue: the skb pointer from the context
+        if p.kind == "kprobe":
+            if p.skb_index >= len(f.arg_regs):
+                raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
+            self.emit(ldx(DW, R6, R1, f.arg_regs[p.skb_index]))
+        else:
+            self.emit(ldx(DW, R6, R1, 8 * p.skb_index))
+        self.emit(stx(DW, FP, STACK.ctx, R1), jmp(JEQ, R6, 0, "out"))
+        # scratch value
+        # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
+        # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
+        self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
+                  call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
+        if dump_area(o):
+            self.emit(addi(R7, dump_area(o)))
+        stats.emit_hit(self)   # (only where predicates or a filter may turn packets away)
+        track.emit_lookup(self)   # --track: a tracked skb goes past the predicates and the filter
+        for pred in o.predicates:
+            self.emit(pred(self))
+        track.emit_tracked_label(self)
+        self.metadata()
+        self.headers()
+        if o.filter is not None:
+            track.emit_skip_filter(self)
+            self.run_filter()
+        track.emit_filter_done(self)   # the packet id; --track: tracking starts; a free point forgets the skb
+        self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
+        if o.dumps is not None:
+            o.dumps.emit(self)
+        self.output()
+        self.emit(label("out"), movi(R0, 0), exit_())
+        return self.items
+
+    def metadata(self) -> None:
+        """What the link headers and the filter need: skb, len, protocol, pkt_type, ifindex, ARPHRD type."""
+        f = self.f
+        self.emit(META.store(R7, "skb", R6))
+        self.read(W, R8, R6, f.len)
+        self.emit(META.store(R7, "len", R8))
+        self.read(H, R8, R6, f.protocol)
+        if self.o.start in (START_SLL2, START_MAC):   # (their link headers name it)
+            self.protocol_from_version()
+        self.emit(META.store(R7, "proto", R8))
+        self.read(B, R8, R6, f.pkt_type_byte)
+        if f.pkt_type_shift:
+            self.emit(rshi(R8, f.pkt_type_shift))
+        self.emit(andi(R8, f.pkt_type_mask))
+        if self.p.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
+            self.emit(movi(R8, PACKET_OUTGOING))
+        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id),
+                  META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
+                  META.store_imm(R7, "netns", 0))
+        # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
+        # another link type)
+        if not (self.o.meta or self.o.start == START_SLL2):
+            return
+        self.read(DW, R8, R6, f.dev)
+        self.emit(jmp(JEQ, R8, 0, "no_dev"))
+        self._read_store(R8, f.ifindex, "ifindex")
+        self._read_store(R8, f.hatype, "hatype")
+        self.emit(label("no_dev"))
+        drops.emit_meta(self)   # drop points: reason, location
+
+    def late_metadata(self) -> None:
+        """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,
+        mark and the device's network namespace."""
+        f = self.f
+        meta = self.o.meta
+        self.emit(call(Helper.ktime_get_ns), META.store(R7, "ts", R0))
+        if meta and self.p.typed and f.task is not None and self.o.task_btf:
+            # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
+            pid, tgid, comm = f.task
+            self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
+                      ldx(W, R2, R0, pid), alu64(OR, R1, R2, reg=True), META.store(R7, "pidtgid", R1),
+                      ldx(DW, R1, R0, comm), stx(DW, R7, META.off("comm"), R1),
+                      ldx(DW, R1, R0, comm + 8), stx(DW, R7, META.off("comm") + 8, R1))
+        elif meta:
+            self.emit(call(Helper.get_current_pid_tgid), META.store(R7, "pidtgid", R0),
+                      mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
+        if not meta:
+            return
+        from fcap.kernel import epbopts
+        epbopts.emit_queue(self)
+        self.read(W, R8, R6, f.mark)
+        self.emit(META.store(R7, "mark", R8))
+        if f.net_inum is not None:
+            self.read(DW, R8, R6, f.dev)
+            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self.read(DW, R8, R8, f.dev_net)
+            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self._read_store(R8, f.net_inum, "netns")
+            self.emit(label("no_netns"))
+
+    def _read_store(self, base: int, off: int, field: str) -> None:
+        """META's `field` = *(base + off), as wide as META declares it."""
+        if self.p.typed:
+            self.emit(META.load(R0, base, field, off - META.off(field)), META.store(R7, field, R0))
+        else:
+            self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
+                      addi(R3, off), call(Helper.probe_read_kernel))
+
+    def protocol_from_version(self, tag: str = "") -> None:
+        """R8 = skb->protocol, or where it is still 0 (before __ip_local_out sets it: fentry/ip_send_skb,
+        udp_send_skb, ...) ETH_P_IP or ETH_P_IPV6 from the version nibble at the network header. Clobbers R9."""
+        f, known, v6 = self.f, f"proto_known{tag}", f"proto_v6{tag}"
+        self.emit(jmp(JNE, R8, 0, known))
+        self.read(H, R9, R6, f.network)
+        self.emit(jmp(JEQ, R9, 0xFFFF, known))
+        self.read(DW, R8, R6, f.head)
+        self.emit(mov(R3, R8), alu64(ADD, R3, R9, reg=True), mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 1),
+                  call(Helper.probe_read_kernel), movi(R8, 0), jmp(JNE, R0, 0, known),
+                  ldx(B, R9, FP, STACK.tmp), rshi(R9, 4),
+                  jmp(JNE, R9, 4, v6), movi(R8, loaded16(ETH_P_IP)), asm.ja(known),
+                  label(v6), jmp(JNE, R9, 6, known), movi(R8, loaded16(ETH_P_IPV6)),
+                  label(known))
+
+    def headers(self) -> None:
+        """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the
+        header bytes that lie before skb->data. Leaves hdr_total in meta and in R8, skip in meta."""
+        f, o = self.f, self.o
+        # R8 = data offset (data - head), R9 = start offset; head kept in the stack tmp slot
+        self.read(DW, R8, R6, f.data)
+        self.read(DW, R9, R6, f.head)
+        self.emit(stx(DW, FP, STACK.head, R9), alu64(SUB, R8, R9, reg=True), stx(DW, FP, STACK.dataoff, R8))
+        synth = 0
+        self.emit(META.store_imm(R7, "skip", 0))
+        if o.start == START_SLL2:
+            self.sll2()
+            synth = 20
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
+        elif o.start == START_MAC:
+            self.read(H, R9, R6, f.mac)
+            self.emit(jmp(JNE, R9, 0xFFFF, "start_set"))
+            # no MAC header yet: make up an Ethernet header (zero addresses, the skb's protocol)
+            self.emit(st(DW, R7, PKT, 0), st(W, R7, PKT + 8, 0), META.load(R0, R7, "proto"),
+                      stx(H, R7, PKT + 12, R0), META.store_imm(R7, "flags", FLAG_MAC_SYNTH))
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data_synth"))
+            self.copy_prefix(14, "synth")
+            self.emit(asm.ja("hdr_done"), label("start_data_synth"), movi(R8, 14), META.store(R7, "hdr", R8),
+                      asm.ja("hdr_done"))
+        elif o.start == START_NETWORK:
+            self.read(H, R9, R6, f.network)
+            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
+        else:
+            self.emit(asm.ja("start_data"))
+        self.emit(label("start_set"))
+        self.copy_prefix(synth, "main")
+        if o.start != START_MAC:  # (the MAC start has its own fallback above)
+            self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), META.store(R7, "hdr", R8))
+        self.emit(label("hdr_done"))
+        if o.start == START_MAC:
+            ancillary.vlan_tag(self)
+
+    def copy_prefix(self, synth: int, tag: str) -> None:
+        """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
+        skip_l, done_l = f"skip_{tag}", f"prefix_done_{tag}"
+        self.emit(jmp(JGT, R9, R8, skip_l, reg=True),
+                  # prefix = data - start, bounded
+                  mov(R2, R8), alu64(SUB, R2, R9, reg=True), jmp(JGT, R2, PREFIX_MAX, f"toolong_{tag}"),
+                  mov(R8, R2),   # R8 = prefix length from here on
+                  jmp(JEQ, R2, 0, f"empty_{tag}"),
+                  mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK.head), alu64(ADD, R3, R9, reg=True),
+                  call(Helper.probe_read_kernel),
+                  label(f"empty_{tag}"), addi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
+                  label(f"toolong_{tag}"), movi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
+                  # start lies past data: the first (start - data) bytes of the skb's data are not ours
+                  label(skip_l), mov(R2, R9), alu64(SUB, R2, R8, reg=True), andi(R2, 0xFFFF),
+                  META.store(R7, "skip", R2), movi(R8, synth), META.store(R7, "hdr", R8),
+                  label(done_l))
+
+    def sll2(self) -> None:
+        """The 20-byte LINUX_SLL2 header, from the skb's metadata (address: the MAC source when present)."""
+        f = self.f
+        self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
+                  META.load(R0, R7, "ifindex"), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
+                  META.load(R0, R7, "hatype"), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
+                  META.load(R0, R7, "pkt_type"), stx(B, R7, PKT + 10, R0), st(B, R7, PKT + 11, 0),
+                  st(DW, R7, PKT + 12, 0))
+        self.read(H, R9, R6, f.mac)
+        self.emit(jmp(JEQ, R9, 0xFFFF, "sll2_noaddr"), st(B, R7, PKT + 11, 6),
+                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head),
+                  alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
+
+    def run_filter(self) -> None:
+        """Run the translated cBPF filter over the packet's first bytes: in place through skb->head where the
+        verifier allows direct loads there and those bytes are linear with nothing made up before them, else over
+        a copy in scratch."""
+        from bpf import cbpf  # the translator is optional until a filter is asked for
+        o = self.o
+        # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
+        cap = FILTER_CAP if self.p.typed else LINEAR_CAP
+        self.emit(META.load(R8, R7, "hdr"), META.load(R2, R7, "len"), META.load(R3, R7, "skip"),
+                  jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
+                  label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
+                  # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
+                  mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
+                  jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
+                  label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
+        slow = bool(o.dynptr_kfunc and self.p.typed)
+        if o.head_loads and self.p.typed:
+            self._filter_in_place()
+        if slow:
+            # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
+            self.emit(stx(DW, FP, STACK.n, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
+                      asm.kfunc_call(o.dynptr_kfunc),
+                      ldx(DW, R2, FP, STACK.n), jmp(JNE, R0, 0, "out"),
+                      jmp(JGT, R8, HDR_MAX, "out"), mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
+                      call(Helper.dynptr_read), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
+        else:
+            # linear data only: n = min(n, headlen - skip), read from data + skip
+            self.emit(stx(DW, FP, STACK.n, R2))
+            self.read(W, R0, R6, self.f.data_len)
+            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
+                      jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
+                      jmp(JGT, R2, R3, "lin_min", reg=True), asm.ja("lin_go"), label("lin_min"), mov(R2, R3),
+                      label("lin_go"), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_LINEAR_ONLY),
+                      META.store(R7, "flags", R0), stx(DW, FP, STACK.n, R2),
+                      jmp(JGT, R8, HDR_MAX, "out"), jmp(JGT, R2, cap, "out"),
+                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
+                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
+                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
+        self.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT), label("flt_buf"))
+        # buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where the
+        # slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)
+        if slow:
+            self.emit(ldx(DW, R2, FP, STACK.wirelen))
+        else:
+            self.emit(alu64(ADD, R2, R8, reg=True))
+        self.emit(jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
+                  label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
+                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen))
+        # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
+        # is the whole packet, but only [0, hdr + min(len - skip, cap)) is in the buffer: [0, cap) at least (hdr <=
+        # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
+        model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
+                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary,
+                                 division_tracked=o.division_tracked)
+        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
+        self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
+                  jmp(JEQ, R0, 0, "out"))
+
+    def _filter_in_place(self) -> None:
+        """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
+        it are checked by the JIT, not copied), skb saved, on to flt_buf. Else on to the copy. Keeps R2, R8."""
+        f = self.f
+        self.emit(jmp(JNE, R8, 0, "flt_copy_in"),
+                  META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
+                  META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
+                  ldx(DW, R1, R6, f.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
+                  alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flt_buf"),
+                  label("flt_copy_in"))
+
+    def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
+        """A load past the buffer's bytes: bpf_dynptr_read from the skb (offset relative to the capture start),
+        through a dynptr made here (the in-place path made none)."""
+        nbytes = asm.SIZE_BYTES.get(size, size)
+        # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
+        return [mov(R4, off_reg), ldx(DW, R5, FP, STACK.scratch), META.load(R0, R5, "hdr"),
+                alu64(SUB, R4, R0, reg=True), jmp(JSLT, R4, 0, reject), META.load(R0, R5, "skip"),
+                alu64(ADD, R4, R0, reg=True), stx(DW, FP, STACK.tmp, R4),
+                ldx(DW, R1, FP, STACK.skb), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
+                asm.kfunc_call(self.o.dynptr_kfunc), jmp(JNE, R0, 0, reject),
+                mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
+                ldx(DW, R4, FP, STACK.tmp), movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
+                ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
+
+    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+        """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
+        return ancillary.load(self.p, field, dst, reject, STACK.skb, STACK.tmp)
+
+    def file_header(self) -> None:
+        """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
+        R5; keeps R2, R4, R8. The original length counts from the linktype's start: hdr + max(len - skip, 0)."""
+        self.emit(META.store(R7, "caplen", R4), META.load(R5, R7, "len"), META.load(R3, R7, "skip"),
+                  alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, "orig_pos"), movi(R5, 0), label("orig_pos"),
+                  alu64(ADD, R5, R8, reg=True), META.store(R7, "orig", R5),
+                  META.load(R0, R7, "ts"), ld_imm64(R1, self.o.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
+        if self.o.record == RECORD_PCAPNG:
+            # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
+            self.emit(META.store(R7, "ts2", R0), rshi(R0, 32), META.store(R7, "ts1", R0),
+                      META.store_imm(R7, "btype", PCAPNG_EPB), META.store_imm(R7, "iface", self.p.id),
+                      mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), META.store(R7, "total", R1))
+        else:
+            self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),
+                      alu64(SUB, R0, R1, reg=True), META.store(R7, "ts2", R0))
+
+    def output(self) -> None:
+        """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
+        o = self.o
+        # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX (a perf sample, less the --dump
+        # area) or RING_COPY_MAX (file rings, which --dump does not use))
+        area = dump_area(o)
+        cmax = RING_COPY_MAX if self.p.typed and self.m.ring else COPY_MAX - area
+        self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
+        if o.snaplen > HDR_MAX:
+            # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
+            # 6.1's verifier walk the impossible branch with R8's umin > umax; R8 then turns a map_value
+            # pointer into a scalar and raw_tp/kprobe programs are rejected.)
+            self.emit(ld_imm64(R2, o.snaplen), alu64(SUB, R2, R8, reg=True))
+        else:
+            self.emit(movi(R2, 0), jmp(JGE, R8, o.snaplen, "snap_ok"), movi(R2, o.snaplen),
+                      alu64(SUB, R2, R8, reg=True), label("snap_ok"))
+        self.emit(META.load(R3, R7, "skip"), alu64(ADD, R2, R3, reg=True),
+                  META.load(R3, R7, "len"), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
+                  label("copy_len"), mov(R2, R3), label("copy_cap"),
+                  jmp(JGT, R2, cmax, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, cmax),
+                  label("copy_set"))
+        if self.p.typed and self.m.ring:
+            ringrec.emit(self)
+        elif self.p.typed:
+            # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
+            self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
+                      jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
+                      META.store(R7, "fast", R4), jmp(JEQ, R3, 0, "fast_set"), META.store_imm(R7, "fast", 0),
+                      label("fast_set"))
+            self.file_header()
+            self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
+                      mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), [addi(R4, -area)] if area else [],
+                      mov(R5, R8), addi(R5, META_SIZE + area), call(Helper.skb_output))
+        else:
+            # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
+            self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
+                      asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
+                      stx(DW, FP, STACK.n, R2))
+            self.read(W, R0, R6, self.f.data_len)
+            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
+                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
+                      jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
+                      jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
+                      label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
+                      label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
+                      META.store(R7, "copy", R2), stx(DW, FP, STACK.n, R2),
+                      # the bytes are read into place after the headers: always contiguous
+                      mov(R4, R2), alu64(ADD, R4, R8, reg=True), META.store(R7, "fast", R4))
+            self.file_header()
+            self.emit(ldx(DW, R2, FP, STACK.n),
+                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
+                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
+                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
+                      ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
+                      mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
+                      alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
+                      jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
+                      call(Helper.perf_event_output))
+        # count: seen, and lost when the buffer was full
+        self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK.key),
+                  call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
+                  ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
+                  jmp(JEQ, R8, 0, "out"),
+                  ldx(DW, R1, R0, 8 * COUNTER_LOST), addi(R1, 1), stx(DW, R0, 8 * COUNTER_LOST, R1))
+
+
+def build(point: Point, opts: Options, maps: Maps) -> list:
+    """The instructions (with labels) of the capture program for `point`."""
+    try:
+        return Builder(point, opts, maps).build()
+    except BTFError as e:   # a kernel's BTF without what the program reads (or a corrupt one)
+        raise ProgramError(f"{point.kind}/{point.name}: cannot read the kernel's BTF: {e}") from None

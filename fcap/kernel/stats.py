@@ -1,0 +1,54 @@
+"""Per-point counts: what each point saw (hits), kept (after predicates and filter) and lost (a full buffer), counted
+by the programs per CPU, summed in user space, and written at the end of a pcapng file as one Interface Statistics
+Block per point."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from bpf.asm import DW, FP, JEQ, R0, R1, R2, addi, call, jmp, label, ld_map_fd, ldx, mov, stx
+from bpf.uapi import Helper
+
+from fcap.kernel.layout import COUNTER_HITS, COUNTER_LOST, COUNTER_SEEN, STACK
+
+
+def counts_hits(opts) -> bool:
+    """Whether the program counts its hits: only when predicates or a filter may turn packets away (otherwise
+    every hit is a packet seen, and the count would cost every packet a lookup for nothing)."""
+    return bool(opts.predicates) or opts.filter is not None
+
+
+def emit_hit(b) -> None:
+    """hits += 1 in this point's counters (after STACK.key holds the point id). Uses R0-R2."""
+    if not counts_hits(b.o):
+        return
+    done = b.fresh("hit")
+    b.emit(ld_map_fd(R1, b.m.counters), mov(R2, FP), addi(R2, STACK.key), call(Helper.map_lookup_elem),
+           jmp(JEQ, R0, 0, done), ldx(DW, R1, R0, 8 * COUNTER_HITS), addi(R1, 1),
+           stx(DW, R0, 8 * COUNTER_HITS, R1), label(done))
+
+
+class PointStats(NamedTuple):
+    hits: int       # times the point's program ran (a packet passed the point)
+    seen: int       # packets kept by the predicates and the filter (the program tried to record them)
+    lost: int       # of those, records the kernel had no room for
+
+
+def read(counters, points, counted_hits: bool, seen_total: int | None = None) -> list[PointStats]:
+    """Each point's counts (in the order of `points`, keyed by their ids) from the counters map; seen_total: the
+    one point's seen count when the programs did not count it (the file rings count their records)."""
+    out = []
+    for p in points:
+        seen = counters.sum_u64(p.id, 8 * COUNTER_SEEN) if seen_total is None else seen_total
+        lost = counters.sum_u64(p.id, 8 * COUNTER_LOST)
+        hits = counters.sum_u64(p.id, 8 * COUNTER_HITS) if counted_hits else seen
+        out.append(PointStats(hits, seen, lost))
+    return out
+
+
+def write_isbs(writer, stats: list[PointStats], start_ns: int, end_ns: int) -> None:
+    """One Interface Statistics Block per point (interface i = point i): isb_starttime/endtime (the capture's
+    attach and detach, wall clock), isb_ifrecv (hits), isb_filteraccept (kept), isb_ifdrop (lost)."""
+    for iface, s in enumerate(stats):
+        writer.write_isb(iface, end_ns, start_ns=start_ns, end_ns=end_ns, ifrecv=s.hits, ifdrop=s.lost,
+                         filteraccept=s.seen)

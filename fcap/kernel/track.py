@@ -1,0 +1,321 @@
+"""Packet ids, and --track.
+
+A packet id (pcapng epb_packetid, META's id) names one packet: two packets of a capture never share it, and a
+packet keeps it from point to point and across its clones, as far as the kernel lets fcap tell. Ids are made
+without contention: this CPU's counter (TRACK_COUNTERS' next, an atomic add) << ID_CPU_BITS | the CPU. How a
+record gets its id depends on the capture (mode()):
+- IDENT_EACH (one point): every record a new id (a point sees a packet once).
+- IDENT_MAP (several points, no --track): the identity map says which packet an skb is; an skb it does not know
+  is a new packet.
+- IDENT_TRACK (--track): the filter and predicates decide at the first point where a packet passes them; from
+  then on its skb is captured at every point, without running them, under the id it got there.
+
+The identity map (fcap.kernel.layout's TRACK, an LRU hash: bounded, the least recently used entries go first) holds two
+keys per packet: the skb's address (its value: the id, the head the skb had, the (point, device) pairs it was seen
+at) and its data head's address | 1, through which clones (which share the head) are found without a hook on
+skb_clone. An skb address is no identity (the kernel hands a freed skb out again at once, and many frees fire no
+tracepoint: a UDP socket's read, deferred frees into the per-CPU skb cache, GRO merges), so an entry is checked
+before it is trusted (find): the skb's head must be the one recorded, the head's key must still be there with the
+same id (a freed head ends it), and the skb must not have been seen at this point and device before. Entries end
+where the kernel frees: at kfree_skb and consume_skb (the skb's key, and the head's unless the head is shared),
+at kfree and kmem_cache_free (a head's key when the head is freed; an skb's when its memory is). Only an skb
+with its cloned bit set joins a packet through the head key (a fresh skb that reuses a freed head is no clone).
+
+Counters (TRACK_COUNTERS): packets started, clones joined, entries deleted; with the entries left at the end they
+give the entries the LRU evicted."""
+
+from __future__ import annotations
+
+from bpf import asm, features
+from bpf.asm import (AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
+                     call, exit_, jmp, label, ld_map_fd, ldx, mov, movi, st, stx)
+from bpf.btf import BTFError
+from bpf.uapi import Helper
+
+from fcap.errors import ProgramError
+from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
+from fcap.points.spec import Point, tracepoint
+
+IDENT_NONE, IDENT_EACH, IDENT_MAP, IDENT_TRACK = "none", "each", "map", "track"
+FREE_POINTS = ("kfree_skb", "consume_skb")   # tracepoints: the skb is freed right after them
+# tracepoints of the allocator whose argument 1 is the object: the keys (tags) they end
+# (kmem_cache_alloc would end an skb's entry when its address is handed out again after a free no tracepoint saw;
+# measured, it runs 4x as often as kmem_cache_free and costs the most, and the check before use catches that new
+# life anyway: its head is another, or one whose free kfree saw)
+MEMORY_POINTS = (("kfree", (1,)), ("kmem_cache_free", (0, 1)))
+SEEN_BITS = 64         # a (point, device) bit each: see seen_slots
+DEFAULT_MAX = 16384
+
+
+def mode(track: bool, points: int, ids: bool = True) -> str:
+    """How records get their packet ids: --track; several points; one point; none (no file that shows them)."""
+    if track:
+        return IDENT_TRACK
+    if not ids:
+        return IDENT_NONE
+    return IDENT_MAP if points > 1 else IDENT_EACH
+
+
+def uses_map(ident: str) -> bool:
+    return ident in (IDENT_MAP, IDENT_TRACK)
+
+
+def is_free_point(p: Point) -> bool:
+    return p.kind in ("tp_btf", "raw_tp") and p.name in FREE_POINTS
+
+
+# ---- map operations on STACK.track_key / STACK.track_val -------------------------------------------------------
+
+def _count(b, field: str) -> None:
+    """TRACK_COUNTERS[field] += 1 (this CPU's)."""
+    done = b.fresh("tc")
+    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.m.track_counters), mov(R2, FP),
+           addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, done),
+           TRACK_COUNTERS.load(R1, R0, field), addi(R1, 1), TRACK_COUNTERS.store(R0, field, R1), label(done))
+
+
+def _key(b, reg: int, tag: int = 0) -> None:
+    b.emit(stx(DW, FP, STACK.track_key, reg))
+    if tag:
+        b.emit(ldx(DW, R1, FP, STACK.track_key), alu64(OR, R1, tag), stx(DW, FP, STACK.track_key, R1))
+
+
+def _insert(b) -> None:
+    """map[STACK.track_key] = STACK.track_val (an LRU map makes room: it never refuses for want of it)."""
+    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), mov(R3, FP), addi(R3, STACK.track_val),
+           movi(R4, 0), call(Helper.map_update_elem))
+
+
+def _delete(b) -> None:
+    done = b.fresh("td")
+    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_delete_elem),
+           jmp(JNE, R0, 0, done))
+    _count(b, "deleted")
+    b.emit(label(done))
+
+
+def _lookup(b, miss: str) -> None:
+    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_lookup_elem),
+           jmp(JEQ, R0, 0, miss))
+
+
+def _forget(b) -> None:
+    """Delete STACK.track_key where it is there: a lookup first (it takes no lock; a delete takes the bucket's)."""
+    absent = b.fresh("tabsent")
+    _lookup(b, absent)
+    _delete(b)
+    b.emit(label(absent))
+
+
+# ---- ids -------------------------------------------------------------------------------------------------------
+
+def _new_id(b) -> None:
+    """STACK.track_id = a new packet id: (this CPU's counter + 1) << ID_CPU_BITS | cpu. Uses R0-R5."""
+    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.m.track_counters), mov(R2, FP),
+           addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), movi(R1, 1))
+    off = TRACK_COUNTERS.off("next")
+    if features.atomic_fetch() is None:
+        b.emit(asm.fetch_add(DW, R0, off, R1), addi(R1, 1))
+    else:   # (5.10: an add, then a load; a program nested on this CPU between them would take the same id)
+        b.emit(asm.atomic_add(DW, R0, off, R1), ldx(DW, R1, R0, off))
+    b.emit(asm.lshi(R1, ID_CPU_BITS), stx(DW, FP, STACK.track_id, R1), call(Helper.get_smp_processor_id),
+           andi(R0, (1 << ID_CPU_BITS) - 1), ldx(DW, R1, FP, STACK.track_id), alu64(OR, R1, R0, reg=True),
+           stx(DW, FP, STACK.track_id, R1))
+
+
+def seen_slots(points: int) -> int:
+    """Bits per point in an entry's seen mask: each point its own power-of-two share of the 64 (the device's ifindex
+    modulo it picks the bit); 0 past 64 points (no check: bits shared between points would split packets)."""
+    if points > SEEN_BITS:
+        return 0
+    return 1 << (SEEN_BITS // max(points, 1)).bit_length() - 1
+
+
+def _seen_bit(b) -> None:
+    """STACK.track_bit = this point and device's bit: 1 << (point * slots + ifindex % slots); 0 (nothing checked)
+    past 64 points. R6 skb; uses R0-R5, R8."""
+    slots = seen_slots(b.o.points)
+    if not slots:
+        b.emit(st(DW, FP, STACK.track_bit, 0))
+        return
+    dev, done = b.fresh("tdev"), b.fresh("tdevdone")
+    b.read(DW, R8, R6, b.f.dev)
+    b.emit(jmp(JNE, R8, 0, dev), movi(R8, 0), asm.ja(done), label(dev))
+    b.read(W, R8, R8, b.f.ifindex)
+    b.emit(label(done), andi(R8, slots - 1), addi(R8, b.p.id * slots % SEEN_BITS), andi(R8, SEEN_BITS - 1),
+           movi(R0, 1), alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
+
+
+def _find(b, found: str) -> None:
+    """Is this skb (R6) a known packet? Its entry counts only when the skb's head is the one recorded, the head's
+    entry is still there with the same id, and the skb was not seen at this point and device before; a stale entry
+    goes. An skb without one, cloned, whose head has an entry, is a clone of that packet: it joins. Known: on to
+    `found` with STACK.track_id = the id, this point marked seen; else STACK.track_id = 0 and on. Uses R0-R5, R8,
+    R9 (R8 = skb->head after)."""
+    stale, byhead, unknown = b.fresh("tstale"), b.fresh("tbyhead"), b.fresh("tunknown")
+    b.emit(st(DW, FP, STACK.track_id, 0))
+    _seen_bit(b)
+    b.read(DW, R8, R6, b.f.head)
+    _key(b, R6)
+    _lookup(b, byhead)
+    b.emit(mov(R9, R0), TRACK.load(R1, R9, "head"), jmp(JNE, R1, R8, stale, reg=True),
+           TRACK.load(R1, R9, "seen"), ldx(DW, R2, FP, STACK.track_bit), alu64(AND, R1, R2, reg=True),
+           jmp(JNE, R1, 0, stale))
+    _key(b, R8, 1)
+    _lookup(b, stale)
+    b.emit(TRACK.load(R1, R0, "id"), TRACK.load(R2, R9, "id"), jmp(JNE, R1, R2, stale, reg=True),
+           stx(DW, FP, STACK.track_id, R1), TRACK.load(R1, R9, "seen"), ldx(DW, R2, FP, STACK.track_bit),
+           alu64(OR, R1, R2, reg=True), TRACK.store(R9, "seen", R1), asm.ja(found), label(stale))
+    _key(b, R6)
+    _delete(b)
+    b.emit(label(byhead))
+    byte, bit = _cloned_bit(b)
+    b.read(asm.B, R1, R6, byte)
+    b.emit(asm.rshi(R1, bit), andi(R1, 1), jmp(JEQ, R1, 0, unknown))
+    _key(b, R8, 1)
+    _lookup(b, unknown)
+    # a clone of a known packet (the same head): under its id, and by its own address
+    b.emit(TRACK.load(R1, R0, "id"), stx(DW, FP, STACK.track_id, R1),
+           stx(DW, FP, STACK.track_val + TRACK.off("id"), R1), stx(DW, FP, STACK.track_val + TRACK.off("head"), R8),
+           ldx(DW, R1, FP, STACK.track_bit),
+           stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1))
+    _count(b, "joined")
+    _key(b, R6)
+    _insert(b)
+    b.emit(asm.ja(found), label(unknown))
+
+
+def _start(b) -> None:
+    """A new packet (R6): a new id in STACK.track_id, entered by the skb's address and its head's (an old head key
+    left by a free fcap did not see goes first). STACK.track_bit must be set. Uses R0-R5, R8."""
+    _new_id(b)
+    b.read(DW, R8, R6, b.f.head)
+    b.emit(ldx(DW, R1, FP, STACK.track_id), stx(DW, FP, STACK.track_val + TRACK.off("id"), R1),
+           stx(DW, FP, STACK.track_val + TRACK.off("head"), R8), ldx(DW, R1, FP, STACK.track_bit),
+           stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1))
+    _count(b, "started")
+    _key(b, R6)
+    _insert(b)
+    _key(b, R8, 1)
+    _forget(b)
+    _insert(b)
+
+
+# ---- in the capture program ------------------------------------------------------------------------------------
+
+def emit_lookup(b) -> None:
+    """--track, before the predicates: is this skb tracked? STACK.track_id = its packet id (0: no); tracked skbs
+    jump past the predicates to "trk_tracked" (emit_tracked_label). R6 skb, R7 scratch; uses R0-R5, R8, R9."""
+    if b.o.ident == IDENT_TRACK:
+        _find(b, "trk_tracked")
+
+
+def emit_tracked_label(b) -> None:
+    """After the predicates: where tracked skbs come in."""
+    if b.o.ident == IDENT_TRACK:
+        b.emit(label("trk_tracked"))
+
+
+def emit_skip_filter(b) -> None:
+    """Before the filter: tracked skbs go past it (to emit_filter_done's label)."""
+    if b.o.ident == IDENT_TRACK:
+        b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, "trk_filtered"))
+
+
+def emit_filter_done(b) -> None:
+    """After the filter (the packet will be recorded): META's id. With the map: the packet's, or a new one (then
+    the packet is entered, except at a free point); at a free point the skb's keys go. Uses R0-R5, R8, R9."""
+    ident = b.o.ident
+    if ident == IDENT_NONE:
+        return
+    if ident == IDENT_EACH:
+        _new_id(b)
+    else:
+        if ident == IDENT_TRACK:
+            b.emit(label("trk_filtered"), ldx(DW, R1, FP, STACK.track_id), jmp(JNE, R1, 0, "trk_known"))
+        else:
+            _find(b, "trk_known")
+        if is_free_point(b.p):
+            _new_id(b)
+        else:
+            _start(b)
+        b.emit(label("trk_known"))
+    b.emit(ldx(DW, R1, FP, STACK.track_id), META.store(R7, "id", R1))
+    if uses_map(ident) and is_free_point(b.p):
+        emit_untrack(b)
+
+
+def emit_untrack(b) -> None:
+    """The skb (R6) is freed: its key goes, and its head's unless the head is shared (skb->cloned). Uses R0-R4, R8."""
+    _key(b, R6)
+    _delete(b)
+    byte, bit = _cloned_bit(b)
+    shared = b.fresh("tshared")
+    b.read(asm.B, R8, R6, byte)
+    b.emit(asm.rshi(R8, bit), andi(R8, 1), jmp(JNE, R8, 0, shared))
+    b.read(DW, R8, R6, b.f.head)
+    _key(b, R8, 1)
+    _delete(b)
+    b.emit(label(shared))
+
+
+def _cloned_bit(b) -> tuple[int, int]:
+    btf = b.p.btf if b.p.btf.base is None else b.p.btf.base
+    try:
+        _m, bits = btf.find("sk_buff", "struct").member("cloned")
+    except (BTFError, AttributeError):
+        raise ProgramError("--track: this kernel's struct sk_buff has no 'cloned' bit") from None
+    return bits // 8, bits % 8
+
+
+# ---- helper programs: where the kernel frees -------------------------------------------------------------------
+
+def untrack_program(b) -> list:
+    """A program at a free tracepoint that is not captured: it only forgets the freed skb."""
+    b.emit(ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"))
+    emit_untrack(b)
+    b.emit(label("out"), movi(R0, 0), exit_())
+    return b.items
+
+
+def forget_program(b, tags: tuple) -> list:
+    """A program at an allocator tracepoint (argument 1: the object): the keys object | tag for each tag go when
+    there (a lookup first: it takes no lock)."""
+    b.emit(ldx(DW, R6, R1, 8), jmp(JEQ, R6, 0, "out"))
+    for tag in tags:
+        _key(b, R6, tag)
+        _forget(b)
+    b.emit(label("out"), movi(R0, 0), exit_())
+    return b.items
+
+
+def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, list]]:
+    """The helper programs a capture with the identity map needs: (point, instructions). builder(point) makes a
+    fcap.kernel.program.Builder for one."""
+    names = {p.name for p in captured if p.kind in ("tp_btf", "raw_tp")}
+    out = []
+    for name in FREE_POINTS:
+        if name not in names:
+            p = tracepoint(name)
+            if p is not None:
+                out.append((p, lambda b: untrack_program(b)))
+    for name, tags in MEMORY_POINTS:
+        # (raw_tp: its context is plain u64s; tp_btf refuses a `const void *` argument before 6.x's later kernels)
+        p = tracepoint(name, "raw_tp")
+        if p is not None and len(p.params) > 1 and p.params[1].type.strip().kind == "ptr":
+            out.append((p, lambda b, tags=tags: forget_program(b, tags)))
+    progs = []
+    for i, (p, make) in enumerate(out):
+        p.id = first_id + i
+        progs.append((p, make(builder(p))))
+    return progs
+
+
+def evicted(counters, remaining: int) -> int:
+    """Entries the LRU evicted: inserted (two per packet, one per clone) - deleted - still there."""
+    c = read_counters(counters)
+    return max(2 * c["started"] + c["joined"] - c["deleted"] - remaining, 0)
+
+
+def read_counters(counters) -> dict[str, int]:
+    return {n: counters.sum_u64(0, TRACK_COUNTERS.off(n)) for n in ("started", "joined", "deleted")}

@@ -1,0 +1,1 @@
+"""A capture's life: resolve, load, attach, drain the buffers in time order, write, detach."""

@@ -1,0 +1,381 @@
+"""Capture records to the file without per-record objects: FileDrain slices perf samples (whose record header the
+program laid out) into os.writev batches; RingDrain writes the file rings' finished records (fcap.kernel.ringrec) as they
+are."""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+from bpf.perfbuf import PerfBuffer
+from bpf.uapi import PerfRecord
+
+from fcap.kernel import layout
+
+from fcap.live import order
+from fcap.kernel.layout import META, META_SIZE, PCAP_REC, RING
+from fcap.kernel.ringrec import index_at, index_entries
+
+RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
+SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
+_LOST = struct.Struct("<16xQ")  # lost, after the perf_event_header and the id
+_RAWSIZE = struct.Struct("<8xI")
+# one unpack per record: type, size, (pcapng: the metadata that decides the block's options), FAST
+_FAST = META.off("fast")
+_IFACE = META.off("iface")        # an EPB's header after its type and length (epb_parts makes those 8 bytes)
+_TS_END = META.end("ts")
+assert META.off("ts") == 0
+_PCAP = struct.Struct(f"<I2xH4xQ{_FAST - _TS_END}xI")
+# the blocks' options are cached by the metadata they show, from skb to fast; the packet id (before them) is each
+# record's own, written into the cached options at ID_MARK's place
+_KEY_AT, _KEY_END = META.off("skb"), _FAST
+_ID_AT = META.off("id")
+assert _TS_END <= _ID_AT and _ID_AT + 8 <= _KEY_AT
+ID_MARK = 0xFCA1D0FCA1D0FCA1
+_ID_MARK = ID_MARK.to_bytes(8, "little")
+_PCAPNG = struct.Struct(f"<I2xH4xQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI")
+EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
+SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
+CACHE_MAX = 1 << 14
+
+# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.kernel.epbopts.Options)
+Options = Callable[[layout.Record], dict]
+
+
+class FileDrain:
+    """Drains a session's perf buffer into a pcap/pcapng writer in time order. Call it to drain once; it returns how
+    many records it wrote. Each CPU's records are walked (one unpack each: type, size, timestamp), merged by time
+    (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass.
+    `limit` (when > 0) stops it after that many records in all. pcapng blocks get their options from
+    `options(record)`, cached by the metadata they depend on."""
+
+    def __init__(self, buffer: PerfBuffer, writer, options: Options | None = None, limit: int = 0,
+                 window: order.Window | None = None):
+        self.buffer = buffer
+        self.writer = writer
+        self.pcapng = writer.fmt == "pcapng"
+        self.options = options or (lambda rec: {})
+        self.left = limit
+        self.window = window or order.Window()
+        self.written = 0
+        self.held = False   # (held records wait for the next wake-up: a perf ring wakes per watermark written)
+        self._tails: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+
+    @property
+    def done(self) -> bool:
+        return self.left > 0 and self.written >= self.left
+
+    def __call__(self, final: bool = False) -> int:
+        """One pass: write what is surely published (everything when `final`: the programs are detached)."""
+        cutoff = self.window.cutoff(final)
+        walks = [self._walk(ring) for ring in self.buffer.rings]
+        if any(w.end - w.start >= ring.size // 4 for w, ring in zip(walks, self.buffer.rings)):
+            cutoff = self.window.pressed(cutoff)
+        batches = [w.ts for w in walks]
+        runs, takes = order.merge(self.window, batches, [order.is_sorted(ts) for ts in batches], cutoff,
+                                  self.left - self.written if self.left else -1)
+        per = EPB_PARTS if self.pcapng else 1
+        out: list = []
+        for i, a, b in runs:
+            out += walks[i].parts[a * per:b * per]
+        try:
+            if out:
+                self.writer.writev(out)
+        finally:
+            out.clear()   # the slices must go before the rings can be given back
+            for w in walks:
+                w.parts.clear()
+        for ring, w, k in zip(self.buffer.rings, walks, takes):
+            self._release(ring, w, k)
+        n = sum(takes)
+        self.written += n
+        return n
+
+    def _release(self, ring, w: _Walk, k: int) -> None:
+        """Give back the ring's bytes up to the k records taken (all of them: the whole walk); LOST records before
+        that point are counted (later ones are walked again)."""
+        at = w.end if k == len(w.ts) else (w.ends[k - 1] if k else w.first)
+        self.buffer.lost += sum(n for pos, n in w.lost if pos <= at)
+        ring.release(at)
+
+    def _walk(self, ring) -> _Walk:  # noqa: C901 - the per-record hot loop, one copy per format: no calls per record
+        tail, head = ring.span()
+        w = _Walk(tail)
+        if tail >= head:
+            w.end = tail
+            return w
+        data, mask, size = ring.data, ring.mask, ring.size
+        out, ts, ends = w.parts, w.ts, w.ends
+        app, tsapp, endapp = out.append, ts.append, ends.append
+        if self.pcapng:
+            unpack, tails, ext = _PCAPNG.unpack_from, self._tails, out.extend
+            while tail < head:
+                off = tail & mask
+                if off + SPAN <= size:
+                    rtype, rsize, t, key, fast = unpack(data, off)
+                    if rtype == SAMPLE and fast and off + RAW + META_SIZE + fast <= size:
+                        parts = tails.get(key)
+                        if parts is None:
+                            parts = self._tail(key, data[off + RAW:off + RAW + META_SIZE])
+                        s = off + RAW
+                        ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1],
+                             data[s + _ID_AT:s + _ID_AT + 8], parts[2]))
+                        tsapp(t)
+                        tail += rsize
+                        endapp(tail)
+                        continue
+                else:
+                    rsize = _rsize(data, off, size)
+                if rsize < 8:   # corrupt: give up on this ring's backlog
+                    tail = head
+                    break
+                self._slow(w, data, off, size, rsize, tail)
+                tail += rsize
+        else:
+            unpack = _PCAP.unpack_from
+            start, end = RAW + PCAP_REC, RAW + META_SIZE
+            while tail < head:
+                off = tail & mask
+                if off + SPAN <= size:
+                    rtype, rsize, t, fast = unpack(data, off)
+                    if rtype == SAMPLE and fast and off + end + fast <= size:
+                        app(data[off + start:off + end + fast])
+                        tsapp(t)
+                        tail += rsize
+                        endapp(tail)
+                        continue
+                else:
+                    rsize = _rsize(data, off, size)
+                if rsize < 8:   # corrupt: give up on this ring's backlog
+                    tail = head
+                    break
+                self._slow(w, data, off, size, rsize, tail)
+                tail += rsize
+        w.end = tail
+        return w
+
+    def _slow(self, w: _Walk, data, off: int, size: int, rsize: int, pos: int) -> None:
+        """A record the loop could not slice: LOST, wrapped around the ring's end, or not contiguous."""
+        rec = data[off:off + rsize] if off + rsize <= size else _wrapped(data, off, rsize, size)
+        rtype = int.from_bytes(rec[0:4], "little")
+        if rtype == LOST:
+            w.lost.append((pos + rsize, _LOST.unpack_from(rec)[0]))
+            return
+        if rtype != SAMPLE:
+            return
+        raw = rec[RAW:RAW + _RAWSIZE.unpack_from(rec)[0]]
+        parsed = layout.parse_record(raw)
+        if self.pcapng:
+            key = bytes(raw[_KEY_AT:_KEY_END])
+            head8, before, after = self._tails.get(key) or self._tail(key, raw[:META_SIZE])
+            w.parts += (head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + before + bytes(raw[_ID_AT:_ID_AT + 8])
+                        + after, b"", b"", b"", b"")
+        else:
+            w.parts.append(bytes(raw[PCAP_REC:META_SIZE]) + parsed.data)
+        w.ts.append(parsed.ts_ns)
+        w.ends.append(pos + rsize)
+
+    def _tail(self, key: bytes, meta) -> tuple[bytes, bytes, bytes]:
+        """The block's first 8 bytes and its options around the packet id's 8 bytes."""
+        rec = layout.parse_record(bytes(meta))
+        caplen = META.unpack(meta).caplen
+        head8, tail = self.writer.epb_parts(caplen, **dict(self.options(rec), packet_id=ID_MARK))
+        at = tail.index(_ID_MARK)
+        parts = head8, tail[:at], tail[at + 8:]
+        if len(self._tails) >= CACHE_MAX:
+            self._tails.clear()
+        self._tails[key] = parts
+        return parts
+
+
+class _Walk:
+    """One ring's records in a pass: per sample its timestamp, end position and parts (1 for pcap, EPB_PARTS for
+    pcapng); LOST records as (end position, count); where the walk started, where the first sample starts, where it
+    ended."""
+
+    __slots__ = ("ts", "ends", "parts", "lost", "start", "first", "end")
+
+    def __init__(self, tail: int):
+        self.ts: list = []
+        self.ends: list = []
+        self.parts: list = []
+        self.lost: list = []
+        self.start = self.first = self.end = tail
+
+
+def _rsize(data, off: int, size: int) -> int:
+    hdr = data[off:off + 8] if off + 8 <= size else _wrapped(data, off, 8, size)
+    return int.from_bytes(hdr[6:8], "little")
+
+
+def _wrapped(data, off: int, length: int, size: int) -> bytes:
+    off %= size
+    first = min(length, size - off)
+    return bytes(data[off:off + first]) + bytes(data[0:length - first])
+
+
+class RingDrain:
+    """Drains the per-CPU file rings (see fcap.kernel.ringrec) into a writer in time order: the programs wrote finished
+    pcap/pcapng records there and an index entry per record (its timestamp and end), so the CPUs' records are
+    merged by runs (fcap.live.order) and written as byte ranges, without a look at each record. Records past the cutoff
+    stay in their ring (tail stops before them) until a later pass. `limit` (> 0) stops it after that many. The
+    perf buffer only carries doorbells."""
+
+    def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
+                 window: order.Window | None = None):
+        self.map = ring_map
+        self.mm = ring_map.mmap()
+        self.view = memoryview(self.mm)
+        self.words = self.view.cast("Q")   # control words: stored with one 8-byte store each (never pack_into,
+        self.buffer = buffer                # which zeroes the bytes before it writes them)
+        self.writer = writer
+        self.size = ring_size
+        self.entries = index_entries(ring_size)
+        self.bases = [i * ring_map.stride for i in range(ring_map.max_entries)]   # (multiples of 8)
+        self.index = [(b + index_at(ring_size)) // 8 for b in self.bases]
+        self.counts = [0] * len(self.bases)   # records taken (as `taken`)
+        self.tails = [0] * len(self.bases)
+        self.disorder = [0] * len(self.bases)   # each CPU's count of records out of order, as last read
+        self.ordered = [True] * len(self.bases)   # its records not taken yet are in time order
+        self.moved = [False] * len(self.bases)    # its count moved in this pass
+        self.left = limit
+        self.window = window or order.Window()
+        self.written = 0
+        self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
+
+    @property
+    def done(self) -> bool:
+        return self.left > 0 and self.written >= self.left
+
+    def __call__(self, final: bool = False) -> int:
+        """One pass: write what is surely published (everything when `final`: the programs are detached)."""
+        self.buffer.drain(_ignore)
+        cutoff = self.window.cutoff(final)
+        batches, ends, pressed = self._new()
+        if pressed:
+            cutoff = self.window.pressed(cutoff)
+        try:
+            runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
+                                      self.left - self.written if self.left else -1)
+            self._write(runs, ends)
+            n = self._advance(takes, ends, batches)
+        finally:
+            for v in batches + ends:
+                if isinstance(v, memoryview):
+                    v.release()
+        self.written += n
+        return n
+
+    def _new(self) -> tuple[list, list, bool]:
+        """Per CPU: the timestamps and end positions of the records published and not taken yet, as strided
+        views of its index (lists where they wrap around its end); self.ordered says which are in time order.
+        And whether a ring is a quarter full or more."""
+        words, entries, mask = self.words, self.entries, self.entries - 1
+        batches, ends = [], []
+        pressed = False
+        for i, base in enumerate(self.bases):
+            head = words[(base + _HEAD) // 8]
+            pressed = pressed or ((head - self.tails[i]) & layout.HEAD_POS) >= self.size // 4
+            disorder = words[(base + _DISORDER) // 8]   # (read after head: it counts every record head does, and
+            self.moved[i] = disorder != self.disorder[i]   # maybe one head does not show yet)
+            if self.moved[i]:
+                self.disorder[i] = disorder
+                self.ordered[i] = False
+            new = ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
+            at = self.index[i] + 2 * (self.counts[i] & mask)
+            if not new:
+                batches.append(_EMPTY)
+                ends.append(_EMPTY)
+            elif (self.counts[i] & mask) + new <= entries:
+                batches.append(words[at:at + 2 * new:2])
+                ends.append(words[at + 1:at + 2 * new:2])
+            else:
+                first = 2 * (entries - (self.counts[i] & mask))
+                flat = words[at:at + first].tolist() + words[self.index[i]:self.index[i] + 2 * new - first].tolist()
+                batches.append(flat[0::2])
+                ends.append(flat[1::2])
+        return batches, ends, pressed
+
+    def _write(self, runs: list, ends: list) -> None:
+        if not runs:
+            return
+        view, size, hmask = self.view, self.size, layout.HEAD_POS
+        parts = []
+        for i, a, b in runs:
+            pos = ends[i][a - 1] if a else self.tails[i]
+            length = (ends[i][b - 1] - pos) & hmask
+            start = self.bases[i] + RING.size
+            t = pos & (size - 1)
+            first = min(length, size - t)
+            parts.append(view[start + t:start + t + first])
+            if length > first:
+                parts.append(view[start:start + length - first])
+        try:
+            self.writer.writev(parts)
+        finally:
+            for p in parts:
+                p.release()
+
+    def _advance(self, takes: list, ends: list, batches: list) -> int:
+        """Give the bytes and index entries of the records taken back to the programs; returns how many."""
+        words, size, n = self.words, self.size, 0
+        self.held = False
+        for i, base in enumerate(self.bases):
+            k = takes[i]
+            if k:
+                self.tails[i] = ends[i][k - 1]
+                words[(base + _TAIL) // 8] = self.tails[i]
+                self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
+                words[(base + _TAKEN) // 8] = self.counts[i]
+                n += k
+            if k == len(batches[i]) and not self.moved[i]:
+                self.ordered[i] = True   # (until the program counts a record out of order again)
+            # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
+            # being written saw the old tail and rang again), and only when less than a quarter of the ring is
+            # still in use: held records would ring again at once (a wake-up per record); the loop drains again at
+            # once then (held), the ring filling up (the pass's margin is shorter: fcap.live.order.Window.pressed)
+            bell = (base + _BELL) // 8
+            if words[bell]:
+                if ((words[(base + _HEAD) // 8] - self.tails[i]) & layout.HEAD_POS) < size // 4:
+                    words[bell] = 0
+                else:
+                    self.held = True
+        return n
+
+    def published(self) -> int:
+        """Records the programs have published so far: those taken (written, or past -c) plus those not yet."""
+        if self.view is None:
+            return self.written
+        left = 0
+        for i, base in enumerate(self.bases):
+            head = _U64.unpack_from(self.view, base + _HEAD)[0]
+            left += ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
+        return self.written + left
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.words.release()
+            self.view.release()
+            self.view = None
+            self.mm.close()
+
+
+_HEAD, _TAIL, _TAKEN, _BELL = RING.off("head"), RING.off("tail"), RING.off("taken"), RING.off("bell")
+_DISORDER = RING.off("disorder")
+_EMPTY: list = []
+_U64 = struct.Struct("=Q")
+
+
+def ring_records(ring_map) -> int:
+    """Records published in a file rings' map so far (the count bits of each CPU's head), for a session whose rings
+    no RingDrain read."""
+    mm = ring_map.mmap()
+    try:
+        return sum(_U64.unpack_from(mm, i * ring_map.stride + RING.off("head"))[0] >> layout.HEAD_BITS
+                   for i in range(ring_map.max_entries))
+    finally:
+        mm.close()
+
+
+def _ignore(cpu: int, raw) -> None:
+    pass

@@ -1,0 +1,311 @@
+"""The capture loop of the fcap command: where packets go (a file writer or a printer), when the capture stops
+(-c, a signal, a closed pipe, the command's exit), the command it runs, and tcpdump's summary lines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Callable, NamedTuple
+
+from fcap.kernel import stats
+from fcap.kernel.epbopts import Options
+from fcap.errors import CommandError
+
+
+class Output(NamedTuple):
+    """Where packets go: a capture file writer, or a printer; `stream` when the writer feeds a pipe."""
+
+    writer: object = None
+    printer: object = None
+    stream: bool = False
+    path: str = ""            # what the user named (-w FILE), for error lines
+    clock: Callable[[], bool] | None = None   # -G: called at each poll; True once -W's last file is done
+    tracker: object = None    # --path: a fcap.commands.path_report.Tracker (each packet's path is printed, not the packet)
+
+
+GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
+
+
+class CaptureLoop:
+    """One capture: run() drains the session into the output until something stops it, then cleans up and
+    returns the exit status: the command's when its exit ended the capture, else 0."""
+
+    def __init__(self, session, out: Output, count: int = 0, command: list[str] | None = None):
+        self.session = session
+        self.out = out
+        self.count = count
+        self.command = command or []
+        self.proc = None
+        self.stopping = False     # a signal asked us to stop
+        self.broken = False       # the reader of our output went away
+        self.error: OSError | None = None   # the output could not be written: the capture ended there
+        self.written = 0
+        self.command_ended = False   # the command's exit ended the capture
+        self.files_done = False      # -G -W: the last file's interval is over
+        points = session.points
+        self.options = Options(points)   # (pcapng options, and what a drop point's records say)
+        self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
+        self.points = {p.id: p for p in points}
+        self.drain = None         # the file drain, made by ready()
+        self._wakeup: tuple = ()  # the signals' wake-up pipe (read end, write end)
+
+    def ready(self) -> None:
+        """What the capture needs before `listening on`: SIGINT and SIGTERM end it gracefully and at once (their
+        wake-up fd is watched with the rings), and a file's drain is made (its rings mapped)."""
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = (rfd, wfd)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        self.session.buffer.watch(rfd)
+        writer = self.out.writer
+        if writer is not None and self.session.dump_area is None:
+            self.drain = self.session.file_drain(writer, limit=self.count, options=self.options)
+
+    def run(self) -> int:
+        self._start_command()
+        try:
+            self._drain()
+        finally:
+            self._close()
+        self._end_command()
+        return self._status()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+
+    def _start_command(self) -> None:
+        if not self.command:
+            return
+        import subprocess   # (imported where needed: every import is start-up time)
+        # packets on stdout: the command's own output must not land in the stream
+        stdout = sys.stderr.fileno() if self.out.stream else None
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=stdout)
+        except OSError as e:
+            self.session.close()
+            raise CommandError(f"{self.command[0]}: {e.strerror}") from None
+
+    def _drain(self) -> None:
+        writer = self.out.writer
+        if writer is None:
+            self.session.run(self._track if self.out.tracker else self._print, self._should_stop)
+            return
+        if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
+            self.session.run(self._write, self._should_stop)
+            return
+        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.options)
+        try:
+            self.session.run_file(drain, self._should_stop)
+        except OSError as e:
+            self._write_failed(e)
+        self.written = drain.written
+
+    def _write_failed(self, e: OSError) -> None:
+        """A write error ends the capture: quietly for a pipe on stdout whose reader left (as tcpdump), with
+        one line (error_line) for anything else."""
+        if isinstance(e, BrokenPipeError) and self.out.stream:
+            self.broken = True
+        elif self.error is None:
+            # (without its traceback, whose frames hold views of the buffers that must close)
+            self.error = e.with_traceback(None)
+
+    def error_line(self) -> str:
+        e = self.error
+        path = getattr(self.out.writer, "path", "") or self.out.path   # (a rotating writer: the file at fault)
+        return f"{path}: {e.strerror or e}" if e is not None else ""
+
+    def _write(self, rec) -> bool:
+        """The writer's sink when user space lays out each block (--dump): False stops the capture."""
+        from fcap.kernel.dumps import records_options
+        comments, more = records_options(rec.dumps)
+        try:
+            self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
+                                  comments=comments, more=more, **self.options(rec))
+        except OSError as e:
+            self._write_failed(e)
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
+    def _print(self, rec) -> bool:
+        """The printer's sink: False stops the capture."""
+        offset = self.session.clock_offset_ns
+        name = self.names.get(rec.point)
+        why = self.options.drop_text(rec).strip()
+        if why:   # the point's name, then why and where it dropped the packet
+            name = f"{name or self.session.points[0].if_name} [{why}]"
+        try:
+            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len, name)
+            if rec.dumps:
+                self.out.printer.dumps(rec.dumps)
+        except BrokenPipeError:
+            self.broken = True
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
+    def _track(self, rec) -> bool:
+        """--path's sink: the record as a hop of its packet's path; paths that ended are printed."""
+        from fcap.commands.path_report import Hop
+        from fcap.text.show import describe
+        p = self.points[rec.point]
+        o = self.options
+        drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
+        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
+                  describe(rec.data, self.session.linktype.number, rec.orig_len))
+        try:
+            for text in self.out.tracker.feed(hop):
+                self.out.printer.out.write(text)
+        except BrokenPipeError:
+            self.broken = True
+            return False
+        self.written += 1
+        return not (self.count and self.written >= self.count)
+
+    def _should_stop(self) -> bool:
+        if self.stopping or self.broken:
+            return True
+        if self.out.stream and self.out.writer is not None:
+            try:
+                self.out.writer.flush()
+            except OSError as e:
+                self._write_failed(e)
+                return True
+            if reader_gone(self.out.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
+                self.broken = True
+                return True
+        if self.out.clock is not None and self._tick():
+            return True
+        if self.proc is not None and self.proc.poll() is not None:
+            self.command_ended = True
+        return self.command_ended
+
+    def _tick(self) -> bool:
+        """-G's clock: the next file when it is time; True when the capture ends here (-W's last file, an error
+        opening the next one)."""
+        try:
+            self.files_done = self.out.clock()
+        except OSError as e:
+            self._write_failed(e)
+            return True
+        return self.files_done
+
+    def _close(self) -> None:
+        """Detach and free the programs, then close the output (the file keeps every record drained)."""
+        self.session.close()
+        if self._wakeup:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = ()
+        try:
+            if self.out.writer is not None:
+                self._write_stats()
+                self.out.writer.close()
+            elif self.out.printer is not None:
+                if self.out.tracker is not None:
+                    self.out.printer.out.write("".join(self.out.tracker.finish()))
+                self.out.printer.flush()
+        except BrokenPipeError:
+            self.broken = True
+        except OSError as e:
+            self._write_failed(e)
+
+    def _write_stats(self) -> None:
+        """A pcapng file ends with each point's counts (Interface Statistics Blocks), unless writing failed. Not a
+        series of -C/-G files: the counts are the whole capture's, no one file's."""
+        s = self.session
+        w = self.out.writer
+        if (getattr(w, "fmt", None) != "pcapng" or not hasattr(w, "write_isb") or self.error is not None
+                or self.broken or not s.point_stats):
+            return
+        stats.write_isbs(self.out.writer, s.point_stats, s.attached_ns, s.detached_ns or s.attached_ns)
+
+    def _end_command(self) -> None:
+        """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        import subprocess
+        self.proc.terminate()
+        try:
+            self.proc.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def summary(self) -> str:
+        """tcpdump's three lines: captured, received by filter, dropped by kernel."""
+        st = self.session.stats
+
+        def n(k: int, what: str) -> str:
+            return f"{k} packet{'s' if k != 1 else ''} {what}\n"
+        out = n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
+        late = self.session.window.late
+        if late:   # (fcap.live.order: held up for longer than the window, written at once, after newer ones)
+            out += f"{late} packet{'s' if late != 1 else ''} written out of time order (late)\n"
+        t = self.session.track_report
+        if t:
+            out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "
+                    f"{t['evicted']} tracking entries evicted (map of {t['size']})\n")
+        return out
+
+    def _status(self) -> int:
+        if self.error is not None:
+            return 1
+        if not self.command_ended:
+            return 0
+        rc = self.proc.returncode
+        return rc if rc >= 0 else 128 - rc
+
+
+def reader_gone(fd: int) -> bool:
+    """The reading end of the pipe, socket or FIFO on fd was closed (poll reports POLLERR/POLLHUP: they are
+    always reported, whatever the events asked); False for files and terminals."""
+    if fd < 0:
+        return False
+    import select
+    p = select.poll()
+    p.register(fd, 0)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
+
+
+SCREENFUL = 24   # points named one by one in the listening line; past that, counted per -i
+
+
+def listening_line(session) -> str:
+    lt = session.linktype
+    attached = [p for p in session.points if p.id not in session.unattached]
+    return (f"listening on {point_names(attached)}, link-type {lt.name} ({lt.description}), "
+            f"snapshot length {session.cfg.snaplen} bytes\n")
+
+
+def point_names(points) -> str:
+    """The points by name, or past a screenful their count and, per -i, a glob's count or the point."""
+    if len(points) <= SCREENFUL:
+        return ", ".join(p.label for p in points)
+    groups: dict[str, int] = {}
+    for p in points:
+        key = p.origin or p.label
+        groups[key] = groups.get(key, 0) + 1
+    parts = [f"{k} ({n})" if n > 1 else k for k, n in groups.items()]
+    return f"{len(points)} points: " + ", ".join(parts)
+
+
+def skipped_line(session) -> str:
+    """One line for the glob matches the kernel refused (none: "")."""
+    skipped = session.skipped
+    if not skipped:
+        return ""
+    names = ", ".join(spec for spec, _why in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+    total = len(skipped) + len(session.points) - len(session.unattached)
+    return f"skipped {len(skipped)} of {total} points: {names} (the first because {skipped[0][1]})\n"
+
+
+def write_stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass

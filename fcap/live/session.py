@@ -1,0 +1,556 @@
+"""A capture session: resolve points, build and load programs, attach, drain the buffers, count, detach."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import Callable, NamedTuple
+
+from bpf import features
+from bpf.btf import BTF, BTFError
+from bpf.errors import BPFError, VerifierError
+from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
+from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
+from bpf.perfbuf import PAGE, PerfBuffer
+from bpf.prog import Program, load, wait_freed
+from bpf.uapi import AttachType, MapFlags, ProgType
+
+from fcap.kernel import layout
+
+from fcap.points import pointcaps
+
+from fcap.kernel import stats
+
+from fcap.kernel import track
+from fcap.kernel import program as cprog
+from fcap.kernel.filter import compile_filter
+from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
+from fcap.points.spec import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
+from fcap.kernel.drops import is_drop_point
+from fcap.live.order import Pending, Window
+from fcap.errors import CaptureError, PredicateError
+
+DEFAULT_SNAPLEN = 262144
+DEFAULT_BUFFER_KIB = 4096
+
+START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cprog.START_NETWORK,
+             "IPV6": cprog.START_NETWORK, "LINUX_SLL2": cprog.START_SLL2, "IEEE802_11": cprog.START_MAC}
+PROTO_FOR = {"IPV4": ETH_P_IP, "IPV6": ETH_P_IPV6}
+
+
+class Config(NamedTuple):
+    points: list[str]
+    linktype: str | None = None
+    snaplen: int = DEFAULT_SNAPLEN
+    filter: str | None = None
+    buffer_kib: int = DEFAULT_BUFFER_KIB
+    immediate: bool = False
+    predicates: list | tuple = ()   # factories: Point -> predicate (see fcap.kernel.predicates)
+    record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
+    file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
+    meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
+    dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
+    track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
+    track_max: int = 16384    # entries of the tracking map (two per packet, one more per clone)
+
+
+class Stats:
+    """A capture's counts so far."""
+
+    __slots__ = ("captured", "seen", "lost")
+
+    def __init__(self) -> None:
+        self.captured = 0      # records handed to the sink
+        self.seen = 0          # packets the programs tried to record (after predicates and filter)
+        self.lost = 0          # records the kernel could not put in a full buffer
+
+
+def default_linktype(points: list[Point]) -> LinkType:
+    """EN10MB where every point is at the device layer (a MAC header is in place); LINUX_SLL2 elsewhere,
+    which decodes for any protocol and carries the interface and direction."""
+    if all(is_device_point(p.name) for p in points):
+        return lookup("EN10MB")
+    return lookup("LINUX_SLL2")
+
+
+ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
+
+
+class KernelRefusal(CaptureError):
+    """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
+
+
+def _explain_refusal(point: Point, e: BPFError) -> str:
+    kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
+    problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
+    if problem:
+        return f"{point.spec}: the kernel refused the program ({errno.errorcode[e.errno]}): {problem}"
+    if e.errno == errno.EPERM:
+        return (f"{point.spec}: this kernel refuses {kinds} programs (EPERM); "
+                f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")
+    if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH) and point.kind == "kprobe":
+        return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
+    if e.errno == ENOTSUPP:
+        return f"{point.spec}: the kernel does not support a trampoline there (ENOTSUPP)"
+    return f"{point.spec}: {e}"
+
+
+class Session:
+    """One capture. Use: s = Session(cfg); s.open(); s.attach(); s.run(sink, stop); s.close()."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.points: list[Point] = []
+        self.linktype: LinkType | None = None
+        self.cbpf: list | None = None
+        self.programs: list[Program] = []
+        self.links: list[Link] = []
+        self.maps: list = []
+        self.buffer: PerfBuffer | None = None
+        self.stats = Stats()
+        self.clock_offset_ns = 0
+        self.counters: PerCPUArrayMap | None = None   # per point: seen, lost
+        self.ring = None          # the file rings' map when the programs write pcap records there
+        self.ring_size = 0
+        self.drain = None
+        self.dump_area = None     # fcap.kernel.dumps.Area when --dump PATHs are copied into the records
+        self.parse = layout.parse_record   # a perf sample -> Record
+        self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
+        self.unattached: set[int] = set()   # ids of loaded points the kernel would not attach (their IDBs stay)
+        self.point_stats: list = []    # fcap.kernel.stats.PointStats per point, read at the end
+        self.attached_ns = self.detached_ns = 0   # wall clock
+        self.counts_hits = False       # the programs count hits (else hits == seen)
+        self.track_map = self.track_counters = None   # --track
+        self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
+        self.track_report: dict = {}
+        self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
+
+    # -- set-up --------------------------------------------------------------------------------
+    def resolve(self) -> None:
+        if not os.path.exists("/sys/kernel/btf/vmlinux"):
+            raise CaptureError("this kernel has no BTF (/sys/kernel/btf/vmlinux): fcap needs CONFIG_DEBUG_INFO_BTF")
+        if not 0 < self.cfg.snaplen <= 0x7FFFFFFF:
+            raise CaptureError(f"invalid snaplen {self.cfg.snaplen}")
+        try:
+            seen: set[str] = set()
+            for spec in self.cfg.points:
+                for p in self._points_of(spec):
+                    if p.spec not in seen:   # (globs may overlap)
+                        seen.add(p.spec)
+                        p.id = len(self.points)
+                        self.points.append(p)
+        except PointError as e:
+            raise CaptureError(str(e)) from None
+        except BTFError as e:
+            raise CaptureError(f"reading the kernel's BTF: {e}") from None
+        if self.cfg.dumps:
+            from fcap.kernel.dumps import make_area
+            self.dump_area = make_area(self.points, self.cfg.dumps)
+            self.parse = self.dump_area.parse
+        self.linktype = lookup(self.cfg.linktype) if self.cfg.linktype else default_linktype(self.points)
+        if self.linktype.name not in START_FOR:
+            raise CaptureError(f"link-type {self.linktype.name} cannot be made from an skb; use one of "
+                               f"{', '.join(START_FOR)}")
+        if self.cfg.filter:
+            from fcap.kernel.filter import FilterError
+            try:
+                self.cbpf = compile_filter(self.cfg.filter, self.linktype, self.cfg.snaplen)
+            except FilterError as e:
+                raise CaptureError(f"{self.cfg.filter}: {e}") from None
+
+    def _points_of(self, spec: str) -> list[Point]:
+        """What one -i names: a semantic point's hooks, a glob's matches, or one point."""
+        from fcap.points.semantic import is_semantic, resolve_semantic
+        if is_semantic(spec):
+            return resolve_semantic(spec)
+        kind = self._best_function_kind(spec)
+        return expand(spec, kind) if is_glob(spec) else [resolve(spec, default_func_kind=kind)]
+
+    def _best_function_kind(self, spec: str) -> str:
+        """For a bare FUNC: fentry where the kernel allows it, else kprobe, else fentry (to say why not)."""
+        if "/" in spec:
+            return "fentry"
+        try:
+            vm = BTF.vmlinux()
+            func = vm.find("ip_output" if is_glob(spec) else spec.partition(":")[0], "func")
+            if func is None:
+                return "fentry"
+            if features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs") is None:
+                return "fentry"
+            if features.kprobe_program() is None:
+                return "kprobe"
+        except (BTFError, BPFError):
+            pass
+        return "fentry"
+
+    def options(self, point: Point) -> cprog.Options:
+        try:
+            preds = [make(point) for make in self.cfg.predicates]
+        except PredicateError as e:
+            raise CaptureError(str(e)) from None
+        want = PROTO_FOR.get(self.linktype.name)
+        if want is not None:
+            preds.insert(0, protocol_predicate(want))
+        return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
+                             dynptr_kfunc=pointcaps.dynptr_kfunc(point) if self.cbpf is not None else 0,
+                             predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
+                             meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
+                             dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
+                             head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
+                             ident=self.ident(), points=len(self.points),
+                             division_tracked=self.cbpf is not None and features.division_ranges() is None)
+
+    def ident(self) -> str:
+        """How records get their packet ids (fcap.kernel.track.mode)."""
+        return track.mode(self.cfg.track, len(self.points), self.cfg.meta)
+
+    def counts_ring_records(self) -> bool:
+        """Whether programs writing the file rings count each point's records too (an ISB per point says how many
+        it kept): for several points into one pcapng file. (One point's count is the rings' count of records.)"""
+        return self.cfg.record == layout.RECORD_PCAPNG and len(self.points) > 1
+
+    def build(self, point: Point, maps: cprog.Maps) -> list:
+        from bpf.cbpf import CBPFError
+        try:
+            opts = self.options(point)
+            self.counts_hits = stats.counts_hits(opts)
+            return cprog.build(point, opts, maps)
+        except (cprog.ProgramError, PredicateError) as e:
+            raise CaptureError(str(e)) from None
+        except CBPFError as e:   # what the filter asks that fcap cannot run at this point
+            raise CaptureError(f"{self.cfg.filter or 'the filter'}: {e}") from None
+
+    def open(self) -> None:
+        """Resolve, compile, create maps, load every program (nothing attached yet)."""
+        if not self.points:
+            self.resolve()
+        err = features.bpf_syscall()
+        if err is not None:
+            raise CaptureError(f"cannot use BPF: {err.reason}")
+        # sampled once: the programs add it to their record headers' timestamps, user space to the others
+        self.clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        try:
+            events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
+            self.maps.append(events)
+            self._skip_unbuildable()
+            size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+            scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
+            counters = PerCPUArrayMap(8 * layout.COUNTERS, len(self.points), name="fcap_counters")
+            self.maps += [scratch, counters]
+            self.counters = counters
+            maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
+            if self.ident() != track.IDENT_NONE:
+                self._make_track_maps(maps)
+            cpus = online_cpus()
+            pages = self._pages(len(cpus))
+            kfunc = self._file_ring_kfunc()
+            if kfunc:
+                ring_size = self._make_ring(pages * PAGE)
+                maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
+            self._load_all(maps)
+            if track.uses_map(self.ident()):
+                self._load_helpers(maps)
+            if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
+                self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
+                self.ring_size = maps.ring_size
+            else:
+                wake = 1 if self.cfg.immediate else pages * PAGE // 4
+                self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
+        except BPFError as e:
+            self.close()
+            raise CaptureError(f"{e}") from None
+        except CaptureError:
+            self.close()
+            raise
+
+    def _skip_unbuildable(self) -> None:
+        """Glob matches the predicates cannot be built for (an argument some matches lack) are skipped."""
+        kept = []
+        for p in self.points:
+            try:
+                self.options(p)
+                kept.append(p)
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                self.skipped.append((p.spec, str(e)))
+        if not kept:
+            raise CaptureError(self.skipped[0][1])
+        self.points = kept
+
+    def _load_all(self, maps: cprog.Maps) -> None:
+        """A program per point. A glob's match that the kernel (or a predicate) refuses is skipped and noted in
+        self.skipped; the points kept are numbered again in order. A refusal of every match is the error."""
+        kept: list[Point] = []
+        first_error: CaptureError | None = None
+        for p in self.points:
+            p.id = len(kept)
+            try:
+                self.programs.append(self._load(p, self.build(p, maps)))
+            except KernelRefusal:
+                raise
+            except CaptureError as e:
+                if not p.origin:
+                    raise
+                first_error = first_error or e
+                self.skipped.append((p.spec, str(e)))
+                continue
+            kept.append(p)
+        if not kept and first_error is not None:
+            raise first_error
+        self.points = kept
+
+    def _make_track_maps(self, maps: cprog.Maps) -> None:
+        from bpf.maps import HashMap
+        self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
+        self.maps.append(self.track_counters)
+        maps.track_counters = self.track_counters.fileno()
+        if track.uses_map(self.ident()):
+            self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
+            self.maps.append(self.track_map)
+            maps.track = self.track_map.fileno()
+
+    def _load_helpers(self, maps: cprog.Maps) -> None:
+        for p, items in self._helper_programs(maps):
+            self.helpers.append((p, self._load(p, items)))
+
+    def _helper_programs(self, maps: cprog.Maps):
+        """The identity map's helpers (fcap.kernel.track): programs where the kernel frees that end its entries."""
+        opts = cprog.Options(start=cprog.START_DATA, snaplen=0, ident=self.ident())
+        return track.helpers(self.points, len(self.points), lambda p: cprog.Builder(p, opts, maps))
+
+    def _make_ring(self, want: int) -> int:
+        """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
+        some kernels), the largest power of two it takes; returns the ring size."""
+        from fcap.kernel.ringrec import element_size
+        size = min(want, layout.RING_MAX)
+        while True:
+            try:
+                self.ring = ArrayMap(element_size(size), possible_cpus(),
+                                     name="fcap_ring", flags=MapFlags.MMAPABLE)
+                self.maps.append(self.ring)
+                return size
+            except BPFError as e:
+                if e.errno not in (errno.E2BIG, errno.ENOMEM) or size <= 1 << 16:
+                    raise
+                size //= 2
+
+    def _pages(self, ncpus: int) -> int:
+        """Pages per CPU (a power of two) for -B KiB shared by the CPUs."""
+        per_cpu = max(self.cfg.buffer_kib * 1024 // max(ncpus, 1) // PAGE, 8)
+        return 1 << (per_cpu.bit_length() - 1)
+
+    def _file_ring_kfunc(self) -> int:
+        """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
+        skb dynptrs allowed there), else 0."""
+        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None:
+            return 0
+        if not all(p.typed for p in self.points):
+            return 0
+        if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
+            return 0
+        ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
+        return ids.pop() if len(ids) == 1 and 0 not in ids else 0
+
+    def file_drain(self, writer, options=None, limit: int = 0):
+        """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
+        from fcap.live.drain import FileDrain, RingDrain
+        if self.ring is not None:
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window)
+            return self.drain
+        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
+
+    def _load(self, p: Point, items: list) -> Program:
+        name = f"fcap_{p.name}"[:15]
+        if p.kind == "fentry" or p.kind == "fexit":
+            refused = features.tracing_program(pointcaps.attach_type(p), p.btf_id, label=f"{p.kind} programs")
+            if refused is not None and refused.errno == errno.EPERM:
+                raise KernelRefusal(_explain_refusal(p, refused))
+        if p.kind == "kprobe":
+            refused = features.kprobe_program()
+            if refused is not None:
+                raise KernelRefusal(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
+                                   f"packets: {suggestion(p.name)}")
+        try:
+            if p.typed:
+                with pointcaps.btf_obj_fd(p) as obj_fd:
+                    return load(ProgType.TRACING, items, name=name, expected_attach_type=pointcaps.attach_type(p),
+                                attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
+            prog_type = ProgType.KPROBE if p.kind == "kprobe" else ProgType.RAW_TRACEPOINT
+            return load(prog_type, items, name=name, what=p.spec)
+        except VerifierError as e:
+            raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
+                               f"(--dump-ebpf shows the program)") from None
+        except BPFError as e:
+            raise CaptureError(_explain_refusal(p, e)) from None
+
+    def attach(self) -> None:
+        """Attach every program. A glob's match the kernel will not attach is skipped (self.skipped) unless the
+        kernel attaches none of a glob's matches."""
+        attached: set[str] = set()
+        refused: dict[str, str] = {}   # glob -> why its first match was refused
+        for p, prog in zip(self.points, self.programs):
+            try:
+                self.links.append(self._attach_one(p, prog))
+                attached.add(p.origin)
+            except BPFError as e:
+                if not p.origin:
+                    self.close()
+                    raise CaptureError(_explain_refusal(p, e)) from None
+                self.skipped.append((p.spec, _explain_refusal(p, e)))
+                self.unattached.add(p.id)
+                refused.setdefault(p.origin, self.skipped[-1][1])
+        for origin, why in refused.items():
+            if origin not in attached:
+                self.close()
+                raise CaptureError(why)
+        for p, prog in self.helpers:
+            try:
+                self.links.append(self._attach_one(p, prog))
+            except BPFError as e:
+                self.close()
+                raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
+        self.attached_ns = time.time_ns()
+
+    @staticmethod
+    def _attach_one(p: Point, prog: Program) -> Link:
+        if p.typed:
+            return attach_tracing(prog.fileno(), p.spec)
+        if p.kind == "raw_tp":
+            return attach_raw_tracepoint(prog.fileno(), p.name)
+        return attach_kprobe(prog.fileno(), p.name)
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Drain records into sink, in time order (fcap.live.order), until stop() is true or sink returns False; then
+        detach and drain the rest."""
+        keep_going = True
+        pending = Pending(self.window)
+
+        def deliver(final: bool = False) -> None:
+            nonlocal keep_going
+            for rec in self.ordered(pending, final):
+                if not keep_going:
+                    break
+                self.stats.captured += 1
+                if sink(rec) is False:
+                    keep_going = False
+
+        timeout = 5 if self.cfg.immediate else poll_ms
+        while keep_going and not stop():
+            self.wait(pending, timeout)
+            deliver()
+        self.detach()
+        if keep_going:
+            deliver(final=True)
+
+    def wait(self, pending: Pending, timeout_ms: int) -> None:
+        """Until the buffer has records or the time passes; sooner while `pending` holds records (fcap.live.order)."""
+        self.buffer.poll(min(timeout_ms, pending.window.retry_ms) if pending.held else timeout_ms)
+
+    def ordered(self, pending: Pending, final: bool = False) -> list:
+        """The records surely published so far, with those `pending` held, in time order (fcap.live.order); the newest
+        stay in `pending` (none when `final`: the programs are detached)."""
+        cutoff = pending.window.cutoff(final)
+        batch: list = []
+        parse = self.parse
+        self.buffer.drain(lambda cpu, raw: batch.append(parse(raw)))
+        return pending.take(batch, cutoff)
+
+    def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Like run(), for a drain that writes records itself (fcap.live.drain): until stop() is true or the drain is
+        done; then detach and drain the rest. While the drain holds records (fcap.live.order) it is called again at
+        once (a ring a quarter full whose doorbell stays quiet: see fcap.live.drain.RingDrain)."""
+        buf = self.buffer
+        timeout = 5 if self.cfg.immediate else poll_ms
+        while not drain.done and not stop():
+            buf.poll(0 if drain.held else timeout)
+            self.stats.captured += drain()
+        self.detach()
+        if not drain.done:
+            self.stats.captured += drain(final=True)
+
+    def detach(self) -> None:
+        if self.links:
+            self.detached_ns = time.time_ns()
+        for link in self.links:
+            link.close()
+        self.links = []
+
+    def read_counters(self) -> Stats:
+        if self.counters is not None and not self.counters.fd.closed:
+            keys = range(len(self.points))
+            self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
+            self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
+            ring_total = self.ring is not None and not self.counts_ring_records()
+            if ring_total:   # file rings: the programs count failures only; a ring counts its records
+                from fcap.live.drain import ring_records
+                self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
+            if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
+                self.stats.lost = max(self.stats.lost, self.buffer.lost)
+            self.point_stats = stats.read(self.counters, self.points, self.counts_hits,
+                                          self.stats.seen if ring_total else None)
+        if self.cfg.track and self.track_map is not None and not self.track_map.fd.closed:
+            remaining = sum(1 for _ in self.track_map.keys())
+            self.track_report = dict(track.read_counters(self.track_counters),
+                                     evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max)
+        return self.stats
+
+    def close(self) -> None:
+        self.detach()
+        self.read_counters()
+        if self.drain is not None:
+            self.drain.close()
+            self.drain = None
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+        ids = []
+        self.programs += [prog for _p, prog in self.helpers]
+        self.helpers = []
+        for prog in self.programs:
+            try:
+                ids.append(prog.info().id)
+            except (BPFError, ValueError):
+                pass
+            prog.close()
+        self.programs = []
+        for m in self.maps:
+            m.close()
+        self.maps = []
+        if ids:   # return when the kernel has let go of them (a link's release may put its program after an RCU
+            wait_freed(ids, 1.0)   # grace period), so that nothing of ours shows in bpftool once we are gone
+
+    def dump(self) -> str:
+        """The generated programs, disassembled (for --dump-ebpf)."""
+        from bpf import asm
+        size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+        maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
+        if self.ident() != track.IDENT_NONE:
+            maps.track, maps.track_counters = -5, -6
+        kfunc = self._file_ring_kfunc()
+        if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
+            maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)
+            maps.dynptr_kfunc = kfunc
+        out = []
+        for p in self.points:
+            out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
+            out.append(asm.disassemble(self.build(p, maps)))
+        if track.uses_map(self.ident()):
+            for p, items in self._helper_programs(maps):
+                out.append(f"; {p.spec}: the identity map forgets what is freed here (nothing captured)")
+                out.append(asm.disassemble(items))
+        return "\n".join(out)
+
+
+def protocol_predicate(ethertype: int) -> Callable:
+    """Keep only packets whose skb->protocol is `ethertype` (for the IPV4/IPV6 linktypes); where the kernel has not
+    set it yet, the IP version says."""
+    from bpf.asm import JNE, R8, H, jmp
+
+    def emit(b: cprog.Builder) -> list:
+        b.read(H, R8, cprog.R6, b.f.protocol)
+        b.protocol_from_version("_pred")
+        return [jmp(JNE, R8, loaded16(ethertype), "out")]
+    return emit

@@ -1,0 +1,83 @@
+"""What this kernel lets the program at one capture point do, tried for real once per kind of point (bpf.features
+caches each answer): read frags through skb dynptrs, load through skb->head, call bpf_get_current_task_btf."""
+
+from __future__ import annotations
+
+import contextlib
+
+from bpf import asm, features
+from bpf.btf import BTF
+from bpf.errors import BPFError
+from bpf.prog import load
+from bpf.sys import btf_fd_by_name
+from bpf.uapi import AttachType, Helper, ProgType
+
+from fcap.points.spec import Point
+
+
+def dynptr_kfunc(point: Point) -> int:
+    """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
+    if not point.typed:
+        return 0
+    f = BTF.vmlinux().find("bpf_dynptr_from_skb", "func")
+    if f is None:
+        return 0
+
+    def fn():
+        items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
+                 asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
+                 asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
+        load(ProgType.TRACING, items, name="probe", expected_attach_type=attach_type(point),
+             attach_btf_id=point.btf_id, what="probe skb dynptr").close()
+    return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+
+
+def head_loads(point: Point) -> bool:
+    """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
+    untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
+    if not point.typed:
+        return False
+
+    def fn():
+        vm = point.btf if point.btf.base is None else point.btf.base
+        skb = vm.find("sk_buff", "struct")
+        mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
+        items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
+                 asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
+                 asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
+                 asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
+        with btf_obj_fd(point) as obj_fd:
+            load(ProgType.TRACING, items, name="probe", expected_attach_type=attach_type(point),
+                 attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd, what="probe loads through skb->head").close()
+    return features.probe(f"loads through skb->head in {point.kind}", fn) is None
+
+
+def task_btf(point: Point) -> bool:
+    """Whether the point's program may call bpf_get_current_task_btf (5.11+) for pid/tid and comm."""
+    if not point.typed:
+        return False
+    try:
+        with btf_obj_fd(point) as obj_fd:
+            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, attach_type(point),
+                                   point.btf_id, obj_fd, label=f"{point.kind} programs") is None
+    except BPFError:
+        return False
+
+
+def attach_type(point: Point) -> AttachType:
+    """The expected attach type of a tracing program at `point` (NONE for raw_tp and kprobe points)."""
+    return {"tp_btf": AttachType.TRACE_RAW_TP, "fentry": AttachType.TRACE_FENTRY,
+            "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
+
+
+@contextlib.contextmanager
+def btf_obj_fd(point: Point):
+    """The fd of the module BTF object `point` lives in, for a load's attach_btf_obj_fd (0 for vmlinux)."""
+    if point.btf.base is None:
+        yield 0
+        return
+    fd = btf_fd_by_name(point.module)
+    try:
+        yield fd.fd
+    finally:
+        fd.close()

@@ -1,0 +1,1 @@
+"""Packets as tcpdump prints them."""

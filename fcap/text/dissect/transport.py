@@ -1,0 +1,209 @@
+"""TCP (flags, relative sequence numbers, options) and UDP, as tcpdump -nn prints them."""
+
+from __future__ import annotations
+
+from fcap.text.dissect.reader import M32, Packet, Truncated
+
+# Names as tcpdump 4.99 prints them.
+_TCP_FLAGS = ((0x01, "F"), (0x02, "S"), (0x04, "R"), (0x08, "P"), (0x10, "."), (0x20, "U"), (0x40, "E"), (0x80, "W"))
+_TCP_OPTS = {0: "eol", 1: "nop", 2: "mss", 3: "wscale", 4: "sackOK", 5: "sack", 6: "echo", 7: "echoreply", 8: "TS",
+             11: "cc", 12: "ccnew", 13: "", 19: "md5", 20: "scps", 28: "uto", 29: "tcp-ao", 30: "mptcp", 34: "tfo",
+             254: "exp"}
+_EOL, _NOP = 0, 1
+# Data bytes of the options tcpdump reads with a fixed size; any other option's length field counts its data.
+_TCP_OPT_DATALEN = {0: 0, 1: 0, 4: 0, 2: 2, 3: 1, 6: 4, 7: 4, 11: 4, 12: 4, 13: 4, 8: 8}
+_TFO_MAGIC = 0xF989
+
+
+def addresses(p: Packet, ip_off: int, ver: int) -> tuple[str, str, bytes, bytes, int]:
+    """Source, destination (as text and bytes) and the first next-header field of the IP header at ip_off."""
+    if ver == 4:
+        return (p.ip4(ip_off + 12), p.ip4(ip_off + 16), p.b[ip_off + 12:ip_off + 16], p.b[ip_off + 16:ip_off + 20],
+                p.b[ip_off + 9])
+    return p.ip6(ip_off + 8), p.ip6(ip_off + 24), p.b[ip_off + 8:ip_off + 24], p.b[ip_off + 24:ip_off + 40], \
+        p.b[ip_off + 6]
+
+
+# ------------------------------------------------------------------------------------------ TCP
+
+def tcp(p: Packet, off: int, length: int, ip_off: int, ver: int) -> None:
+    p.proto = "tcp"
+    src, dst, srcb, dstb, first_nh = addresses(p, ip_off, ver)
+    if off + 4 > p.end:
+        p.add(f"{src} > {dst}:")
+        raise Truncated(soft=True)
+    sport, dport = p.u16(off), p.u16(off + 2)
+    p.add(f"{src}.{sport} > {dst}.{dport}: " if first_nh == 6 else f"{sport} > {dport}: ")
+    p.need(off, 20, soft=True)
+    hlen = (p.b[off + 12] >> 4) * 4
+    if hlen < 20:
+        p.add(f" tcp {(length - hlen) & M32} [bad hdr length {hlen} - too short, < 20]")
+        return
+    seq, ack, flags, win, urp = p.u32(off + 4), p.u32(off + 8), p.b[off + 13], p.u16(off + 14), p.u16(off + 18)
+    p.add("Flags [%s]" % ("".join(c for bit, c in _TCP_FLAGS if flags & bit) or "none"))
+    rev, thseq, thack = False, 0, 0
+    if p.seqs is not None and flags & 0x10:  # tcpdump's relative sequence numbers, one entry per conversation
+        rev = sport > dport or (sport == dport and srcb > dstb)
+        key = (dstb, srcb, dport << 16 | sport) if rev else (srcb, dstb, sport << 16 | dport)
+        base = p.seqs.get(key)
+        if base is None or flags & 0x02:
+            p.seqs[key] = base = ((ack - 1) & M32, seq) if rev else (seq, (ack - 1) & M32)
+        elif rev:
+            seq, ack = (seq - base[1]) & M32, (ack - base[0]) & M32
+        else:
+            seq, ack = (seq - base[0]) & M32, (ack - base[1]) & M32
+        thseq, thack = base
+    if hlen > length:
+        p.add(f" [bad hdr length {hlen} - too long, > {length}]")
+        return
+    length -= hlen
+    if length > 0 or flags & 0x07:
+        p.add(f", seq {seq}" + (f":{(seq + length) & M32}" if length > 0 else ""))
+    p.add((f", ack {ack}" if flags & 0x10 else "") + f", win {win}" + (f", urg {urp}" if flags & 0x20 else ""))
+    if hlen > 20:
+        p.add(", options [")
+        if not _tcp_options(p, off + 20, hlen - 20, thseq if rev else thack):
+            return
+        p.add("]")
+    p.add(f", length {length}")
+    if length == 0:
+        return
+    if p.end - off < hlen:
+        p.add(f" [remaining caplen({max(p.end - off, 0)}) < header length({hlen})]")
+        raise Truncated
+    # (tcpdump goes on to decode the payload of well-known ports: HTTP, BGP, DNS...; not copied here)
+
+
+class _BadOpt(Exception):
+    """A TCP option longer than the options area."""
+
+
+class _Opt:
+    """One TCP option's data being printed: where it starts, its size, what is left of the options area."""
+
+    __slots__ = ("p", "kind", "at", "size", "left", "later", "sack_base")
+
+    def __init__(self, p: Packet, kind: int, at: int, size: int, left: int, later: bool, sack_base: int) -> None:
+        self.p, self.kind, self.at, self.size, self.left, self.later = p, kind, at, size, left, later
+        self.sack_base = sack_base
+
+    def check(self, n: int) -> None:
+        """tcpdump's LENCHECK: past the option is bad, past the capture truncated."""
+        if n > self.left:
+            raise _BadOpt
+        if self.at + n > self.p.end:
+            raise Truncated(">" if self.later else "", soft=True)
+
+
+def _opt_none(o: _Opt) -> None:
+    pass
+
+
+def _opt_sack(o: _Opt) -> None:
+    p, at = o.p, o.at
+    if o.size % 8:
+        p.add(" invalid sack")
+        return
+    p.add(f" {o.size // 8} ")
+    for i in range(0, o.size, 8):
+        o.check(i + 4)
+        start = p.u32(at + i)
+        o.check(i + 8)
+        p.add(f"{{{(start - o.sack_base) & M32}:{(p.u32(at + i + 4) - o.sack_base) & M32}}}")
+
+
+def _opt_fastopen(o: _Opt) -> None:
+    """TCP Fast Open (34), or experimental (254, RFC 6994: Fast Open's magic, AccECN's...)."""
+    p, at, size = o.p, o.at, o.size
+    o.check(size)
+    if o.kind == 254:
+        if size < 2:
+            raise _BadOpt
+        magic, at, size = p.u16(at), at + 2, size - 2
+        p.add("-tfo" if magic == _TFO_MAGIC else f"-{magic:04x}")
+        if magic != _TFO_MAGIC:
+            return
+    else:
+        p.add(" ")
+    p.add(" cookiereq" if size == 0 else " (invalid)" if size % 2 or not 4 <= size <= 16
+          else " cookie " + p.b[at:at + size].hex())
+
+
+def _opt_number(o: _Opt) -> None:
+    o.check(o.size)
+    value = int.from_bytes(o.p.b[o.at:o.at + o.size], "big")
+    o.p.add(f" val {value >> 32} ecr {value & M32}" if o.kind == 8 else f" {value}")
+
+
+def _opt_bytes(o: _Opt) -> None:
+    """The rest as bytes (tcpdump's own printers for md5, mptcp, tcp-ao... are not copied)."""
+    o.p.add(" 0x" if o.size else "")
+    for i in range(o.size):
+        o.check(i + 1)
+        o.p.add(f"{o.p.b[o.at + i]:02x}")
+
+
+_OPT_PRINTERS = {0: _opt_none, 1: _opt_none, 4: _opt_none, 5: _opt_sack, 34: _opt_fastopen, 254: _opt_fastopen,
+                 **dict.fromkeys((2, 3, 6, 7, 8, 11, 12, 13), _opt_number)}
+
+
+def _tcp_options(p: Packet, cp: int, hl: int, sack_base: int) -> bool:
+    """tcpdump's option list; False when it stopped at a bad option (it then prints no length)."""
+    later = False
+    while hl > 0:
+        p.add("," if later else "")
+        kind = p.u8(cp)
+        head = 1 if kind in (_EOL, _NOP) else 2  # kind, and length unless a one-byte option
+        ln = 1 if head == 1 else p.u8(cp + 1)
+        cp += head
+        if head == 2 and (ln < 2 or ln > hl):
+            p.add("[bad opt]" + ("]" if later else ""))
+            return False
+        hl -= head
+        p.add(_TCP_OPTS.get(kind, f"unknown-{kind}"))
+        size = _TCP_OPT_DATALEN.get(kind, ln - 2)
+        try:
+            _OPT_PRINTERS.get(kind, _opt_bytes)(_Opt(p, kind, cp, size, hl, later, sack_base))
+        except _BadOpt:
+            p.add("[bad opt]" + ("]" if later else ""))
+            return False
+        cp, hl = cp + size, hl - size
+        if size + head != ln:
+            p.add(f"[len {ln}]")
+        later = True
+        if kind == _EOL:
+            break
+    return True
+
+
+# ------------------------------------------------------------------------------------------ UDP
+
+def udp(p: Packet, off: int, length: int, ip_off: int, ver: int, fragmented: int) -> None:
+    p.proto = "udp"
+    src, dst, _, _, first_nh = addresses(p, ip_off, ver)
+
+    def ports(with_ports: bool = True) -> None:
+        if first_nh == 17:
+            p.add(f"{src}.{p.u16(off)} > {dst}.{p.u16(off + 2)}: " if with_ports else f"{src} > {dst}: ")
+        elif with_ports:
+            p.add(f"{p.u16(off)} > {p.u16(off + 2)}: ")
+
+    if off + 4 > p.end:
+        ports(False)
+        raise Truncated(soft=True)
+    if length < 8 or off + 6 > p.end:
+        ports()
+        if length < 8:
+            p.add(f"truncated-udp {length}")
+            return
+        raise Truncated(soft=True)
+    ulen = p.u16(off + 4)
+    ulen = length if ulen == 0 and length > 65535 else ulen
+    ports()
+    if ulen < 8:
+        p.add(f"truncated-udplength {ulen}")
+        return
+    ulen, length = ulen - 8, min(length - 8, ulen - 8)
+    if off + 8 > p.end:
+        raise Truncated(soft=True)
+    p.add(f"UDP, bad length {ulen} > {length}" if ulen > length and not fragmented else f"UDP, length {ulen}")

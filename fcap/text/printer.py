@@ -1,0 +1,81 @@
+"""Text output of the command line: one tcpdump line per packet with tcpdump's flags for it (-e -t... -S --nano),
+then -x/-X/-A dumps or scapy's decode; --count counts instead; -l flushes each packet's lines."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+
+class Printer:
+    """Prints packets as `fcap -i ...` (on a terminal) and `fcap -r` show them, as tcpdump's flags in `args` say."""
+
+    def __init__(self, args, out: TextIO):
+        from fcap.text import show
+        self.out = out
+        self.hex = getattr(args, "hex", 0)
+        self.hexascii = getattr(args, "hexascii", 0)
+        self.ascii = getattr(args, "ascii", 0)
+        self.decode = getattr(args, "verbose", 0) > 0
+        self.count_only = getattr(args, "count_only", False)
+        self.line_buffered = getattr(args, "line_buffered", False)
+        self.counted = 0
+        self.summarizer = show.Summarizer(precision="nano" if getattr(args, "nano", False) else "micro",
+                                          time_style=show.time_style(getattr(args, "time", 0) or 0),
+                                          relative_seq=not getattr(args, "absolute_seq", False),
+                                          eflag=getattr(args, "link_header", 0) > 0,
+                                          suppress=bool(self.hex or self.hexascii))
+        self.dump_compact = getattr(args, "dump_style", None) == "compact"
+        self.dump_zeroes = getattr(args, "dump_zeroes", False)
+
+    def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None) -> None:
+        """One packet's line (point, when given, after the timestamp), then its dump or scapy's decode."""
+        self.counted += 1
+        if self.count_only:
+            return
+        shown = self.summarizer.line(ts_ns, data, linktype, orig_len, point)
+        parts = [shown.line, shown.more]
+        if shown.hdr is not None:
+            dump = self._dump(data, shown.hdr)
+            if dump:
+                parts += ["\n", dump]
+        parts.append("\n")
+        if self.decode:
+            parts += self._decoded(data, linktype)
+        self.out.write("".join(parts))
+        if self.line_buffered:
+            self.out.flush()
+
+    def _dump(self, data: bytes, hdr: int) -> str:
+        """-X, -x or -A (in that order of precedence, as tcpdump): once, what follows the link-level header;
+        twice, the whole packet."""
+        from fcap.text import show
+        count = self.hexascii or self.hex or self.ascii
+        if not count:
+            return ""
+        if count == 1:
+            if len(data) <= hdr:
+                return ""
+            data = data[hdr:]
+        if self.hexascii or self.hex:
+            return show.hexdump(data, ascii=bool(self.hexascii))
+        return show.asciidump(data)
+
+    def _decoded(self, data: bytes, linktype: int) -> list[str]:
+        from fcap.text import show
+        try:
+            return [show.scapy_decode(data, linktype), "\n"]
+        except ImportError as e:  # said once: the next packets get their lines only
+            self.decode = False
+            return [f"  ({e})\n"]
+
+    def count_line(self) -> str:
+        """tcpdump --count's line for a file: "N packets"."""
+        return f"{self.counted} packet{'' if self.counted == 1 else 's'}\n"
+
+    def dumps(self, dumps) -> None:
+        """A packet's --dump values (fcap.kernel.dumps.Dump) under its line, each line indented by two spaces."""
+        text = "\n".join(d.line(self.dump_compact, self.dump_zeroes) for d in dumps)
+        self.out.write("  " + text.replace("\n", "\n  ") + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()

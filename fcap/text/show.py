@@ -1,0 +1,180 @@
+"""Packets as text: tcpdump-style one-line summaries, tcpdump -x/-X hex dumps, and scapy's decode."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import NamedTuple
+
+from fcap.text.dissect import dissect
+from fcap.text.dissect.reader import hex_lines
+
+MAXIMUM_SNAPLEN = 262144
+
+
+class ScapyMissing(ImportError):
+    """scapy_decode() needs scapy (pip install 'fcap[decode]')."""
+
+
+# ------------------------------------------------------------------------------------------ time and lines
+
+# tcpdump's -t, -tt, -ttt, -tttt, -ttttt by count (0: none of them); more t's than 5 print no time
+TIME_STYLES = ("local", "none", "epoch", "delta", "date", "since_first")
+
+
+def time_style(t_count: int) -> str:
+    """The time style of tcpdump's -t flag given t_count times."""
+    return TIME_STYLES[t_count] if 0 <= t_count < len(TIME_STYLES) else "none"
+
+
+def format_time(ts_ns: int, precision: str = "micro", style: str = "local") -> str:
+    """tcpdump's timestamp: local "HH:MM:SS.frac" (default), "date" (-tttt), "epoch" (-tt) or "none" (-t).
+    (The relative styles, "delta" and "since_first", need the packets before: Summarizer keeps them.)"""
+    if style == "none":
+        return ""
+    sec, ns = divmod(ts_ns, 1_000_000_000)
+    frac = "%09d" % ns if precision == "nano" else "%06d" % (ns // 1000)
+    if style == "epoch":
+        return f"{sec}.{frac}"
+    try:
+        tm = time.localtime(sec)
+    except (OverflowError, OSError, ValueError):
+        return f"{sec}.{frac}"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if style == "date" else "%H:%M:%S", tm) + "." + frac
+
+
+class Shown(NamedTuple):
+    """What tcpdump prints for a packet: its line; the length of its link-level header as tcpdump counts it,
+    which -x and -A leave out (None: an invalid header, after which tcpdump dumps nothing); and tcpdump's own
+    dump of bytes it does not decode ("" or lines, each starting with a newline), which goes after the line."""
+
+    line: str
+    hdr: int | None
+    more: str = ""
+
+
+class _Clock:
+    """Timestamps as tcpdump -ttt (since the packet before) or -ttttt (since the first) print them: a sign, then
+    the difference as HH:MM:SS.frac, in the printed precision."""
+
+    def __init__(self, precision: str, since_first: bool) -> None:
+        self.unit, self.digits = (1, 9) if precision == "nano" else (1000, 6)
+        self.since_first, self.ref = since_first, 0   # 0: not set (as tcpdump's timeval)
+
+    def __call__(self, ts_ns: int) -> str:
+        t = ts_ns // self.unit
+        if not self.ref:
+            self.ref = t
+        d = t - self.ref
+        if not self.since_first:
+            self.ref = t
+        sec, frac = divmod(abs(d), 10 ** self.digits)
+        try:
+            hms = time.strftime("%H:%M:%S", time.gmtime(sec))
+        except (OverflowError, OSError, ValueError):
+            hms = str(sec)
+        return ("-" if d < 0 else " ") + f"{hms}.{frac:0{self.digits}d}"
+
+
+class Summarizer:
+    """One line per packet as `tcpdump -nn` prints it, with tcpdump's relative TCP sequence numbers (unless
+    relative_seq=False, as -S), the link-level header with eflag (-e), the time in a style of TIME_STYLES.
+    prefix (say "[ip_output]") goes between the timestamp and the packet, and first on the lines of invalid
+    packets, which tcpdump prints without a timestamp."""
+
+    def __init__(self, precision: str = "micro", time_style: str = "local", relative_seq: bool = True,
+                 eflag: bool = False, suppress: bool = False) -> None:
+        self.precision, self.time_style, self.eflag, self.suppress = precision, time_style, eflag, suppress
+        self.seqs: dict | None = {} if relative_seq else None
+        self.clock = _Clock(precision, time_style == "since_first") if time_style in ("delta", "since_first") \
+            else None
+
+    def __call__(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None) -> str:
+        return self.line(ts_ns, data, linktype, orig_len, prefix)[0]
+
+    summary = __call__
+
+    def line(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None) -> Shown:
+        """The packet's line, the length of its link-level header as tcpdump counts it for -x and -A, and
+        tcpdump's own dump of bytes it does not decode."""
+        if self.seqs is not None and len(self.seqs) > 100_000:
+            self.seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
+        shown = _describe(data, linktype, orig_len, self.seqs, self.eflag, self.suppress)
+        text = f"{prefix} {shown.line}" if prefix else shown.line
+        if shown.hdr is None:  # tcpdump prints no timestamp for these
+            return shown._replace(line=text)
+        stamp = self.clock(ts_ns) if self.clock else format_time(ts_ns, self.precision, self.time_style)
+        return shown._replace(line=f"{stamp} {text}" if stamp else text)
+
+
+def summary(ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,
+            precision: str = "micro", time_style: str = "local") -> str:
+    """One tcpdump-like line for a packet on its own (absolute TCP sequence numbers, as tcpdump -S)."""
+    return Summarizer(precision, time_style, relative_seq=False)(ts_ns, data, linktype, orig_len, prefix)
+
+
+def describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = None, eflag: bool = False) -> str:
+    """The first line tcpdump -nn prints after the timestamp; never raises on damaged packets."""
+    return _describe(data, linktype, orig_len, tcp_seqs, eflag).line
+
+
+def _describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None, eflag: bool,
+              suppress: bool = False) -> Shown:
+    caplen = len(data)
+    bad = [" caplen==0"] if caplen == 0 else []
+    if orig_len == 0 or orig_len < caplen:
+        bad.append(" len==0" if orig_len == 0 else f" len({orig_len}) < caplen({caplen})")
+    bad += [f" {what}({n}) > {MAXIMUM_SNAPLEN}" for what, n in (("caplen", caplen), ("len", orig_len))
+            if n > MAXIMUM_SNAPLEN]
+    if bad:
+        return Shown("[Invalid header:" + ",".join(bad) + "]", None)
+    return Shown(*dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress))
+
+
+# ------------------------------------------------------------------------------------------ hex and scapy
+
+def hexdump(data: bytes, ascii: bool = False) -> str:
+    """tcpdump -x (ascii=False) or -X (ascii=True) lines, "\\t0x0000:  4500 0054 ...  E..T", newline-joined."""
+    return hex_lines(data, ascii)
+
+
+_ASCII = bytes(c if 0x21 <= c <= 0x7E or c in b"\t\n \r" else 0x2E for c in range(256))
+
+
+def asciidump(data: bytes) -> str:
+    """tcpdump -A: the bytes as text, "." for what is neither printable nor a tab, space or newline; a carriage
+    return left out before a newline and among the last two bytes, else a "."."""
+    text = bytes(data).translate(_ASCII)
+    if b"\r" not in text:
+        return text.decode("ascii")
+    n, out, at = len(text), [], 0
+    while (cr := text.find(b"\r", at)) >= 0:
+        out.append(text[at:cr])
+        if n - cr - 1 > 1 and text[cr + 1] != 0x0A:
+            out.append(b".")
+        at = cr + 1
+    out.append(text[at:])
+    return b"".join(out).decode("ascii")
+
+
+_SCAPY_LAYERS = {0: "Loopback", 108: "Loopback", 1: "Ether", 113: "CookedLinux", 276: "CookedLinuxV2", 228: "IP",
+                 229: "IPv6", 105: "Dot11", 127: "RadioTap"}
+
+
+def scapy_decode(data: bytes, linktype: int) -> str:
+    """scapy's show() text for the packet; raises ScapyMissing (an ImportError) when scapy is not installed."""
+    try:
+        from scapy import all as scapy  # noqa: PLC0415 - optional, and slow to import
+    except ImportError as e:
+        raise ScapyMissing(f"decoding with scapy needs scapy: pip install 'fcap[decode]' ({e})") from e
+    logging.getLogger("scapy").setLevel(logging.ERROR)   # (its warnings about odd packets are not ours to print)
+    if linktype == 101:
+        cls = scapy.IPv6 if data[:1] and data[0] >> 4 == 6 else scapy.IP
+    else:
+        cls = getattr(scapy, _SCAPY_LAYERS.get(linktype, ""), None) or scapy.conf.l2types.get(linktype)
+    cls = cls or scapy.conf.raw_layer
+    try:
+        return cls(bytes(data)).show(dump=True)
+    except Exception as e:  # noqa: BLE001 - scapy's dissectors fail on truncated packets in many ways
+        return (f"  (scapy cannot decode this as {cls.__name__}: {type(e).__name__}: {e})\n"
+                + scapy.conf.raw_layer(bytes(data)).show(dump=True))
