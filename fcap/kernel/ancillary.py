@@ -115,7 +115,7 @@ def vlan_tag(b) -> None:
     tcpdump shows. The MAC header is then either in the header bytes (receive: 4 bytes more of them) or the
     skb's first bytes (transmit: their first 12 become header bytes, and the skb's bytes start 12 later).
     Leaves R8 = hdr_total."""
-    off, f = offsets(b.p.btf if b.p.btf.base is None else b.p.btf.base), b.f
+    off, f = offsets(b.point.btf if b.point.btf.base is None else b.point.btf.base), b.offsets
     if off.vlan_all is None and off.vlan_present is None:
         return
     b.emit(META.load(R0, R7, "flags"), jmp(asm.JSET, R0, FLAG_MAC_SYNTH, "vlan_done"))

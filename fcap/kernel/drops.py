@@ -43,11 +43,11 @@ def is_drop_point(point: Point) -> bool:
 def emit_meta(b) -> None:
     """The program's part: META's reason and location from the point's arguments (other points leave them 0:
     each point has its own scratch value, zero at creation)."""
-    p = b.p
+    p = b.point
     for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
         if index is None:
             continue
-        off = b.f.arg_regs[index] if p.kind == "kprobe" else 8 * index
+        off = b.offsets.arg_regs[index] if p.kind == "kprobe" else 8 * index
         b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, off), META.store(R7, field, R0))
 
 

@@ -39,10 +39,10 @@ def queue_source(point: Point) -> str | None:
 def emit_queue(b) -> None:
     """In the capture program (after the metadata): META's queue and FLAG_QUEUE where the point has a queue.
     Uses R0, R8."""
-    source = queue_source(b.p)
+    source = queue_source(b.point)
     if source is None:
         return
-    vm = b.p.btf if b.p.btf.base is None else b.p.btf.base
+    vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
     _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
     done = b.fresh("queue_done")
     b.read(H, R8, R6, bits // 8)          # R6: the skb, R7: META

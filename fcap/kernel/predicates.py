@@ -69,20 +69,20 @@ def comm(name: str) -> Predicate:
 
 def mark(value: int) -> Predicate:
     def emit(b) -> list:
-        b.read(W, R8, R6, b.f.mark)
+        b.read(W, R8, R6, b.offsets.mark)
         return _drop_unless_equal(R8, value)
     return emit
 
 
 def _dev(b) -> None:
-    b.read(DW, R9, R6, b.f.dev)
+    b.read(DW, R9, R6, b.offsets.dev)
     b.emit(jmp(JEQ, R9, 0, "out"))
 
 
 def ifindex(value: int) -> Predicate:
     def emit(b) -> list:
         _dev(b)
-        b.read(W, R8, R9, b.f.ifindex)
+        b.read(W, R8, R9, b.offsets.ifindex)
         return _drop_unless_equal(R8, value)
     return emit
 
@@ -92,7 +92,7 @@ def ifname(name: str) -> Predicate:
 
     def emit(b) -> list:
         _dev(b)
-        off = b.f.dev_name
+        off = b.offsets.dev_name
         b.emit(mov(R1, FP), addi(R1, STACK.comm), movi(R2, 16), mov(R3, R9), addi(R3, off),
                call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"))
         return _compare_bytes(FP, STACK.comm, want, "out")
@@ -101,12 +101,12 @@ def ifname(name: str) -> Predicate:
 
 def netns(inum: int) -> Predicate:
     def emit(b) -> list:
-        if b.f.net_inum is None:
+        if b.offsets.net_inum is None:
             raise PredicateError("--netns: this kernel's struct net has no ns.inum")
         _dev(b)
-        b.read(DW, R9, R9, b.f.dev_net)
+        b.read(DW, R9, R9, b.offsets.dev_net)
         b.emit(jmp(JEQ, R9, 0, "out"))
-        b.read(W, R8, R9, b.f.net_inum)
+        b.read(W, R8, R9, b.offsets.net_inum)
         return _drop_unless_equal(R8, inum)
     return emit
 
@@ -122,10 +122,10 @@ def direction(want: str) -> Callable[[Point], Predicate]:
             if point.direction == "out":
                 b.emit(movi(R8, PACKET_OUTGOING))   # (the verifier then knows which way the test goes)
             else:
-                b.read(BYTES_SIZE[1], R8, R6, b.f.pkt_type_byte)
-                if b.f.pkt_type_shift:
-                    b.emit(rshi(R8, b.f.pkt_type_shift))
-                b.emit(alu64(AND, R8, b.f.pkt_type_mask))
+                b.read(BYTES_SIZE[1], R8, R6, b.offsets.pkt_type_byte)
+                if b.offsets.pkt_type_shift:
+                    b.emit(rshi(R8, b.offsets.pkt_type_shift))
+                b.emit(alu64(AND, R8, b.offsets.pkt_type_mask))
             return [jmp(JNE if want == "out" else JEQ, R8, PACKET_OUTGOING, "out")]
         return emit
     return make
@@ -170,7 +170,7 @@ class Field(NamedTuple):
 
     def base(self, b) -> None:
         """R9 = the object the leaf lies in (or, for a bare argument, its value)."""
-        ctx_off = b.f.arg_regs[self.arg_index] if self.point.kind == "kprobe" else 8 * self.arg_index
+        ctx_off = b.offsets.arg_regs[self.arg_index] if self.point.kind == "kprobe" else 8 * self.arg_index
         b.emit(ldx(DW, R9, FP, STACK.ctx), ldx(DW, R9, R9, ctx_off))
         if self.is_arg:
             return

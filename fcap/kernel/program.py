@@ -124,7 +124,7 @@ def dump_area(opts: Options) -> int:
     return opts.dumps.size if opts.dumps is not None else 0
 
 
-class _Fields:
+class KernelOffsets:
     """Offsets of the kernel structures the program reads, from BTF."""
 
     def __init__(self, btf: BTF):
@@ -182,10 +182,10 @@ class Builder:
     """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
 
     def __init__(self, point: Point, opts: Options, maps: Maps):
-        self.p = point
-        self.o = opts
-        self.m = maps
-        self.f = _Fields(point.btf)
+        self.point = point                       # where the program runs (kind, skb argument, id, BTF)
+        self.options = opts                      # what the capture asks of it (Options)
+        self.maps = maps                         # the fds of the maps it uses (Maps)
+        self.offsets = KernelOffsets(point.btf)  # where the kernel structures it reads hold their members
         self.items: list = []
         self._labels = 0
 
@@ -204,7 +204,7 @@ class Builder:
     # -- reading kernel memory: direct loads where the verifier knows the types, probe_read elsewhere
     def read(self, size: int, dst: int, base: int, off: int) -> None:
         """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped."""
-        if self.p.typed:
+        if self.point.typed:
             self.emit(ldx(size, dst, base, off))
             return
         nbytes = asm.SIZE_BYTES[size]
@@ -213,7 +213,7 @@ class Builder:
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
 
     def build(self) -> list:
-        p, f, o = self.p, self.f, self.o
+        p, f, o = self.point, self.offsets, self.options
         # prologue: the skb pointer from the context
         if p.kind == "kprobe":
             if p.skb_index >= len(f.arg_regs):
@@ -225,7 +225,7 @@ class Builder:
         # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
-        self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.m.scratch), mov(R2, FP), addi(R2, STACK.key),
+        self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         if dump_area(o):
             self.emit(addi(R7, dump_area(o)))
@@ -249,26 +249,26 @@ class Builder:
 
     def metadata(self) -> None:
         """What the link headers and the filter need: skb, len, protocol, pkt_type, ifindex, ARPHRD type."""
-        f = self.f
+        f = self.offsets
         self.emit(META.store(R7, "skb", R6))
         self.read(W, R8, R6, f.len)
         self.emit(META.store(R7, "len", R8))
         self.read(H, R8, R6, f.protocol)
-        if self.o.start in (START_SLL2, START_MAC):   # (their link headers name it)
+        if self.options.start in (START_SLL2, START_MAC):   # (their link headers name it)
             self.protocol_from_version()
         self.emit(META.store(R7, "proto", R8))
         self.read(B, R8, R6, f.pkt_type_byte)
         if f.pkt_type_shift:
             self.emit(rshi(R8, f.pkt_type_shift))
         self.emit(andi(R8, f.pkt_type_mask))
-        if self.p.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
+        if self.point.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
             self.emit(movi(R8, PACKET_OUTGOING))
-        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.p.id),
+        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.point.id),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
         # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
         # another link type)
-        if not (self.o.meta or self.o.start == START_SLL2):
+        if not (self.options.meta or self.options.start == START_SLL2):
             return
         self.read(DW, R8, R6, f.dev)
         self.emit(jmp(JEQ, R8, 0, "no_dev"))
@@ -280,10 +280,10 @@ class Builder:
     def late_metadata(self) -> None:
         """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,
         mark and the device's network namespace."""
-        f = self.f
-        meta = self.o.meta
+        f = self.offsets
+        meta = self.options.meta
         self.emit(call(Helper.ktime_get_ns), META.store(R7, "ts", R0))
-        if meta and self.p.typed and f.task is not None and self.o.task_btf:
+        if meta and self.point.typed and f.task is not None and self.options.task_btf:
             # one helper for the task, then plain loads (cheaper than get_current_pid_tgid + get_current_comm)
             pid, tgid, comm = f.task
             self.emit(call(Helper.get_current_task_btf), ldx(W, R1, R0, tgid), lshi(R1, 32),
@@ -309,7 +309,7 @@ class Builder:
 
     def _read_store(self, base: int, off: int, field: str) -> None:
         """META's `field` = *(base + off), as wide as META declares it."""
-        if self.p.typed:
+        if self.point.typed:
             self.emit(META.load(R0, base, field, off - META.off(field)), META.store(R7, field, R0))
         else:
             self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
@@ -318,7 +318,7 @@ class Builder:
     def protocol_from_version(self, tag: str = "") -> None:
         """R8 = skb->protocol, or where it is still 0 (before __ip_local_out sets it: fentry/ip_send_skb,
         udp_send_skb, ...) ETH_P_IP or ETH_P_IPV6 from the version nibble at the network header. Clobbers R9."""
-        f, known, v6 = self.f, f"proto_known{tag}", f"proto_v6{tag}"
+        f, known, v6 = self.offsets, f"proto_known{tag}", f"proto_v6{tag}"
         self.emit(jmp(JNE, R8, 0, known))
         self.read(H, R9, R6, f.network)
         self.emit(jmp(JEQ, R9, 0xFFFF, known))
@@ -333,7 +333,7 @@ class Builder:
     def headers(self) -> None:
         """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the
         header bytes that lie before skb->data. Leaves hdr_total in meta and in R8, skip in meta."""
-        f, o = self.f, self.o
+        f, o = self.offsets, self.options
         # R8 = data offset (data - head), R9 = start offset; head kept in the stack tmp slot
         self.read(DW, R8, R6, f.data)
         self.read(DW, R9, R6, f.head)
@@ -388,7 +388,7 @@ class Builder:
 
     def sll2(self) -> None:
         """The 20-byte LINUX_SLL2 header, from the skb's metadata (address: the MAC source when present)."""
-        f = self.f
+        f = self.offsets
         self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
                   META.load(R0, R7, "ifindex"), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
                   META.load(R0, R7, "hatype"), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
@@ -404,9 +404,9 @@ class Builder:
         verifier allows direct loads there and those bytes are linear with nothing made up before them, else over
         a copy in scratch."""
         from bpf import cbpf  # the translator is optional until a filter is asked for
-        o = self.o
+        o = self.options
         # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
-        cap = FILTER_CAP if self.p.typed else LINEAR_CAP
+        cap = FILTER_CAP if self.point.typed else LINEAR_CAP
         self.emit(META.load(R8, R7, "hdr"), META.load(R2, R7, "len"), META.load(R3, R7, "skip"),
                   jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
                   label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
@@ -414,8 +414,8 @@ class Builder:
                   mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
                   jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
                   label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
-        slow = bool(o.dynptr_kfunc and self.p.typed)
-        if o.head_loads and self.p.typed:
+        slow = bool(o.dynptr_kfunc and self.point.typed)
+        if o.head_loads and self.point.typed:
             self._filter_in_place()
         if slow:
             # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
@@ -428,7 +428,7 @@ class Builder:
         else:
             # linear data only: n = min(n, headlen - skip), read from data + skip
             self.emit(stx(DW, FP, STACK.n, R2))
-            self.read(W, R0, R6, self.f.data_len)
+            self.read(W, R0, R6, self.offsets.data_len)
             self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
                       alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
@@ -463,7 +463,7 @@ class Builder:
     def _filter_in_place(self) -> None:
         """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
         it are checked by the JIT, not copied), skb saved, on to flt_buf. Else on to the copy. Keeps R2, R8."""
-        f = self.f
+        f = self.offsets
         self.emit(jmp(JNE, R8, 0, "flt_copy_in"),
                   META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
                   META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
@@ -480,14 +480,14 @@ class Builder:
                 alu64(SUB, R4, R0, reg=True), jmp(JSLT, R4, 0, reject), META.load(R0, R5, "skip"),
                 alu64(ADD, R4, R0, reg=True), stx(DW, FP, STACK.tmp, R4),
                 ldx(DW, R1, FP, STACK.skb), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
-                asm.kfunc_call(self.o.dynptr_kfunc), jmp(JNE, R0, 0, reject),
+                asm.kfunc_call(self.options.dynptr_kfunc), jmp(JNE, R0, 0, reject),
                 mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
                 ldx(DW, R4, FP, STACK.tmp), movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
                 ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
 
     def _ancillary(self, field: int, dst: int, reject: str) -> list:
         """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
-        return ancillary.load(self.p, field, dst, reject, STACK.skb, STACK.tmp)
+        return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp)
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
@@ -495,11 +495,11 @@ class Builder:
         self.emit(META.store(R7, "caplen", R4), META.load(R5, R7, "len"), META.load(R3, R7, "skip"),
                   alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, "orig_pos"), movi(R5, 0), label("orig_pos"),
                   alu64(ADD, R5, R8, reg=True), META.store(R7, "orig", R5),
-                  META.load(R0, R7, "ts"), ld_imm64(R1, self.o.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
-        if self.o.record == RECORD_PCAPNG:
+                  META.load(R0, R7, "ts"), ld_imm64(R1, self.options.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
+        if self.options.record == RECORD_PCAPNG:
             # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
             self.emit(META.store(R7, "ts2", R0), rshi(R0, 32), META.store(R7, "ts1", R0),
-                      META.store_imm(R7, "btype", PCAPNG_EPB), META.store_imm(R7, "iface", self.p.id),
+                      META.store_imm(R7, "btype", PCAPNG_EPB), META.store_imm(R7, "iface", self.point.id),
                       mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), META.store(R7, "total", R1))
         else:
             self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),
@@ -507,11 +507,11 @@ class Builder:
 
     def output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
-        o = self.o
+        o = self.options
         # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX (a perf sample, less the --dump
         # area) or RING_COPY_MAX (file rings, which --dump does not use))
         area = dump_area(o)
-        cmax = RING_COPY_MAX if self.p.typed and self.m.ring else COPY_MAX - area
+        cmax = RING_COPY_MAX if self.point.typed and self.maps.ring else COPY_MAX - area
         self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
         if o.snaplen > HDR_MAX:
             # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
@@ -526,9 +526,9 @@ class Builder:
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
                   jmp(JGT, R2, cmax, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, cmax),
                   label("copy_set"))
-        if self.p.typed and self.m.ring:
+        if self.point.typed and self.maps.ring:
             ringrec.emit(self)
-        elif self.p.typed:
+        elif self.point.typed:
             # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
             self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
                       jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
@@ -536,14 +536,14 @@ class Builder:
                       label("fast_set"))
             self.file_header()
             self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
-                      mov(R1, R6), ld_map_fd(R2, self.m.events), mov(R4, R7), [addi(R4, -area)] if area else [],
+                      mov(R1, R6), ld_map_fd(R2, self.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
                       mov(R5, R8), addi(R5, META_SIZE + area), call(Helper.skb_output))
         else:
             # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
             self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
                       asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
                       stx(DW, FP, STACK.n, R2))
-            self.read(W, R0, R6, self.f.data_len)
+            self.read(W, R0, R6, self.offsets.data_len)
             self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
                       alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
@@ -559,13 +559,13 @@ class Builder:
                       ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
                       META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
-                      ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.m.events), ld_imm64(R3, F_CURRENT_CPU),
+                      ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.maps.events), ld_imm64(R3, F_CURRENT_CPU),
                       mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
                       alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
                       jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
                       call(Helper.perf_event_output))
         # count: seen, and lost when the buffer was full
-        self.emit(mov(R8, R0), ld_map_fd(R1, self.m.counters), mov(R2, FP), addi(R2, STACK.key),
+        self.emit(mov(R8, R0), ld_map_fd(R1, self.maps.counters), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
                   ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
                   jmp(JEQ, R8, 0, "out"),

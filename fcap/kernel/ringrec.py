@@ -56,7 +56,7 @@ def emit(b) -> None:
            asm.jmp(JSGT, R4, 0, "r_pos"), movi(R4, 0), label("r_pos"),
            asm.jmp(JGT, R4, COPY_MAX, "r_fail"), stx(DW, FP, STACK.n, R4),
            alu64(ADD, R4, R8, reg=True), META.store(R7, "caplen", R4))
-    if b.o.record == RECORD_PCAPNG:
+    if b.options.record == RECORD_PCAPNG:
         _pcapng(b)
     else:
         _pcap(b)
@@ -67,7 +67,7 @@ def _pcap(b) -> None:
     _reserve(b, 0)
     # the record header in place (R1 + RING_CTRL), laid out as META's: ts_sec, ts_nsec (wall clock), caplen, len
     # (the second cached in the ring's control words: one division per second, not per packet)
-    b.emit(META.load(R0, R7, "ts"), ld_imm64(R3, b.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
+    b.emit(META.load(R0, R7, "ts"), ld_imm64(R3, b.options.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
            RING.load(R3, R9, "sec_ns"), mov(R5, R0), alu64(SUB, R5, R3, reg=True), asm.jmp(JGE, R5, NS, "r_sec"),
            RING.load(R3, R9, "sec"), ja("r_sec_set"),
            label("r_sec"), mov(R3, R0), alu64(DIV, R3, NS), RING.store(R9, "sec", R3), mov(R5, R3),
@@ -81,9 +81,9 @@ def _pcap(b) -> None:
 
 
 def _pcapng(b) -> None:
-    text = kcomment.text_offset(b.m.scratch_size)
-    flags = EPB_DIRECTION.get(b.p.direction)
-    verdict = epbopts.verdict(b.p)
+    text = kcomment.text_offset(b.maps.scratch_size)
+    flags = EPB_DIRECTION.get(b.point.direction)
+    verdict = epbopts.verdict(b.point)
     opts = (8 if flags else 0) + 12 + (VERDICT_OPT if verdict else 0) + 4
     kcomment.emit(b, text)
     # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) + comment header + text padded to
@@ -95,8 +95,8 @@ def _pcapng(b) -> None:
     _reserve(b, SPILL)
     # the block's header in place (R1 + RING_CTRL), laid out as META's
     b.emit(META.store_imm(R1, "btype", PCAPNG_EPB, EPB_AT), ldx(DW, R0, FP, STACK.ring_len),
-           META.store(R1, "total", R0, EPB_AT), META.store_imm(R1, "iface", b.p.id, EPB_AT),
-           META.load(R0, R7, "ts"), ld_imm64(R3, b.o.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
+           META.store(R1, "total", R0, EPB_AT), META.store_imm(R1, "iface", b.point.id, EPB_AT),
+           META.load(R0, R7, "ts"), ld_imm64(R3, b.options.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
            META.store(R1, "ts2", R0, EPB_AT), rshi(R0, 32), META.store(R1, "ts1", R0, EPB_AT),
            META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, EPB_AT))
     _orig_len(b)
@@ -111,7 +111,7 @@ def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
     FLAG_QUEUE), verdict, comment; end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
-    b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.m.ring_size - 1, "r_unlock"),
+    b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, "r_unlock"),
            alu64(ADD, R1, R9, reg=True), META.load(R2, R7, "caplen"), asm.jmp(JGT, R2, CAPLEN_MAX, "r_unlock"),
            mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, c + EPB_HDR, 0),    # the padding's zeros
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True))
@@ -150,7 +150,7 @@ def _orig_len(b) -> None:
 def _reserve(b, spill: int) -> None:
     """Room for STACK.ring_len bytes (+ spill) in this CPU's ring, taken for this writer. Out: R9 = the ring's
     element, R1 = R9 + the record's offset (the record at R1 + RING_CTRL), STACK.ring_off = the offset."""
-    m = b.m
+    m = b.maps
     ring = m.ring_size
     b.emit(call(Helper.get_smp_processor_id), stx(W, FP, STACK.ring_key, R0),
            ld_map_fd(R1, m.ring), mov(R2, FP), addi(R2, STACK.ring_key), call(Helper.map_lookup_elem),
@@ -172,7 +172,7 @@ def _bytes(b, hdr: int) -> None:
     """The link header bytes made in scratch (if any), then the skb's from offset skip, after the `hdr`-byte record
     header: one bpf_probe_read_kernel from skb->head when they are all linear, else (frags) through an skb dynptr.
     Needs R1 = record start, R8 = hdr_total, R9 = the element."""
-    m = b.m
+    m = b.maps
     b.emit(asm.jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + hdr), mov(R2, R8),
            mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
            label("r_link_done"),
@@ -181,9 +181,9 @@ def _bytes(b, hdr: int) -> None:
            alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
            # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
-           META.load(R0, R7, "len"), ldx(W, R3, R6, b.f.data_len), alu64(SUB, R0, R3, reg=True),
+           META.load(R0, R7, "len"), ldx(W, R3, R6, b.offsets.data_len), alu64(SUB, R0, R3, reg=True),
            META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True))
-    if b.o.head_loads:
+    if b.options.head_loads:
         _words(b)
     b.emit(ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
            alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
@@ -202,7 +202,7 @@ def _words(b) -> None:
     """Up to SMALL_COPY linear bytes copied by direct 8-byte loads through skb->head (no helper call), the last
     word's bytes past n cleared again. In: R1 = destination, R2 = n, R4 = skip. On to r_copied, or on when n is
     larger."""
-    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), ldx(DW, R3, R6, b.f.head), ldx(DW, R0, FP, STACK.dataoff),
+    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), ldx(DW, R3, R6, b.offsets.head), ldx(DW, R0, FP, STACK.dataoff),
            alu64(ADD, R3, R0, reg=True), alu64(ADD, R3, R4, reg=True))
     for i in range(0, SMALL_COPY, 8):
         if i:
@@ -216,7 +216,7 @@ def _publish(b) -> None:
     """Copy a record's overflow past the ring's end to its start, publish it (position and count in one atomic
     add), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
     through to the counting (seen and lost)."""
-    m = b.m
+    m = b.maps
     ring = m.ring_size
     b.emit(ldx(DW, R3, FP, STACK.ring_off), ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R2, R3, reg=True),
            asm.jmp(JLE, R2, ring, "r_publish"), addi(R2, -ring), asm.jmp(JGT, R2, REC_MAX, "r_unlock"),
@@ -247,6 +247,6 @@ def _publish(b) -> None:
            # failures: received = published + dropped), so success skips the counters (unless count_seen: the
            # per-point counts of a multi-point pcapng file's ISBs)
            label("r_done"), RING.store_imm(R9, "busy", 0),
-           [movi(R0, 0), ja("r_count")] if b.o.count_seen else ja("out"),
+           [movi(R0, 0), ja("r_count")] if b.options.count_seen else ja("out"),
            label("r_unlock"), RING.store_imm(R9, "busy", 0),
            label("r_fail"), movi(R0, -1), label("r_count"))

@@ -20,10 +20,10 @@ def counts_hits(opts) -> bool:
 
 def emit_hit(b) -> None:
     """hits += 1 in this point's counters (after STACK.key holds the point id). Uses R0-R2."""
-    if not counts_hits(b.o):
+    if not counts_hits(b.options):
         return
     done = b.fresh("hit")
-    b.emit(ld_map_fd(R1, b.m.counters), mov(R2, FP), addi(R2, STACK.key), call(Helper.map_lookup_elem),
+    b.emit(ld_map_fd(R1, b.maps.counters), mov(R2, FP), addi(R2, STACK.key), call(Helper.map_lookup_elem),
            jmp(JEQ, R0, 0, done), ldx(DW, R1, R0, 8 * COUNTER_HITS), addi(R1, 1),
            stx(DW, R0, 8 * COUNTER_HITS, R1), label(done))
 

@@ -69,7 +69,7 @@ def is_free_point(p: Point) -> bool:
 def _count(b, field: str) -> None:
     """TRACK_COUNTERS[field] += 1 (this CPU's)."""
     done = b.fresh("tc")
-    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.m.track_counters), mov(R2, FP),
+    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.maps.track_counters), mov(R2, FP),
            addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, done),
            TRACK_COUNTERS.load(R1, R0, field), addi(R1, 1), TRACK_COUNTERS.store(R0, field, R1), label(done))
 
@@ -82,20 +82,20 @@ def _key(b, reg: int, tag: int = 0) -> None:
 
 def _insert(b) -> None:
     """map[STACK.track_key] = STACK.track_val (an LRU map makes room: it never refuses for want of it)."""
-    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), mov(R3, FP), addi(R3, STACK.track_val),
+    b.emit(ld_map_fd(R1, b.maps.track), mov(R2, FP), addi(R2, STACK.track_key), mov(R3, FP), addi(R3, STACK.track_val),
            movi(R4, 0), call(Helper.map_update_elem))
 
 
 def _delete(b) -> None:
     done = b.fresh("td")
-    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_delete_elem),
+    b.emit(ld_map_fd(R1, b.maps.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_delete_elem),
            jmp(JNE, R0, 0, done))
     _count(b, "deleted")
     b.emit(label(done))
 
 
 def _lookup(b, miss: str) -> None:
-    b.emit(ld_map_fd(R1, b.m.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_lookup_elem),
+    b.emit(ld_map_fd(R1, b.maps.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_lookup_elem),
            jmp(JEQ, R0, 0, miss))
 
 
@@ -111,7 +111,7 @@ def _forget(b) -> None:
 
 def _new_id(b) -> None:
     """STACK.track_id = a new packet id: (this CPU's counter + 1) << ID_CPU_BITS | cpu. Uses R0-R5."""
-    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.m.track_counters), mov(R2, FP),
+    b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.maps.track_counters), mov(R2, FP),
            addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), movi(R1, 1))
     off = TRACK_COUNTERS.off("next")
     if features.atomic_fetch() is None:
@@ -134,15 +134,15 @@ def seen_slots(points: int) -> int:
 def _seen_bit(b) -> None:
     """STACK.track_bit = this point and device's bit: 1 << (point * slots + ifindex % slots); 0 (nothing checked)
     past 64 points. R6 skb; uses R0-R5, R8."""
-    slots = seen_slots(b.o.points)
+    slots = seen_slots(b.options.points)
     if not slots:
         b.emit(st(DW, FP, STACK.track_bit, 0))
         return
     dev, done = b.fresh("tdev"), b.fresh("tdevdone")
-    b.read(DW, R8, R6, b.f.dev)
+    b.read(DW, R8, R6, b.offsets.dev)
     b.emit(jmp(JNE, R8, 0, dev), movi(R8, 0), asm.ja(done), label(dev))
-    b.read(W, R8, R8, b.f.ifindex)
-    b.emit(label(done), andi(R8, slots - 1), addi(R8, b.p.id * slots % SEEN_BITS), andi(R8, SEEN_BITS - 1),
+    b.read(W, R8, R8, b.offsets.ifindex)
+    b.emit(label(done), andi(R8, slots - 1), addi(R8, b.point.id * slots % SEEN_BITS), andi(R8, SEEN_BITS - 1),
            movi(R0, 1), alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
 
 
@@ -155,7 +155,7 @@ def _find(b, found: str) -> None:
     stale, byhead, unknown = b.fresh("tstale"), b.fresh("tbyhead"), b.fresh("tunknown")
     b.emit(st(DW, FP, STACK.track_id, 0))
     _seen_bit(b)
-    b.read(DW, R8, R6, b.f.head)
+    b.read(DW, R8, R6, b.offsets.head)
     _key(b, R6)
     _lookup(b, byhead)
     b.emit(mov(R9, R0), TRACK.load(R1, R9, "head"), jmp(JNE, R1, R8, stale, reg=True),
@@ -189,7 +189,7 @@ def _start(b) -> None:
     """A new packet (R6): a new id in STACK.track_id, entered by the skb's address and its head's (an old head key
     left by a free fcap did not see goes first). STACK.track_bit must be set. Uses R0-R5, R8."""
     _new_id(b)
-    b.read(DW, R8, R6, b.f.head)
+    b.read(DW, R8, R6, b.offsets.head)
     b.emit(ldx(DW, R1, FP, STACK.track_id), stx(DW, FP, STACK.track_val + TRACK.off("id"), R1),
            stx(DW, FP, STACK.track_val + TRACK.off("head"), R8), ldx(DW, R1, FP, STACK.track_bit),
            stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1))
@@ -206,26 +206,26 @@ def _start(b) -> None:
 def emit_lookup(b) -> None:
     """--track, before the predicates: is this skb tracked? STACK.track_id = its packet id (0: no); tracked skbs
     jump past the predicates to "trk_tracked" (emit_tracked_label). R6 skb, R7 scratch; uses R0-R5, R8, R9."""
-    if b.o.ident == IDENT_TRACK:
+    if b.options.ident == IDENT_TRACK:
         _find(b, "trk_tracked")
 
 
 def emit_tracked_label(b) -> None:
     """After the predicates: where tracked skbs come in."""
-    if b.o.ident == IDENT_TRACK:
+    if b.options.ident == IDENT_TRACK:
         b.emit(label("trk_tracked"))
 
 
 def emit_skip_filter(b) -> None:
     """Before the filter: tracked skbs go past it (to emit_filter_done's label)."""
-    if b.o.ident == IDENT_TRACK:
+    if b.options.ident == IDENT_TRACK:
         b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, "trk_filtered"))
 
 
 def emit_filter_done(b) -> None:
     """After the filter (the packet will be recorded): META's id. With the map: the packet's, or a new one (then
     the packet is entered, except at a free point); at a free point the skb's keys go. Uses R0-R5, R8, R9."""
-    ident = b.o.ident
+    ident = b.options.ident
     if ident == IDENT_NONE:
         return
     if ident == IDENT_EACH:
@@ -235,13 +235,13 @@ def emit_filter_done(b) -> None:
             b.emit(label("trk_filtered"), ldx(DW, R1, FP, STACK.track_id), jmp(JNE, R1, 0, "trk_known"))
         else:
             _find(b, "trk_known")
-        if is_free_point(b.p):
+        if is_free_point(b.point):
             _new_id(b)
         else:
             _start(b)
         b.emit(label("trk_known"))
     b.emit(ldx(DW, R1, FP, STACK.track_id), META.store(R7, "id", R1))
-    if uses_map(ident) and is_free_point(b.p):
+    if uses_map(ident) and is_free_point(b.point):
         emit_untrack(b)
 
 
@@ -253,14 +253,14 @@ def emit_untrack(b) -> None:
     shared = b.fresh("tshared")
     b.read(asm.B, R8, R6, byte)
     b.emit(asm.rshi(R8, bit), andi(R8, 1), jmp(JNE, R8, 0, shared))
-    b.read(DW, R8, R6, b.f.head)
+    b.read(DW, R8, R6, b.offsets.head)
     _key(b, R8, 1)
     _delete(b)
     b.emit(label(shared))
 
 
 def _cloned_bit(b) -> tuple[int, int]:
-    btf = b.p.btf if b.p.btf.base is None else b.p.btf.base
+    btf = b.point.btf if b.point.btf.base is None else b.point.btf.base
     try:
         _m, bits = btf.find("sk_buff", "struct").member("cloned")
     except (BTFError, AttributeError):

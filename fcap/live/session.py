@@ -550,7 +550,7 @@ def protocol_predicate(ethertype: int) -> Callable:
     from bpf.asm import JNE, R8, H, jmp
 
     def emit(b: cprog.Builder) -> list:
-        b.read(H, R8, cprog.R6, b.f.protocol)
+        b.read(H, R8, cprog.R6, b.offsets.protocol)
         b.protocol_from_version("_pred")
         return [jmp(JNE, R8, loaded16(ethertype), "out")]
     return emit
