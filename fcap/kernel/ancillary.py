@@ -13,7 +13,8 @@ from bpf.btf import BTF
 from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
-from fcap.kernel.layout import FLAG_MAC_SYNTH, META, PKT, PREFIX_MAX, STACK
+from fcap.kernel.feature import HEADERS, Feature
+from fcap.kernel.layout import FLAG_MAC_SYNTH, META, PKT, PREFIX_MAX, START_MAC, STACK
 from fcap.files.linktypes import PACKET_OUTGOING
 
 NBYTES = {B: 1, H: 2, W: 4, DW: 8}
@@ -142,3 +143,6 @@ def vlan_tag(b) -> None:
     b.read(H, R8, R6, off.skb["vlan_tci"])
     b.emit(be(R8, 16), stx(H, R7, PKT + 14, R8), label("vlan_done"), META.load(R8, R7, "hdr"))
 
+
+VLAN_TAG = Feature("vlan tag", on=lambda point, options, maps: options.start == START_MAC,
+                   stages={HEADERS: vlan_tag}, fields=("hdr", "skip"))

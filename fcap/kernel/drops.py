@@ -9,6 +9,7 @@ import bisect
 from bpf.asm import DW, FP, R0, R1, R7, ldx
 from bpf.btf import BTF, BTFError, Enum, Enum64, Type
 
+from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
 from fcap.points.spec import Point
 
@@ -49,6 +50,14 @@ def emit_meta(b) -> None:
             continue
         off = b.offsets.arg_regs[index] if p.kind == "kprobe" else 8 * index
         b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, off), META.store(R7, field, R0))
+
+
+def _records_drops(point, options, maps) -> bool:
+    return reason_arg(point) is not None or location_arg(point) is not None
+
+
+DROP_META = Feature("drop reason", on=_records_drops, stages={DEVICE: emit_meta}, fields=("reason", "location"),
+                    reads="fcap.kernel.drops.Names")
 
 
 # ---- user space: names ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from bpf.btf_dump import decode, dump_type_data, format_node, type_name
 from bpf.uapi import Helper
 
 from fcap.errors import PathError
+from fcap.kernel.feature import BEFORE_COPY, Feature
 from fcap.kernel.layout import DUMP, DUMP_MAX, DUMP_NULL, DUMP_OK, DUMPS_MAX, META_SIZE, STACK, parse_record
 from fcap.points.members import PATH, parse_path, root, walk
 from fcap.points.spec import Point
@@ -147,6 +148,15 @@ class PointDumps:
     def emit(self, b) -> None:
         for at, p in zip(self.area.slots, self.plans):
             _emit_one(b, p, at - self.area.size)
+
+
+def emit(b) -> None:
+    """The point's dumps into the area before META."""
+    b.options.dumps.emit(b)
+
+
+DUMPS = Feature("dumps", on=lambda point, options, maps: options.dumps is not None, stages={BEFORE_COPY: emit},
+                layouts=("DUMP",), reads="fcap.kernel.dumps.Area.parse")
 
 
 def _emit_one(b, p: Plan, at: int) -> None:

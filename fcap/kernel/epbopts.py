@@ -1,6 +1,6 @@
 """The standard pcapng options fcap puts on each packet beside its metadata comment, where Wireshark shows them as
-fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track: frame.packet_id),
-epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
+fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track:
+frame.packet_id), epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
 frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (Options) and for
 those the capture program lays out (fcap.kernel.ringrec), decided here once."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
+from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
 from fcap.files.pcapfile import VERDICT_TC
 from fcap.points.spec import Point, is_device_point
@@ -40,8 +41,6 @@ def emit_queue(b) -> None:
     """In the capture program (after the metadata): META's queue and FLAG_QUEUE where the point has a queue.
     Uses R0, R8."""
     source = queue_source(b.point)
-    if source is None:
-        return
     vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
     _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
     done = b.fresh("queue_done")
@@ -50,6 +49,11 @@ def emit_queue(b) -> None:
         b.emit(jmp(JEQ, R8, 0, done), addi(R8, -1))
     b.emit(META.store(R7, "queue", R8), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_QUEUE),
            META.store(R7, "flags", R0), label(done))
+
+
+QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and queue_source(point) is not None,
+                stages={RECORD_META: emit_queue}, fields=("queue",), flags=(FLAG_QUEUE,),
+                reads="fcap.kernel.epbopts.Options")
 
 
 class Options:

@@ -14,12 +14,23 @@ from bpf.uapi import Helper
 
 from fcap.kernel.drops import close_names, reason_value, short
 from fcap.points.spec import Point
+from fcap.kernel.feature import SELECT, Feature
 from fcap.kernel.layout import STACK
 from fcap.errors import PathError, PredicateError
 from fcap.points.members import parse_path, root, walk
 
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
+
+
+def emit_all(b) -> None:
+    """The program's predicates, in their order (cheap first): each jumps to "out" to turn the packet away."""
+    for pred in b.options.predicates:
+        b.emit(pred(b))
+
+
+PREDICATES = Feature("predicates", on=lambda point, options, maps: bool(options.predicates),
+                     stages={SELECT: emit_all})
 
 
 def _drop_unless_equal(reg: int, value: int) -> list:
@@ -115,7 +126,7 @@ def direction(want: str) -> Callable[[Point], Predicate]:
     """-Q in|out as a factory of per-point predicates. A packet goes out at a transmit point (whatever its
     pkt_type: one the host sends is PACKET_HOST there); elsewhere it goes out when its pkt_type is
     PACKET_OUTGOING (as AF_PACKET marks what it sees sent), else in: what the LINUX_SLL2 header says."""
-    from fcap.kernel.program import PACKET_OUTGOING
+    from fcap.files.linktypes import PACKET_OUTGOING
 
     def make(point: Point) -> Predicate:
         def emit(b) -> list:

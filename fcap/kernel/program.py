@@ -50,24 +50,18 @@ from bpf.asm import (
 from bpf.btf import BTF, BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
 
-from fcap.kernel import ancillary
-
-from fcap.kernel import drops
-
-from fcap.kernel import ringrec
-
-from fcap.kernel import stats
-
-from fcap.kernel import track
-from fcap.kernel.layout import (CAREA, COPY_MAX, COUNTER_LOST, COUNTER_SEEN, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX,
-                     LINEAR_CAP, META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
-                     RING_COPY_MAX, STACK)
-from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.points.spec import Point
 from fcap.errors import ProgramError
+from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
+from fcap.kernel import ancillary, drops, dumps, epbopts, predicates, ringrec, stats, track
+from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
+                                 SELECT, SELECTED, WRITE, Feature, MapUse, active)
+from fcap.kernel.layout import (CAREA, COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP,
+                                META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
+                                RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK, START_SLL2, STACK)
+from fcap.points.spec import Point
 
-# starts: where a linktype's bytes begin
-START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
+__all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "Options", "build",
+           "scratch_size"]
 
 
 class Maps:
@@ -213,8 +207,35 @@ class Builder:
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
 
     def build(self) -> list:
+        """The skeleton, with the features on for this program put in at their stages (fcap.kernel.feature)."""
+        self.features = active(FEATURES, self.point, self.options, self.maps)
+        self.prologue()
+        for stage in (ENTRY, SELECT, SELECTED):
+            self.stage(stage)
+        self.metadata()
+        self.headers()
+        self.stage(HEADERS)
+        for stage in (BEFORE_FILTER, FILTER, KEPT):
+            self.stage(stage)
+        self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
+        self.stage(BEFORE_COPY)
+        self.copy_length()
+        self.stage(WRITE)
+        self.stage(END)
+        self.emit(label("out"), movi(R0, 0), exit_())
+        return self.items
+
+    def stage(self, stage: str) -> None:
+        """What the program's features emit at `stage`, in their declared order."""
+        for feature in self.features:
+            emit = feature.emitter(stage)
+            if emit is not None:
+                emit(self)
+
+    def prologue(self) -> None:
+        """The skb pointer from the context (R6; the context saved at STACK.ctx) and this point's scratch value (R7,
+        past the dump area); no skb or no value: out."""
         p, f, o = self.point, self.offsets, self.options
-        # prologue: the skb pointer from the context
         if p.kind == "kprobe":
             if p.skb_index >= len(f.arg_regs):
                 raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
@@ -229,23 +250,6 @@ class Builder:
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         if dump_area(o):
             self.emit(addi(R7, dump_area(o)))
-        stats.emit_hit(self)   # (only where predicates or a filter may turn packets away)
-        track.emit_lookup(self)   # --track: a tracked skb goes past the predicates and the filter
-        for pred in o.predicates:
-            self.emit(pred(self))
-        track.emit_tracked_label(self)
-        self.metadata()
-        self.headers()
-        if o.filter is not None:
-            track.emit_skip_filter(self)
-            self.run_filter()
-        track.emit_filter_done(self)   # the packet id; --track: tracking starts; a free point forgets the skb
-        self.late_metadata()   # what only the record needs: after the filter, so a rejected packet costs less
-        if o.dumps is not None:
-            o.dumps.emit(self)
-        self.output()
-        self.emit(label("out"), movi(R0, 0), exit_())
-        return self.items
 
     def metadata(self) -> None:
         """What the link headers and the filter need: skb, len, protocol, pkt_type, ifindex, ARPHRD type."""
@@ -275,7 +279,7 @@ class Builder:
         self._read_store(R8, f.ifindex, "ifindex")
         self._read_store(R8, f.hatype, "hatype")
         self.emit(label("no_dev"))
-        drops.emit_meta(self)   # drop points: reason, location
+        self.stage(DEVICE)   # (only where the device is recorded)
 
     def late_metadata(self) -> None:
         """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,
@@ -293,10 +297,9 @@ class Builder:
         elif meta:
             self.emit(call(Helper.get_current_pid_tgid), META.store(R7, "pidtgid", R0),
                       mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
+        self.stage(RECORD_META)
         if not meta:
             return
-        from fcap.kernel import epbopts
-        epbopts.emit_queue(self)
         self.read(W, R8, R6, f.mark)
         self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
@@ -366,8 +369,6 @@ class Builder:
         if o.start != START_MAC:  # (the MAC start has its own fallback above)
             self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), META.store(R7, "hdr", R8))
         self.emit(label("hdr_done"))
-        if o.start == START_MAC:
-            ancillary.vlan_tag(self)
 
     def copy_prefix(self, synth: int, tag: str) -> None:
         """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
@@ -505,8 +506,8 @@ class Builder:
             self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),
                       alu64(SUB, R0, R1, reg=True), META.store(R7, "ts2", R0))
 
-    def output(self) -> None:
-        """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after."""
+    def copy_length(self) -> None:
+        """R2 = the skb bytes the record takes (from offset 0, skip included), R8 = hdr_total."""
         o = self.options
         # R8 = hdr_total; copy = min(len, skip + max(snaplen - hdr, 0), COPY_MAX (a perf sample, less the --dump
         # area) or RING_COPY_MAX (file rings, which --dump does not use))
@@ -526,9 +527,12 @@ class Builder:
                   label("copy_len"), mov(R2, R3), label("copy_cap"),
                   jmp(JGT, R2, cmax, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, cmax),
                   label("copy_set"))
-        if self.point.typed and self.maps.ring:
-            ringrec.emit(self)
-        elif self.point.typed:
+
+    def perf_output(self) -> None:
+        """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after.
+        In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
+        area = dump_area(self.options)
+        if self.point.typed:
             # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
             self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
                       jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
@@ -564,12 +568,22 @@ class Builder:
                       alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
                       jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
                       call(Helper.perf_event_output))
-        # count: seen, and lost when the buffer was full
-        self.emit(mov(R8, R0), ld_map_fd(R1, self.maps.counters), mov(R2, FP), addi(R2, STACK.key),
-                  call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
-                  ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
-                  jmp(JEQ, R8, 0, "out"),
-                  ldx(DW, R1, R0, 8 * COUNTER_LOST), addi(R1, 1), stx(DW, R0, 8 * COUNTER_LOST, R1))
+
+
+def _perf_buffer(point: Point, options: Options, maps: Maps) -> bool:
+    return not ringrec.writes_ring(point, options, maps)
+
+
+PACKET_FILTER = Feature("filter", on=lambda point, options, maps: options.filter is not None,
+                        stages={FILTER: Builder.run_filter}, flags=(FLAG_LINEAR_ONLY,))
+PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: Builder.perf_output},
+                      fields=("copy", "fast", "caplen", "orig", "ts1", "ts2"),
+                      maps=(MapUse("events", "PERF_EVENT_ARRAY, a buffer per CPU; the session's"),),
+                      reads="fcap.live.drain.FileDrain")
+# Every per-packet feature of the capture program, in the order the builder runs each stage's
+FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
+                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, dumps.DUMPS, ringrec.FILE_RING,
+                                 ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT, stats.COUNTS)
 
 
 def build(point: Point, opts: Options, maps: Maps) -> list:

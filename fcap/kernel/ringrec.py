@@ -13,6 +13,7 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from fcap.kernel import epbopts
 
 from fcap.kernel import kcomment
+from fcap.kernel.feature import WRITE, Feature, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
                      HEAD_POS, META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
                      PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
@@ -60,6 +61,30 @@ def emit(b) -> None:
         _pcapng(b)
     else:
         _pcap(b)
+
+
+def writes_ring(point, options, maps) -> bool:
+    """The records go into the file rings (the session made them: BTF-typed points only) rather than the perf
+    buffer."""
+    return bool(point.typed and maps.ring)
+
+
+FILE_RING = Feature("file ring", on=writes_ring, stages={WRITE: emit}, fields=("caplen",),
+                    layouts=("RING", "RING_INDEX"),
+                    maps=(MapUse("ring", "mmapable ARRAY, an element (RING, the ring, RING_INDEX) per possible CPU; "
+                                         "the session's"),
+                          MapUse("events", "PERF_EVENT_ARRAY: the doorbell that wakes user space; the session's")),
+                    reads="fcap.live.drain.RingDrain")
+
+
+def _ring_pcapng(point, options, maps) -> bool:
+    return writes_ring(point, options, maps) and options.record == RECORD_PCAPNG
+
+
+# what the file ring's pcapng blocks carry, laid out by the program itself (user space makes both for the other
+# records: fcap.kernel.layout.format_comment, fcap.kernel.epbopts.Options)
+COMMENT = Feature("comment", on=_ring_pcapng, layouts=("CAREA", "COMMENT"), within="file ring")
+EPB_OPTIONS = Feature("epb options", on=_ring_pcapng, within="file ring")
 
 
 def _pcap(b) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from bpf.asm import DW, FP, JEQ, R0, R1, R2, addi, call, jmp, label, ld_map_fd, ldx, mov, stx
+from bpf.asm import DW, FP, JEQ, R0, R1, R2, R8, addi, call, jmp, label, ld_map_fd, ldx, mov, stx
 from bpf.uapi import Helper
 
+from fcap.kernel.feature import END, ENTRY, Feature, MapUse, always
 from fcap.kernel.layout import COUNTER_HITS, COUNTER_LOST, COUNTER_SEEN, STACK
 
 
@@ -20,12 +21,26 @@ def counts_hits(opts) -> bool:
 
 def emit_hit(b) -> None:
     """hits += 1 in this point's counters (after STACK.key holds the point id). Uses R0-R2."""
-    if not counts_hits(b.options):
-        return
     done = b.fresh("hit")
     b.emit(ld_map_fd(R1, b.maps.counters), mov(R2, FP), addi(R2, STACK.key), call(Helper.map_lookup_elem),
            jmp(JEQ, R0, 0, done), ldx(DW, R1, R0, 8 * COUNTER_HITS), addi(R1, 1),
            stx(DW, R0, 8 * COUNTER_HITS, R1), label(done))
+
+
+def emit_counts(b) -> None:
+    """After the record's write (R0: its result): seen += 1, and lost += 1 when the buffer was full. Uses R0-R2,
+    R8."""
+    b.emit(mov(R8, R0), ld_map_fd(R1, b.maps.counters), mov(R2, FP), addi(R2, STACK.key),
+           call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"),
+           ldx(DW, R1, R0, 8 * COUNTER_SEEN), addi(R1, 1), stx(DW, R0, 8 * COUNTER_SEEN, R1),
+           jmp(JEQ, R8, 0, "out"),
+           ldx(DW, R1, R0, 8 * COUNTER_LOST), addi(R1, 1), stx(DW, R0, 8 * COUNTER_LOST, R1))
+
+
+_COUNTERS = MapUse("counters", "PERCPU_ARRAY, a value of COUNTERS u64s per point (key: the point id); the session's")
+HITS = Feature("hits", on=lambda point, options, maps: counts_hits(options), stages={ENTRY: emit_hit},
+               maps=(_COUNTERS,), reads="fcap.kernel.stats.read")
+COUNTS = Feature("counts", on=always, stages={END: emit_counts}, maps=(_COUNTERS,), reads="fcap.kernel.stats.read")
 
 
 class PointStats(NamedTuple):

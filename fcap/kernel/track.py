@@ -33,6 +33,7 @@ from bpf.btf import BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
+from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse
 from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
 from fcap.points.spec import Point, tracepoint
 
@@ -206,19 +207,17 @@ def _start(b) -> None:
 def emit_lookup(b) -> None:
     """--track, before the predicates: is this skb tracked? STACK.track_id = its packet id (0: no); tracked skbs
     jump past the predicates to "trk_tracked" (emit_tracked_label). R6 skb, R7 scratch; uses R0-R5, R8, R9."""
-    if b.options.ident == IDENT_TRACK:
-        _find(b, "trk_tracked")
+    _find(b, "trk_tracked")
 
 
 def emit_tracked_label(b) -> None:
     """After the predicates: where tracked skbs come in."""
-    if b.options.ident == IDENT_TRACK:
-        b.emit(label("trk_tracked"))
+    b.emit(label("trk_tracked"))
 
 
 def emit_skip_filter(b) -> None:
-    """Before the filter: tracked skbs go past it (to emit_filter_done's label)."""
-    if b.options.ident == IDENT_TRACK:
+    """Before the filter (where there is one): tracked skbs go past it (to emit_filter_done's label)."""
+    if b.options.filter is not None:
         b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, "trk_filtered"))
 
 
@@ -226,8 +225,6 @@ def emit_filter_done(b) -> None:
     """After the filter (the packet will be recorded): META's id. With the map: the packet's, or a new one (then
     the packet is entered, except at a free point); at a free point the skb's keys go. Uses R0-R5, R8, R9."""
     ident = b.options.ident
-    if ident == IDENT_NONE:
-        return
     if ident == IDENT_EACH:
         _new_id(b)
     else:
@@ -266,6 +263,18 @@ def _cloned_bit(b) -> tuple[int, int]:
     except (BTFError, AttributeError):
         raise ProgramError("--track: this kernel's struct sk_buff has no 'cloned' bit") from None
     return bits // 8, bits % 8
+
+
+_MAP = MapUse("track", "the identity map: LRU hash, skb or head address -> TRACK (fcap.kernel.layout); the session's, "
+                      "sized by --track-max")
+_COUNTERS = MapUse("track_counters", "PERCPU_ARRAY, one TRACK_COUNTERS value: the id counters and the map's counts; "
+                                     "the session's")
+PACKET_IDS = Feature("packet ids", on=lambda point, options, maps: options.ident != IDENT_NONE,
+                     stages={KEPT: emit_filter_done}, fields=("id",), maps=(_MAP, _COUNTERS),
+                     reads="fcap.kernel.track.read_counters")
+TRACKING = Feature("track", on=lambda point, options, maps: options.ident == IDENT_TRACK,
+                   stages={ENTRY: emit_lookup, SELECTED: emit_tracked_label, BEFORE_FILTER: emit_skip_filter},
+                   maps=(_MAP, _COUNTERS), reads="fcap.kernel.track.evicted")
 
 
 # ---- helper programs: where the kernel frees -------------------------------------------------------------------
