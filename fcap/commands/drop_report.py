@@ -46,7 +46,7 @@ class Counter:
     def __init__(self) -> None:
         from fcap.points.semantic import resolve_semantic
         self.point = resolve_semantic("skb:drop")[0]
-        if not drops.is_drop_point(self.point) or self.point.kind not in ("tp_btf", "raw_tp"):
+        if not drops.is_drop_point(self.point) or self.point.kind.function:
             raise CaptureError(f"fcap drops counts at the kfree_skb tracepoint; this kernel serves skb:drop with "
                                f"{self.point.spec}")
         self.map: HashMap | None = None

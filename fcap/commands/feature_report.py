@@ -88,7 +88,7 @@ def check_module() -> Result:
 
 def check_pidcomm() -> Result:
     from bpf import features
-    from bpf.uapi import AttachType, Helper, ProgType
+    from bpf.uapi import Helper
 
     from fcap.live.session import Config, Session
     s = Session(Config(points=["tp_btf/net_dev_queue"]))
@@ -102,8 +102,8 @@ def check_pidcomm() -> Result:
     r = _try("pidcomm", lambda: _capture("tp_btf/net_dev_queue"))
     if not r.ok:
         return r
-    why = features.helper(Helper.get_current_task_btf, ProgType.TRACING, AttachType.TRACE_RAW_TP, p.btf_id,
-                          label="tp_btf programs")   # (what Session.task_btf asked: cached)
+    why = features.helper(Helper.get_current_task_btf, p.kind.prog_type, p.kind.attach_type, p.btf_id,
+                          label=f"{p.kind} programs")   # (what pointcaps.task_btf asked: cached)
     reason = why.reason if why is not None else "not callable from tp_btf programs"
     return Result("pidcomm", True, f"yes, through get_current_pid_tgid + get_current_comm: {reason}")
 

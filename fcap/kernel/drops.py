@@ -32,13 +32,13 @@ def reason_arg(point: Point) -> int | None:
 
 
 def location_arg(point: Point) -> int | None:
-    return _arg(point, "location", False) if point.kind in ("tp_btf", "raw_tp") else None
+    return _arg(point, "location", False) if not point.kind.function else None
 
 
 def is_drop_point(point: Point) -> bool:
     """A point whose records say why and where a packet was dropped: kfree_skb (also on kernels whose tracepoint
     has no reason yet), or any point with an enum skb_drop_reason argument."""
-    return point.name == "kfree_skb" and point.kind in ("tp_btf", "raw_tp") or reason_arg(point) is not None
+    return point.name == "kfree_skb" and not point.kind.function or reason_arg(point) is not None
 
 
 def emit_meta(b) -> None:
@@ -48,8 +48,7 @@ def emit_meta(b) -> None:
     for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
         if index is None:
             continue
-        off = b.offsets.arg_regs[index] if p.kind == "kprobe" else 8 * index
-        b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, off), META.store(R7, field, R0))
+        b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, p.kind.arg_offset(index)), META.store(R7, field, R0))
 
 
 def _records_drops(point, options, maps) -> bool:

@@ -162,7 +162,7 @@ DUMPS = Feature("dumps", on=lambda point, options, maps: options.dumps is not No
 def _emit_one(b, p: Plan, at: int) -> None:
     """One slot at R7 + at (R7 is META, past the area). Uses R0-R3, R8, R9."""
     done, null, fail = b.fresh("dump_done"), b.fresh("dump_null"), b.fresh("dump_fail")
-    ctx_off = b.offsets.arg_regs[p.arg_index] if b.point.kind == "kprobe" else 8 * p.arg_index
+    ctx_off = b.point.kind.arg_offset(p.arg_index)
     data = at + DUMP.size
     b.emit(ldx(DW, R9, FP, STACK.ctx), ldx(DW, R9, R9, ctx_off))
     if p.value:

@@ -32,7 +32,7 @@ def queue_source(point: Point) -> str | None:
     None (no queue meant there: none is written)."""
     if not is_device_point(point.name):
         return None
-    if point.direction == "out" and not (point.name in _BEFORE_PICK and point.kind in ("fentry", "kprobe")):
+    if point.direction == "out" and not (point.name in _BEFORE_PICK and point.kind.at_entry):
         return "tx"
     return "rx" if point.direction == "in" else None
 

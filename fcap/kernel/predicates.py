@@ -181,7 +181,7 @@ class Field(NamedTuple):
 
     def base(self, b) -> None:
         """R9 = the object the leaf lies in (or, for a bare argument, its value)."""
-        ctx_off = b.offsets.arg_regs[self.arg_index] if self.point.kind == "kprobe" else 8 * self.arg_index
+        ctx_off = self.point.kind.arg_offset(self.arg_index)
         b.emit(ldx(DW, R9, FP, STACK.ctx), ldx(DW, R9, R9, ctx_off))
         if self.is_arg:
             return

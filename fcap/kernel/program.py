@@ -162,14 +162,6 @@ class KernelOffsets:
                 self.task = (off(task, "pid"), off(task, "tgid"), off(task, "comm"))
             except Exception:  # noqa: BLE001 - the helpers do it otherwise
                 self.task = None
-        regs = vm.find("pt_regs", "struct")
-        self.arg_regs = []
-        if regs is not None:
-            for name in ("di", "si", "dx", "cx", "r8", "r9"):
-                try:
-                    self.arg_regs.append(off(regs, name))
-                except Exception:  # noqa: BLE001
-                    break
 
 
 class Builder:
@@ -235,13 +227,10 @@ class Builder:
     def prologue(self) -> None:
         """The skb pointer from the context (R6; the context saved at STACK.ctx) and this point's scratch value (R7,
         past the dump area); no skb or no value: out."""
-        p, f, o = self.point, self.offsets, self.options
-        if p.kind == "kprobe":
-            if p.skb_index >= len(f.arg_regs):
-                raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
-            self.emit(ldx(DW, R6, R1, f.arg_regs[p.skb_index]))
-        else:
-            self.emit(ldx(DW, R6, R1, 8 * p.skb_index))
+        p, o = self.point, self.options
+        if not p.kind.has_arg(p.skb_index):
+            raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
+        self.emit(ldx(DW, R6, R1, p.kind.arg_offset(p.skb_index)))
         self.emit(stx(DW, FP, STACK.ctx, R1), jmp(JEQ, R6, 0, "out"))
         # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU

@@ -35,6 +35,7 @@ from bpf.uapi import Helper
 from fcap.errors import ProgramError
 from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse
 from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
+from fcap.points import kinds
 from fcap.points.spec import Point, tracepoint
 
 IDENT_NONE, IDENT_EACH, IDENT_MAP, IDENT_TRACK = "none", "each", "map", "track"
@@ -62,7 +63,7 @@ def uses_map(ident: str) -> bool:
 
 
 def is_free_point(p: Point) -> bool:
-    return p.kind in ("tp_btf", "raw_tp") and p.name in FREE_POINTS
+    return not p.kind.function and p.name in FREE_POINTS
 
 
 # ---- map operations on STACK.track_key / STACK.track_val -------------------------------------------------------
@@ -301,7 +302,7 @@ def forget_program(b, tags: tuple) -> list:
 def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, list]]:
     """The helper programs a capture with the identity map needs: (point, instructions). builder(point) makes a
     fcap.kernel.program.Builder for one."""
-    names = {p.name for p in captured if p.kind in ("tp_btf", "raw_tp")}
+    names = {p.name for p in captured if not p.kind.function}
     out = []
     for name in FREE_POINTS:
         if name not in names:
@@ -310,7 +311,7 @@ def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, 
                 out.append((p, lambda b: untrack_program(b)))
     for name, tags in MEMORY_POINTS:
         # (raw_tp: its context is plain u64s; tp_btf refuses a `const void *` argument before 6.x's later kernels)
-        p = tracepoint(name, "raw_tp")
+        p = tracepoint(name, kinds.RAW_TP)
         if p is not None and len(p.params) > 1 and p.params[1].type.strip().kind == "ptr":
             out.append((p, lambda b, tags=tags: forget_program(b, tags)))
     progs = []

@@ -10,15 +10,15 @@ from typing import Callable, NamedTuple
 from bpf import features
 from bpf.btf import BTF, BTFError
 from bpf.errors import BPFError, VerifierError
-from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
+from bpf.link import Link
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, load, wait_freed
-from bpf.uapi import AttachType, MapFlags, ProgType
+from bpf.uapi import MapFlags
 
 from fcap.kernel import layout
 
-from fcap.points import pointcaps
+from fcap.points import kinds, pointcaps
 
 from fcap.kernel import stats
 
@@ -26,10 +26,10 @@ from fcap.kernel import track
 from fcap.kernel import program as cprog
 from fcap.kernel.filter import compile_filter
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.points.spec import Point, PointError, expand, is_device_point, is_glob, resolve, suggestion
+from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve, suggestion
 from fcap.kernel.drops import is_drop_point
 from fcap.live.order import Pending, Window
-from fcap.errors import CaptureError, PredicateError
+from fcap.errors import CaptureError, PointError, PredicateError
 
 DEFAULT_SNAPLEN = 262144
 DEFAULT_BUFFER_KIB = 4096
@@ -74,26 +74,14 @@ def default_linktype(points: list[Point]) -> LinkType:
     return lookup("LINUX_SLL2")
 
 
-ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
-
-
 class KernelRefusal(CaptureError):
     """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
 
 
 def _explain_refusal(point: Point, e: BPFError) -> str:
-    kinds = "fentry/fexit" if point.kind in ("fentry", "fexit") else point.kind
-    problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
-    if problem:
-        return f"{point.spec}: the kernel refused the program ({errno.errorcode[e.errno]}): {problem}"
-    if e.errno == errno.EPERM:
-        return (f"{point.spec}: this kernel refuses {kinds} programs (EPERM); "
-                f"capture at a tracepoint that sees the same packets: {suggestion(point.name)}")
-    if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH) and point.kind == "kprobe":
-        return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
-    if e.errno == ENOTSUPP:
-        return f"{point.spec}: the kernel does not support a trampoline there (ENOTSUPP)"
-    return f"{point.spec}: {e}"
+    """The kernel's refusal to load or attach at `point`, in one line (its kind says how), with the tracepoint
+    that sees the same packets."""
+    return point.kind.explain(point, e, suggestion(point.name))
 
 
 class Session:
@@ -167,27 +155,27 @@ class Session:
         kind = self._best_function_kind(spec)
         return expand(spec, kind) if is_glob(spec) else [resolve(spec, default_func_kind=kind)]
 
-    def _best_function_kind(self, spec: str) -> str:
+    def _best_function_kind(self, spec: str) -> kinds.Kind:
         """For a bare FUNC: fentry where the kernel allows it, else kprobe, else fentry (to say why not)."""
         if "/" in spec:
-            return "fentry"
+            return kinds.FENTRY
         try:
             vm = BTF.vmlinux()
             func = vm.find("ip_output" if is_glob(spec) else spec.partition(":")[0], "func")
             if func is None:
-                return "fentry"
-            if features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs") is None:
-                return "fentry"
-            if features.kprobe_program() is None:
-                return "kprobe"
+                return kinds.FENTRY
+            if kinds.FENTRY.probe(func.id) is None:
+                return kinds.FENTRY
+            if kinds.KPROBE.probe() is None:
+                return kinds.KPROBE
         except (BTFError, BPFError):
             pass
-        return "fentry"
+        return kinds.FENTRY
 
     def options(self, point: Point) -> cprog.Options:
         try:
             preds = [make(point) for make in self.cfg.predicates]
-        except PredicateError as e:
+        except (PredicateError, PointError) as e:   # (PointError: an argument this kind cannot read here)
             raise CaptureError(str(e)) from None
         want = PROTO_FOR.get(self.linktype.name)
         if want is not None:
@@ -216,7 +204,7 @@ class Session:
             opts = self.options(point)
             self.counts_hits = stats.counts_hits(opts)
             return cprog.build(point, opts, maps)
-        except (cprog.ProgramError, PredicateError) as e:
+        except (cprog.ProgramError, PredicateError, PointError) as e:
             raise CaptureError(str(e)) from None
         except CBPFError as e:   # what the filter asks that fcap cannot run at this point
             raise CaptureError(f"{self.cfg.filter or 'the filter'}: {e}") from None
@@ -363,22 +351,15 @@ class Session:
 
     def _load(self, p: Point, items: list) -> Program:
         name = f"fcap_{p.name}"[:15]
-        if p.kind == "fentry" or p.kind == "fexit":
-            refused = features.tracing_program(pointcaps.attach_type(p), p.btf_id, label=f"{p.kind} programs")
-            if refused is not None and refused.errno == errno.EPERM:
-                raise KernelRefusal(_explain_refusal(p, refused))
-        if p.kind == "kprobe":
-            refused = features.kprobe_program()
-            if refused is not None:
-                raise KernelRefusal(f"{p.spec}: {refused.reason}; capture at a tracepoint that sees the same "
-                                   f"packets: {suggestion(p.name)}")
+        refused = p.kind.refusal(p, suggestion(p.name))
+        if refused is not None:
+            raise KernelRefusal(refused)
         try:
             if p.typed:
                 with pointcaps.btf_obj_fd(p) as obj_fd:
-                    return load(ProgType.TRACING, items, name=name, expected_attach_type=pointcaps.attach_type(p),
+                    return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.attach_type,
                                 attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
-            prog_type = ProgType.KPROBE if p.kind == "kprobe" else ProgType.RAW_TRACEPOINT
-            return load(prog_type, items, name=name, what=p.spec)
+            return load(p.kind.prog_type, items, name=name, what=p.spec)
         except VerifierError as e:
             raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
                                f"(--dump-ebpf shows the program)") from None
@@ -415,11 +396,7 @@ class Session:
 
     @staticmethod
     def _attach_one(p: Point, prog: Program) -> Link:
-        if p.typed:
-            return attach_tracing(prog.fileno(), p.spec)
-        if p.kind == "raw_tp":
-            return attach_raw_tracepoint(prog.fileno(), p.name)
-        return attach_kprobe(prog.fileno(), p.name)
+        return p.kind.attach(prog.fileno(), p)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:

@@ -33,7 +33,7 @@ def root(point: Point, path: str, name: str, flag: str) -> tuple[int, Type]:
     """The context argument a path starts from: (its index, its type); `return` at fexit is past the arguments."""
     names = [p.name for p in point.params]
     if name == "return":
-        if point.kind != "fexit":
+        if not point.kind.sees_return:
             raise PathError(f"{flag} {path}: 'return' exists only at fexit points")
         if point.ret is None or point.ret.strip().kind == "void":
             raise PathError(f"{flag} {path}: {point.name} returns nothing")
@@ -44,10 +44,10 @@ def root(point: Point, path: str, name: str, flag: str) -> tuple[int, Type]:
     elif name == "skb":
         arg_index, t = point.skb_index, point.params[point.skb_index].type
     else:
-        more = ", return" if point.kind == "fexit" else ""
+        more = ", return" if point.kind.sees_return else ""
         raise PathError(f"{flag} {path}: no argument {name!r} at {point.spec} "
                         f"(arguments: {', '.join(n for n in names if n) or 'none'}{more})")
-    if point.kind == "kprobe" and arg_index >= 6:
+    if not point.kind.has_arg(arg_index):
         raise PathError(f"{flag} {path}: argument {arg_index + 1} is past the registers")
     return arg_index, t
 

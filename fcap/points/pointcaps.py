@@ -10,7 +10,7 @@ from bpf.btf import BTF
 from bpf.errors import BPFError
 from bpf.prog import load
 from bpf.sys import btf_fd_by_name
-from bpf.uapi import AttachType, Helper, ProgType
+from bpf.uapi import Helper, ProgType
 
 from fcap.points.spec import Point
 
@@ -27,7 +27,7 @@ def dynptr_kfunc(point: Point) -> int:
         items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.movi(asm.R2, 0),
                  asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -16),
                  asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
-        load(ProgType.TRACING, items, name="probe", expected_attach_type=attach_type(point),
+        load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
              attach_btf_id=point.btf_id, what="probe skb dynptr").close()
     return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
 
@@ -47,7 +47,7 @@ def head_loads(point: Point) -> bool:
                  asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
                  asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
         with btf_obj_fd(point) as obj_fd:
-            load(ProgType.TRACING, items, name="probe", expected_attach_type=attach_type(point),
+            load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
                  attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd, what="probe loads through skb->head").close()
     return features.probe(f"loads through skb->head in {point.kind}", fn) is None
 
@@ -58,16 +58,10 @@ def task_btf(point: Point) -> bool:
         return False
     try:
         with btf_obj_fd(point) as obj_fd:
-            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, attach_type(point),
+            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, point.kind.attach_type,
                                    point.btf_id, obj_fd, label=f"{point.kind} programs") is None
     except BPFError:
         return False
-
-
-def attach_type(point: Point) -> AttachType:
-    """The expected attach type of a tracing program at `point` (NONE for raw_tp and kprobe points)."""
-    return {"tp_btf": AttachType.TRACE_RAW_TP, "fentry": AttachType.TRACE_FENTRY,
-            "fexit": AttachType.TRACE_FEXIT}.get(point.kind, AttachType.NONE)
 
 
 @contextlib.contextmanager

@@ -133,18 +133,17 @@ def _after_spec(message: str, spec: str) -> str:
 
 def _probe(p: Point) -> str:
     """Why the kernel would not load a program at p ("" when it would)."""
-    if p.kind == "kprobe":
-        r = features.kprobe_program()
+    if p.kind.by_symbol:
+        r = p.kind.probe()
         if r is None and not _in_kallsyms(p.name):
             return f"{p.name} is not in /proc/kallsyms (inlined or not probeable)"
         return r.reason if r is not None else ""
-    attach = pointcaps.attach_type(p)
     try:
         with pointcaps.btf_obj_fd(p) as fd:
-            policy = features.tracing_program(attach, p.btf_id, fd, label=f"{p.kind} programs")
+            policy = p.kind.probe(p.btf_id, fd)
             if policy is not None and policy.errno == errno.EPERM:   # the kind is refused here altogether
                 return f"this kernel refuses {p.kind} programs (EPERM)"
-            r = features.tracing_program(attach, p.btf_id, fd, label=p.spec)
+            r = features.tracing_program(p.kind.attach_type, p.btf_id, fd, label=p.spec)
         return f"the kernel will not load a program there ({r.reason})" if r is not None else ""
     except (BPFError, BTFError) as e:
         return str(e)

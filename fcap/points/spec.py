@@ -9,11 +9,11 @@ from bpf.btf import BTF, BTFError, Func, FuncProto, Ptr, Type
 from bpf.cdecl import c_decl
 
 from fcap.errors import PointError
+from fcap.points import kinds
+from fcap.points.kinds import Kind
 
 SKB = "sk_buff"
 TP_PREFIX = "btf_trace_"
-KINDS = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
-FUNC_KINDS = ("fentry", "fexit", "kprobe")
 
 
 class Param(NamedTuple):
@@ -30,9 +30,9 @@ class Point:
 
     __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias")
 
-    def __init__(self, kind: str, name: str, btf: BTF, btf_id: int, params: list[Param], skb_index: int,
+    def __init__(self, kind: Kind, name: str, btf: BTF, btf_id: int, params: list[Param], skb_index: int,
                  ret: Type | None = None):
-        self.kind = kind              # fentry, fexit, tp_btf, raw_tp, kprobe
+        self.kind = kind              # fcap.points.kinds: FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE
         self.name = name              # function or tracepoint name
         self.btf = btf                # the BTF that holds it (vmlinux or a module's)
         self.btf_id = btf_id          # FUNC id (functions) or btf_trace_NAME typedef id (tracepoints)
@@ -71,12 +71,12 @@ class Point:
 
     @property
     def is_function(self) -> bool:
-        return self.kind in FUNC_KINDS
+        return self.kind.function
 
     @property
     def typed(self) -> bool:
         """Does the verifier know the context's types (so the skb is a trusted BTF pointer)?"""
-        return self.kind in ("fentry", "fexit", "tp_btf")
+        return self.kind.typed
 
     @property
     def direction(self) -> str | None:
@@ -148,24 +148,25 @@ def suggestion(name: str) -> str:
 
 # ---- resolution -------------------------------------------------------------------------------
 
-def parse(spec: str) -> tuple[str | None, str, str | None]:
-    """'fentry/ip_output:skb' → ('fentry', 'ip_output', 'skb'); 'tp/net/net_dev_queue' → ('tp_btf', ...);
+def parse(spec: str) -> tuple[Kind | None, str, str | None]:
+    """'fentry/ip_output:skb' → (kinds.FENTRY, 'ip_output', 'skb'); 'tp/net/net_dev_queue' → (kinds.TP_BTF, ...);
     a bare name → (None, name, None)."""
     spec = spec.strip()
     if not spec:
         raise PointError("empty capture point")
-    kind, sep, rest = spec.partition("/")
+    word, sep, rest = spec.partition("/")
+    kind = kinds.get(word)
     if not sep:
         kind, rest = None, spec
-    elif kind == "tp":
+    elif word == "tp":
         sub, sep2, rest = rest.partition("/")
         if not sep2 or not sub:
             raise PointError(f"{spec}: tracepoints are spelled tp/SUBSYSTEM/NAME or tp_btf/NAME")
-        kind = "tp_btf"
-    elif kind in ("kretprobe",):
+        kind = kinds.TP_BTF
+    elif word == "kretprobe":
         raise PointError(f"{spec}: a kretprobe sees only the return value, not the skb; use fexit/{rest}")
-    elif kind not in KINDS:
-        raise PointError(f"{spec}: unknown attach kind {kind!r} (known: {', '.join(KINDS)}, tp)")
+    elif kind is None:
+        raise PointError(f"{spec}: unknown attach kind {word!r} (known: {', '.join(kinds.names())}, tp)")
     name, _, arg = rest.partition(":")
     if not name:
         raise PointError(f"{spec}: no function or tracepoint name")
@@ -232,13 +233,13 @@ def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
     raise PointError(f"{spec}: no struct sk_buff * parameter called {arg!r} (there are: {names})")
 
 
-def _func_point(spec: str, kind: str, name: str, btf: BTF, func: Func, arg: str | None) -> Point:
+def _func_point(spec: str, kind: Kind, name: str, btf: BTF, func: Func, arg: str | None) -> Point:
     proto = func.proto
     params = [Param(p.name, p.type) for p in proto.params]
     return Point(kind, name, btf, func.id, params, _pick_skb(spec, params, arg), ret=proto.ret)
 
 
-def _tp_point(spec: str, kind: str, name: str, btf: BTF, type_id: int, proto: FuncProto, arg: str | None) -> Point:
+def _tp_point(spec: str, kind: Kind, name: str, btf: BTF, type_id: int, proto: FuncProto, arg: str | None) -> Point:
     types = [p.type for p in proto.params[1:]]  # drop the leading void *__data
     nskb = sum(is_skb_ptr(t) for t in types)
     params = [Param(p.name or ("skb" if is_skb_ptr(t) and nskb == 1 else tp_arg_name(name, i, t)), t)
@@ -246,9 +247,9 @@ def _tp_point(spec: str, kind: str, name: str, btf: BTF, type_id: int, proto: Fu
     return Point(kind, name, btf, type_id, params, _pick_skb(spec, params, arg))
 
 
-def tracepoint(name: str, kind: str = "tp_btf") -> Point | None:
-    """KIND/NAME (tp_btf or raw_tp) whatever its arguments (a program that takes no skb: fcap.kernel.track's helpers), or
-    None where this kernel has no such tracepoint. Its skb_index is 0: unused."""
+def tracepoint(name: str, kind: Kind = kinds.TP_BTF) -> Point | None:
+    """KIND/NAME (kinds.TP_BTF or kinds.RAW_TP) whatever its arguments (a program that takes no skb:
+    fcap.kernel.track's helpers), or None where this kernel has no such tracepoint. Its skb_index is 0: unused."""
     found = _find_tracepoint(name)
     if found is None:
         return None
@@ -270,17 +271,17 @@ def tp_arg_name(tracepoint: str, index: int, t: Type) -> str:
     return name or f"arg{index}"
 
 
-def resolve(spec: str, default_func_kind: str = "fentry") -> Point:
+def resolve(spec: str, default_func_kind: Kind = kinds.FENTRY) -> Point:
     """Resolve a -i argument into a Point; raises PointError with one clear line."""
     kind, name, arg = parse(spec)
     try:
         if kind is None:
             # a bare name: a tracepoint by that name, else a function with the best hook available
             if _find_func(name) is None and _find_tracepoint(name) is not None:
-                kind = "tp_btf"
+                kind = kinds.TP_BTF
             else:
                 kind = default_func_kind
-        if kind in FUNC_KINDS:
+        if kind.function:
             found = _find_func(name)
             if found is None:
                 hint = f"; a tracepoint has that name: tp_btf/{name}" if _find_tracepoint(name) else _module_hint(name)
@@ -305,7 +306,7 @@ def is_glob(spec: str) -> bool:
     return any(c in spec.partition(":")[0] for c in GLOB_CHARS)
 
 
-def expand(spec: str, default_func_kind: str = "fentry") -> list[Point]:
+def expand(spec: str, default_func_kind: Kind = kinds.FENTRY) -> list[Point]:
     """Every point a glob names (fnmatch over the names list-devices prints): KIND/GLOB over that kind's names,
     a bare GLOB over tracepoints (tp_btf) and functions (default_func_kind). With :ARG, the matches that have an
     skb argument of that name. PointError when nothing matches."""
@@ -313,14 +314,14 @@ def expand(spec: str, default_func_kind: str = "fentry") -> list[Point]:
     out: list[Point] = []
     seen: set[str] = set()
     try:
-        for tp_kind, name, btf, obj in _candidates(kind is None or kind in ("tp_btf", "raw_tp"),
-                                                   kind is None or kind in FUNC_KINDS):
+        for found, name, btf, obj in _candidates(kind is None or not kind.function,
+                                                 kind is None or kind.function):
             if not fnmatch.fnmatchcase(name, pattern):
                 continue
-            k = kind or (tp_kind if tp_kind == "tp_btf" else default_func_kind)
+            k = kind or (default_func_kind if found.function else found)
             try:
-                p = _tp_point(spec, k, name, btf, *obj, arg) if tp_kind == "tp_btf" else \
-                    _func_point(spec, k, name, btf, obj, arg)
+                p = _func_point(spec, k, name, btf, obj, arg) if found.function else \
+                    _tp_point(spec, k, name, btf, *obj, arg)
             except PointError:   # no skb argument called ARG here
                 continue
             if p.spec not in seen:
@@ -330,15 +331,15 @@ def expand(spec: str, default_func_kind: str = "fentry") -> list[Point]:
     except BTFError as e:
         raise PointError(f"{spec}: cannot read the kernel's BTF: {e}") from None
     if not out:
-        what = {None: "tracepoint or function", "tp_btf": "tracepoint", "raw_tp": "tracepoint"}.get(kind, "function")
+        what = "tracepoint or function" if kind is None else "function" if kind.function else "tracepoint"
         with_arg = f" with a struct sk_buff * argument called {arg!r}" if arg else " taking a struct sk_buff *"
         raise PointError(f"{spec}: no {what}{with_arg} matches {pattern!r} (fcap list-devices lists them)")
     return out
 
 
 def _candidates(tracepoints: bool, functions: bool):
-    """(kind, name, btf, what) of every tracepoint ("tp_btf", what = (typedef id, prototype)) and function
-    ("fentry", what = its Func) taking a struct sk_buff *, vmlinux first, then modules."""
+    """(kind, name, btf, what) of every tracepoint (kinds.TP_BTF, what = (typedef id, prototype)) and function
+    (kinds.FENTRY, what = its Func) taking a struct sk_buff *, vmlinux first, then modules."""
     btfs = list(_btfs())
     if tracepoints:
         for btf in btfs:
@@ -347,18 +348,18 @@ def _candidates(tracepoints: bool, functions: bool):
                     continue
                 td = next((t for t in btf.find_all(td_name, "typedef") if t.btf is btf), None)
                 if td is not None:
-                    yield "tp_btf", td_name[len(TP_PREFIX):], btf, (td.id, proto)
+                    yield kinds.TP_BTF, td_name[len(TP_PREFIX):], btf, (td.id, proto)
     if functions:
         for btf in btfs:
             for func, _idx in btf.funcs_taking_pointer_to(SKB):
-                yield "fentry", func.name, btf, func
+                yield kinds.FENTRY, func.name, btf, func
 
 
 # ---- discovery ---------------------------------------------------------------------------------
 
 class Listing(NamedTuple):
     spec: str
-    kind: str
+    kind: str      # the kind's name
     name: str
     module: str
     prototype: str
@@ -397,12 +398,12 @@ def _scan_points() -> list[Listing]:
     seen: set[str] = set()
     for kind, name, btf, obj in _candidates(True, True):
         spec = f"{kind}/{name}"
-        if kind == "tp_btf":
+        if kind.function:
+            text = c_decl(obj)
+        else:
             if name in seen:
                 continue
             seen.add(name)
             text = _tp_point(spec, kind, name, btf, *obj, None).prototype()
-        else:
-            text = c_decl(obj)
-        out.append(Listing(spec, kind, name, btf.name or "vmlinux", text))
+        out.append(Listing(spec, kind.name, name, btf.name or "vmlinux", text))
     return out

@@ -1,0 +1,229 @@
+"""One object per kind of capture point (fentry, fexit, tp_btf, raw_tp, kprobe): the program type the kernel loads
+there, how the program's context holds the arguments on each architecture, how it attaches, which kernel feature it
+needs and how a refusal reads. A Point holds its kind (point.kind); everything else asks the kind's attributes, so
+no module but this one knows a kind by its name (the -i grammar maps text to a kind with get())."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING, NamedTuple
+
+from bpf import features
+from bpf.errors import BPFError, NotSupported
+from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
+from bpf.uapi import AttachType, ProgType
+
+from fcap.errors import PointError
+
+if TYPE_CHECKING:
+    from fcap.points.spec import Point
+
+ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
+ALTERNATIVE = "capture at a tracepoint that sees the same packets"
+
+
+# ---- architectures: where a kprobe program finds a function's arguments ----------------------------------------
+
+class Arch(NamedTuple):
+    """How a kprobe program's context (the registers saved at the probe, bpf_user_pt_regs_t) holds a function's
+    arguments on one architecture: the calling convention's argument registers and their offsets. Both structs
+    are user ABI (ptrace), so the offsets are constants; tests/test_kinds.py holds them to the kernel's BTF."""
+
+    machine: str                   # os.uname().machine
+    regs: str                      # the struct the context points to
+    arg_regs: tuple[str, ...]      # the members that hold arguments 1, 2, ... (beyond them: on the stack)
+    arg_offsets: tuple[int, ...]   # their byte offsets in that struct
+
+
+X86_64 = Arch("x86_64", "pt_regs", ("di", "si", "dx", "cx", "r8", "r9"), (112, 104, 96, 88, 72, 64))
+ARM64 = Arch("aarch64", "user_pt_regs", tuple(f"regs[{i}]" for i in range(8)), tuple(8 * i for i in range(8)))
+ARCHES = {a.machine: a for a in (X86_64, ARM64)}
+
+
+def machine() -> str:
+    """This machine's architecture as the kernel names it: the one place fcap asks."""
+    return os.uname().machine
+
+
+def arch(name: str | None = None) -> Arch:
+    """The Arch called `name` (default: this machine's); a one-line PointError for one fcap does not know, rather
+    than a wrong offset."""
+    name = name or machine()
+    found = ARCHES.get(name)
+    if found is None:
+        raise PointError(f"kprobe points: fcap does not know where {name} passes function arguments "
+                         f"(it knows {', '.join(ARCHES)}); capture at fentry/FUNC or a tracepoint")
+    return found
+
+
+# ---- the kinds --------------------------------------------------------------------------------------------------
+
+class Kind:
+    """A kind of capture point. One instance per kind (get(name), or the constants below): compare kinds by
+    identity, or better ask what differs. str() is the name, as the -i grammar and the specs spell it."""
+
+    name = ""
+    prog_type: ProgType   # what the kernel loads there
+    attach_type = AttachType.NONE   # the load's expected_attach_type (NONE: the load takes none)
+    typed = False         # BTF types the context: the skb is a trusted pointer, loads need no probe_read
+    function = False      # at a kernel function (else at a tracepoint)
+    sees_return = False   # the function's return value is readable (`return` in --where/--dump)
+    at_entry = False      # runs before the function's body: what the function sets is not set yet
+    by_symbol = False     # attaches to a /proc/kallsyms symbol (not to a BTF id)
+    family = ""           # how a refusal names the programs refused with it
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}>"
+
+    # -- arguments
+    def arg_count(self, machine_name: str | None = None) -> int | None:
+        """How many of a function's arguments the context holds (None: every one)."""
+        return None
+
+    def has_arg(self, index: int, machine_name: str | None = None) -> bool:
+        n = self.arg_count(machine_name)
+        return n is None or index < n
+
+    def arg_offset(self, index: int, machine_name: str | None = None) -> int:
+        """Where argument `index` (0-based; at fexit, `return` is the one past the last) is in the context: a u64
+        slot each, whatever the architecture."""
+        return 8 * index
+
+    # -- the kernel
+    def attach(self, prog_fd: int, point: Point) -> Link:
+        """Attach the loaded program at `point` (a BTF-typed program's target was fixed at load time)."""
+        return attach_tracing(prog_fd, point.spec)
+
+    def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
+        """The cached bpf.features probe of whether this kernel loads programs of this kind (at BTF id `btf_id`
+        where the kind attaches to one); None when it does. The probe is per kind: its first answer stays."""
+        return features.tracing_program(self.attach_type, btf_id, btf_obj_fd, label=f"{self.name} programs")
+
+    def refusal(self, point: Point, alternative: str) -> str | None:
+        """One line when the kernel refuses every program of this kind (so every point alike), naming the
+        tracepoint `alternative` that sees the same packets; None when it may load one (tried before a load)."""
+        return None
+
+    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+        """The kernel's refusal `e` to load or attach a program at `point`, in one line."""
+        problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
+        if problem:
+            return f"{point.spec}: the kernel refused the program ({errno.errorcode[e.errno]}): {problem}"
+        if e.errno == errno.EPERM:
+            return (f"{point.spec}: this kernel refuses {self.family or self.name} programs (EPERM); "
+                    f"{ALTERNATIVE}: {alternative}")
+        if e.errno == ENOTSUPP:
+            return f"{point.spec}: the kernel does not support a trampoline there (ENOTSUPP)"
+        return f"{point.spec}: {e}"
+
+
+class _Trampoline(Kind):
+    """fentry/fexit: a BPF trampoline on a function named by its BTF id; the context is the arguments as u64s."""
+
+    prog_type = ProgType.TRACING
+    typed = True
+    function = True
+    family = "fentry/fexit"
+
+    def refusal(self, point: Point, alternative: str) -> str | None:
+        refused = self.probe(point.btf_id)
+        if refused is not None and refused.errno == errno.EPERM:   # a policy refusing trampolines altogether
+            return self.explain(point, refused, alternative)
+        return None
+
+
+class _Fentry(_Trampoline):
+    name = "fentry"
+    attach_type = AttachType.TRACE_FENTRY
+    at_entry = True
+
+
+class _Fexit(_Trampoline):
+    name = "fexit"
+    attach_type = AttachType.TRACE_FEXIT
+    sees_return = True
+
+
+class _TpBtf(Kind):
+    """A BTF-typed raw tracepoint: the context is the tracepoint's arguments (after its void *) as u64s."""
+
+    name = "tp_btf"
+    prog_type = ProgType.TRACING
+    attach_type = AttachType.TRACE_RAW_TP
+    typed = True
+
+
+class _RawTp(Kind):
+    """A raw tracepoint by name: the same u64 arguments, untyped (read through probe_read)."""
+
+    name = "raw_tp"
+    prog_type = ProgType.RAW_TRACEPOINT
+
+    def attach(self, prog_fd: int, point: Point) -> Link:
+        return attach_raw_tracepoint(prog_fd, point.name)
+
+    def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
+        return None   # (raw tracepoints: 4.17, older than anything else fcap needs)
+
+
+class _Kprobe(Kind):
+    """A kprobe perf event on a kallsyms symbol: the context is the saved registers (see Arch), untyped."""
+
+    name = "kprobe"
+    prog_type = ProgType.KPROBE
+    function = True
+    at_entry = True
+    by_symbol = True
+
+    def arg_count(self, machine_name: str | None = None) -> int | None:
+        return len(arch(machine_name).arg_offsets)
+
+    def arg_offset(self, index: int, machine_name: str | None = None) -> int:
+        offsets = arch(machine_name).arg_offsets
+        if index >= len(offsets):
+            raise PointError(f"kprobe points: argument {index + 1} is past the registers")
+        return offsets[index]
+
+    def attach(self, prog_fd: int, point: Point) -> Link:
+        return attach_kprobe(prog_fd, point.name)
+
+    def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
+        return features.kprobe_program()
+
+    def refusal(self, point: Point, alternative: str) -> str | None:
+        refused = self.probe()
+        if refused is None:
+            return None
+        return f"{point.spec}: {refused.reason}; {ALTERNATIVE}: {alternative}"
+
+    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+        if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH):
+            return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
+        return super().explain(point, e, alternative)
+
+
+FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE = _Fentry(), _Fexit(), _TpBtf(), _RawTp(), _Kprobe()
+
+# Every kind, in the order the grammar lists them. Room for kinds not built yet, each one more Kind here (nothing
+# else names kinds):
+#   - multi-attach kinds, "fentry.multi" and "kprobe.multi": one program on many functions (BPF_TRACE_KPROBE_MULTI
+#     with a symbol list, 5.18; a tracing multi-link for fentry), attach() taking the points' symbols at once. Their
+#     context is no one function's, so arguments come through bpf_get_func_arg (fentry) or the Arch registers.
+#   - kinds on BPF programs: fentry/fexit on an XDP or tc program (attach_btf_id a function of the target
+#     program's BTF, attach_prog_fd instead of vmlinux): a _Trampoline whose target is a loaded program, its
+#     context an xdp_buff or an skb.
+ALL: tuple[Kind, ...] = (FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE)
+_BY_NAME = {k.name: k for k in ALL}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BY_NAME)
+
+
+def get(name: str) -> Kind | None:
+    """The kind called `name` (as -i spells it), or None."""
+    return _BY_NAME.get(name)

@@ -1,0 +1,155 @@
+"""The kinds of capture point (fcap.points.kinds), pure: each kind's attributes, where a kprobe finds arguments on
+x86-64 and arm64 (held to the kernel's struct pt_regs / user_pt_regs), and no module but kinds.py comparing kind
+names."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from bpf.link import Link
+from bpf.uapi import AttachType, ProgType
+from fcap.errors import PointError
+from fcap.points import kinds
+from fcap.points.spec import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
+
+# name: (program type, expected attach type, typed, function, sees return, at entry, by symbol)
+EXPECTED = {
+    "fentry": (ProgType.TRACING, AttachType.TRACE_FENTRY, True, True, False, True, False),
+    "fexit": (ProgType.TRACING, AttachType.TRACE_FEXIT, True, True, True, False, False),
+    "tp_btf": (ProgType.TRACING, AttachType.TRACE_RAW_TP, True, False, False, False, False),
+    "raw_tp": (ProgType.RAW_TRACEPOINT, AttachType.NONE, False, False, False, False, False),
+    "kprobe": (ProgType.KPROBE, AttachType.NONE, False, True, False, True, True),
+}
+
+
+def test_every_kind_found_by_name_with_its_attributes():
+    assert kinds.names() == NAMES and tuple(k.name for k in kinds.ALL) == NAMES
+    for name in NAMES:
+        k = kinds.get(name)
+        assert isinstance(k, kinds.Kind) and str(k) == name and f"{k}/ip_output" == f"{name}/ip_output"
+        assert (k.prog_type, k.attach_type, k.typed, k.function, k.sees_return, k.at_entry, k.by_symbol) == \
+            EXPECTED[name], name
+        assert k.family in ("", "fentry/fexit")
+        for method in ("attach", "probe", "refusal", "explain", "arg_offset", "arg_count", "has_arg"):
+            assert callable(getattr(k, method)), (name, method)
+        assert k.attach.__annotations__["return"] in ("Link", Link)
+    assert kinds.get("kretprobe") is None and kinds.get("tp") is None
+    assert (kinds.FENTRY, kinds.FEXIT, kinds.TP_BTF, kinds.RAW_TP, kinds.KPROBE) == kinds.ALL
+
+
+def test_the_grammar_maps_text_to_kind_objects():
+    assert parse("fentry/ip_output:skb") == (kinds.FENTRY, "ip_output", "skb")
+    assert parse("tp/net/net_dev_queue")[0] is kinds.TP_BTF
+    assert parse("raw_tp/net_dev_queue")[0] is kinds.RAW_TP
+    assert parse("kprobe/ip_output")[0] is kinds.KPROBE and parse("ip_output")[0] is None
+    with pytest.raises(PointError, match="known: fentry, fexit, tp_btf, raw_tp, kprobe, tp"):
+        parse("uprobe/x")
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64", None])
+def test_context_slots_are_u64_arguments_on_every_architecture(machine):
+    for k in (kinds.FENTRY, kinds.FEXIT, kinds.TP_BTF, kinds.RAW_TP):
+        assert [k.arg_offset(i, machine) for i in range(12)] == [8 * i for i in range(12)]
+        assert k.arg_count(machine) is None and k.has_arg(40, machine)
+
+
+def test_kprobe_arguments_in_the_registers():
+    # x86-64: struct pt_regs { r15 r14 r13 r12 bp bx r11 r10 r9 r8 ax cx dx si di ... }, arguments in di si dx cx r8 r9
+    assert kinds.X86_64.arg_regs == ("di", "si", "dx", "cx", "r8", "r9")
+    assert [kinds.KPROBE.arg_offset(i, "x86_64") for i in range(6)] == [112, 104, 96, 88, 72, 64]
+    assert kinds.KPROBE.arg_count("x86_64") == 6 and not kinds.KPROBE.has_arg(6, "x86_64")
+    # arm64: the context is struct user_pt_regs { u64 regs[31]; sp; pc; pstate }, arguments in x0..x7
+    assert kinds.ARM64.regs == "user_pt_regs"
+    assert [kinds.KPROBE.arg_offset(i, "aarch64") for i in range(8)] == [8 * i for i in range(8)]
+    assert kinds.KPROBE.arg_count("aarch64") == 8 and kinds.KPROBE.has_arg(7, "aarch64")
+    with pytest.raises(PointError, match="past the registers"):
+        kinds.KPROBE.arg_offset(6, "x86_64")
+
+
+def test_an_unknown_architecture_is_one_clear_error():
+    with pytest.raises(PointError) as e:
+        kinds.KPROBE.arg_offset(0, "riscv64")
+    assert "riscv64" in str(e.value) and "x86_64" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(PointError):
+        kinds.KPROBE.has_arg(0, "riscv64")
+    assert kinds.FENTRY.arg_offset(1, "riscv64") == 8   # (u64 slots need no registers)
+
+
+def test_this_machine_is_asked_in_one_place(monkeypatch):
+    assert kinds.machine() == os.uname().machine
+    monkeypatch.setattr(kinds, "machine", lambda: "aarch64")
+    assert kinds.KPROBE.arg_offset(3) == 24
+    monkeypatch.setattr(kinds, "machine", lambda: "x86_64")
+    assert kinds.KPROBE.arg_offset(3) == 88
+
+
+def _vmlinux():
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        pytest.skip("no /sys/kernel/btf/vmlinux")
+    from bpf.btf import BTF
+    return BTF.vmlinux()
+
+
+def test_x86_64_offsets_are_the_kernels_pt_regs():
+    regs = _vmlinux().find("pt_regs", "struct")
+    if regs is None or not any(m.name == "di" for m in regs.members):
+        pytest.skip("this kernel's struct pt_regs is not x86-64's")
+    assert [regs.member(name)[1] // 8 for name in kinds.X86_64.arg_regs] == list(kinds.X86_64.arg_offsets)
+    assert all(regs.member(name)[0].type.strip().size == 8 for name in kinds.X86_64.arg_regs)
+
+
+def test_arm64_offsets_are_the_kernels_user_pt_regs():
+    regs = _vmlinux().find("user_pt_regs", "struct")
+    if regs is None:
+        pytest.skip("this kernel is not arm64's (no struct user_pt_regs)")
+    member, bits = regs.member("regs")
+    assert bits == 0 and member.type.strip().nelems >= len(kinds.ARM64.arg_offsets)
+
+
+# ---- nothing but kinds.py compares kind names ----------------------------------------------------------------
+
+def _kind_literals(node: ast.AST) -> list[str]:
+    """The kind names among a comparison operand: a string, or a tuple/list/set of them."""
+    if isinstance(node, ast.Constant) and node.value in NAMES:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
+    return []
+
+
+def kind_name_comparisons(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each comparison (==, !=, in, not in, is) of something with a kind name literal, and of each
+    kind-name-keyed dict looked up with .get()."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                out += [(node.lineno, name) for name in _kind_literals(operand)]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and isinstance(node.func.value, ast.Dict)):
+            out += [(node.lineno, k.value) for k in node.func.value.keys
+                    if isinstance(k, ast.Constant) and k.value in NAMES]
+    return out
+
+
+def test_the_check_finds_the_old_comparisons():
+    old = ('a = p.kind == "kprobe"\nb = kind in ("tp_btf", "raw_tp")\nc = "fexit" != k\n'
+           'd = {"fentry": 1}.get(p.kind)\ne = key == "filter_frags"\n')
+    assert kind_name_comparisons(old) == [(1, "kprobe"), (2, "tp_btf"), (2, "raw_tp"), (3, "fexit"), (4, "fentry")]
+
+
+def test_no_module_but_kinds_compares_kind_names():
+    found = []
+    for path in sorted((ROOT / "fcap").rglob("*.py")):
+        if path == ROOT / "fcap" / "points" / "kinds.py":
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}: {name!r}"
+                  for line, name in kind_name_comparisons(path.read_text())]
+    assert not found, "ask the kind (fcap.points.kinds) instead:\n" + "\n".join(found)
