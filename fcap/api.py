@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fcap.errors import FcapError, UsageError
 from fcap.kernel.layout import COMMENT
+from fcap.live.output import Sink
 
 DEFAULT_SNAPLEN = 262144
 POLL_MS = 100
@@ -89,20 +90,19 @@ class Capture:
                      predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
                      dumps=dump, track=bool(track), **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
+        self._sink = _Packets()
         try:
             session.resolve()
             session.open()
-            session.attach()
+            from fcap.live.output import start
+            start(session, self._sink)
         except BaseException:
             session.close()
             raise
         self.session = session
-        self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
-        from fcap.kernel.epbopts import Options
-        self.options = Options(session.points)
         self.linktype = session.linktype.number
         self.delivered = 0
-        self._queue: collections.deque = collections.deque()
+        self._queue = self._sink.queue
         from fcap.live.order import Pending
         self._pending = Pending(session.window)
 
@@ -127,6 +127,7 @@ class Capture:
         session, self.session = self.session, None
         if session is not None:
             session.close()
+            self._sink.close()
             self._stats = session.stats
 
     @property
@@ -171,9 +172,24 @@ class Capture:
     def _poll(self, ms: int) -> None:
         self.session.wait(self._pending, ms)
         for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.live.order)
-            self._queue.append(self._packet(r))
+            self._sink.write(r)
 
-    def _packet(self, r) -> Packet:
+
+class _Packets(Sink):
+    """The API's output (fcap.live.output): each record a Packet, queued for the caller."""
+
+    def __init__(self):
+        self.queue: collections.deque = collections.deque()
+
+    def open(self, session) -> None:
+        super().open(session)
+        self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
+        self.linktype = session.linktype.number
+
+    def write(self, rec) -> None:
+        self.queue.append(self.packet(rec))
+
+    def packet(self, r) -> Packet:
         opts = self.options(r)
         reason, location = self.options.drop(r)
         return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,

@@ -279,6 +279,7 @@ def cmd_linktypes(args) -> int:
 # ---- capturing -------------------------------------------------------------------------------
 
 def cmd_capture(args, command: list[str]) -> int:
+    from fcap.live import output
     from fcap.live.session import Session
     cfg, count = _config(args)
     rotation = _rotation(args)
@@ -287,7 +288,7 @@ def cmd_capture(args, command: list[str]) -> int:
         from fcap.live import privileges
         user = privileges.lookup(args.user)
         if rotation is not None:
-            _check_rotation_dir(args.write, rotation, user)
+            output.check_rotation_dir(args.write, rotation, user)
     session = Session(cfg)
     try:
         session.resolve()
@@ -296,13 +297,12 @@ def cmd_capture(args, command: list[str]) -> int:
         if fmt == "pcap" and args.dump:
             raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
-            session.cfg = session.cfg._replace(
-                record=fmt,                       # the programs lay out this format's record headers
-                file_ring=not args.perf_buffer,   # and where they can, write finished records themselves
-                meta=fmt != "pcap")               # pcap holds no pid, comm, mark or netns
+            session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
-        out = _start(session, args, fmt, user, rotation)
+        session.open()                            # load first: a refused program leaves no file behind
+        _filter_note(session, args)
+        out = output.start(session, _sink(args, fmt, rotation), user)
     except FcapError as e:
         session.close()
         return fail(str(e))
@@ -353,60 +353,13 @@ def _rotation(args):
     return plan
 
 
-def _check_rotation_dir(path: str, rotation, user) -> None:
-    """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
-    cannot make files there."""
-    import time
-
-    from fcap.live import privileges
-    from fcap.files.rotate import file_name
-    first = file_name(path, 0, 0, int(time.time()) if rotation.seconds else None)
-    directory = os.path.dirname(first) or "."
-    if not privileges.may_create_in(directory, user):
-        raise FcapError(f"-Z {user.pw_name}: cannot create files in {directory} (-C/-G make their files as "
-                        f"{user.pw_name})")
-
-
-def _start(session, args, fmt: str | None, user, rotation=None):
-    """Load, open the output, attach, and (-Z) become USER; returns the output."""
-    from fcap.live.session import CaptureError
-    session.open()                            # load first: a refused program leaves no file behind
+def _filter_note(session, args) -> None:
+    """What the filter compiled into, when it is worth a line on stderr (before the output is opened)."""
     if not args.quiet and session.cbpf is not None:
         from fcap.commands.feature_report import filter_note
         note = filter_note(session)
         if note:
             sys.stderr.write(f"{PROG}: {note}\n")
-    out = _open_output(args, session, fmt, rotation)
-    try:
-        session.attach()
-    except CaptureError:
-        _discard_output(args, out)
-        raise
-    if user is not None:
-        _become(user, out)
-    return out
-
-
-def _become(user, out) -> None:
-    """-Z: the output is USER's, then the process is (an OSError is reported as the capture's error)."""
-    from fcap.live import privileges
-    try:
-        if out.writer is not None and not out.stream:
-            privileges.give_output(out.writer.fileno(), user)
-        privileges.drop_to(user)
-    except OSError as e:
-        raise FcapError(f"-Z {user.pw_name}: {e.strerror}") from None
-
-
-def _discard_output(args, out) -> None:
-    """A capture that never started: close its output and remove the file it created."""
-    try:
-        if out.writer is not None:
-            out.writer.close()
-        if args.write and args.write != "-":
-            os.unlink(out.path)
-    except OSError:
-        pass
 
 
 _PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction")
@@ -469,50 +422,27 @@ def _to_stdout(args) -> bool:
 
 def _output_format(args, session) -> str | None:
     """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
-    from fcap.files.pcapfile import format_for_path
+    from fcap.live.output import file_format
     to_stdout = _to_stdout(args)
     if args.live_path:
         if args.write:
             raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
         return None
-    if args.write is None and not to_stdout:
-        return None
-    fmt = args.format or ("pcapng" if to_stdout else format_for_path(args.write))
-    if len(session.points) > 1 and fmt == "pcap":
-        fmt = "pcapng" if args.format is None else fmt
-    return fmt
+    return file_format(args.write, args.format, to_stdout, len(session.points))
 
 
-def _open_output(args, session, fmt: str | None, rotation=None):
-    from fcap.live.loop import Output
+def _sink(args, fmt: str | None, rotation=None):
+    """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series), --path's paths or
+    printed lines."""
     from fcap.text.printer import Printer
-    if fmt is None:
-        tracker = None
-        if getattr(args, "live_path", False):
-            from fcap.commands.path_report import Tracker
-            tracker = Tracker()
-        return Output(printer=Printer(args, sys.stdout), tracker=tracker)
-
-    def start(f):
-        """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
-        from fcap.files.pcapfile import open_writer
-        writer = open_writer(f, fmt)
-        lt = session.linktype
-        for p in session.points:
-            if fmt == "pcap" and p.id > 0:
-                break
-            writer.add_interface(p.if_name, lt.number, session.cfg.snaplen, description=p.if_description())
-        return writer
-    if rotation is not None:
-        from fcap.files.rotate import RotatingWriter
-        writer = RotatingWriter(args.write, rotation, fmt, start)
-        return Output(writer=writer, path=writer.path, clock=writer.tick if rotation.seconds else None)
-    to_stdout = _to_stdout(args)
-    if to_stdout:
-        f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
-    else:
-        f = open(args.write, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
-    return Output(writer=start(f), stream=to_stdout, path="stdout" if to_stdout else args.write)
+    if fmt is not None:
+        from fcap.live.output import FileSink
+        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation)
+    if args.live_path:
+        from fcap.commands.path_report import PathSink
+        return PathSink(Printer(args, sys.stdout))
+    from fcap.live.output import PrintSink
+    return PrintSink(Printer(args, sys.stdout))
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:
@@ -536,7 +466,7 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     except CommandError as e:
         return fail(str(e))
     if loop.files_done:     # (tcpdump's line, before the summary)
-        write_stderr(f"Maximum file limit reached: {out.writer.plan.files}\n")
+        write_stderr(f"Maximum file limit reached: {out.rotation.files}\n")
     if loop.error is not None:
         fail(loop.error_line())
     if loop.broken:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
+from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
 
 WINDOW_NS = 1_000_000_000   # records may come out of time order by this much (per-CPU batches)
@@ -164,6 +165,34 @@ class Tracker:
         for why, k in sorted(self.reasons.items(), key=lambda kv: -kv[1]):
             lines.append(f"dropped {k}: {why}")
         return "\n".join(lines) + "\n"
+
+
+# ---- live: fcap ... --path -----------------------------------------------------------------------------------
+
+class PathSink(PrintSink):
+    """--path's output: each record a hop of its packet's path; a path is printed (on the printer's stream) when it
+    ends, the rest and the summary when the capture does."""
+
+    def __init__(self, printer, tracker: Tracker | None = None):
+        super().__init__(printer)
+        self.tracker = tracker or Tracker()
+
+    def open(self, session) -> None:
+        super().open(session)
+        self.points = {p.id: p for p in session.points}
+
+    def write(self, rec) -> None:
+        session, o = self.session, self.options
+        p = self.points[rec.point]
+        drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
+        hop = Hop(rec.ts_ns + session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
+                  describe(rec.data, session.linktype.number, rec.orig_len))
+        for text in self.tracker.feed(hop):
+            self.printer.out.write(text)
+
+    def close(self, ok: bool = True) -> None:
+        self.printer.out.write("".join(self.tracker.finish()))
+        self.printer.flush()
 
 
 # ---- from a file fcap wrote --------------------------------------------------------------------------------

@@ -1,27 +1,15 @@
-"""The capture loop of the fcap command: where packets go (a file writer or a printer), when the capture stops
-(-c, a signal, a closed pipe, the command's exit), the command it runs, and tcpdump's summary lines."""
+"""The capture loop of the fcap command: records into one output (a fcap.live.output.Sink: a file, printed lines,
+paths), when the capture stops (-c, a signal, a closed pipe, the command's exit), the command it runs, and
+tcpdump's summary lines."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
-from typing import Callable, NamedTuple
 
-from fcap.kernel import stats
-from fcap.kernel.epbopts import Options
 from fcap.errors import CommandError
-
-
-class Output(NamedTuple):
-    """Where packets go: a capture file writer, or a printer; `stream` when the writer feeds a pipe."""
-
-    writer: object = None
-    printer: object = None
-    stream: bool = False
-    path: str = ""            # what the user named (-w FILE), for error lines
-    clock: Callable[[], bool] | None = None   # -G: called at each poll; True once -W's last file is done
-    tracker: object = None    # --path: a fcap.commands.path_report.Tracker (each packet's path is printed, not the packet)
+from fcap.live.output import Sink
 
 
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
@@ -31,7 +19,7 @@ class CaptureLoop:
     """One capture: run() drains the session into the output until something stops it, then cleans up and
     returns the exit status: the command's when its exit ended the capture, else 0."""
 
-    def __init__(self, session, out: Output, count: int = 0, command: list[str] | None = None):
+    def __init__(self, session, out: Sink, count: int = 0, command: list[str] | None = None):
         self.session = session
         self.out = out
         self.count = count
@@ -43,10 +31,6 @@ class CaptureLoop:
         self.written = 0
         self.command_ended = False   # the command's exit ended the capture
         self.files_done = False      # -G -W: the last file's interval is over
-        points = session.points
-        self.options = Options(points)   # (pcapng options, and what a drop point's records say)
-        self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
-        self.points = {p.id: p for p in points}
         self.drain = None         # the file drain, made by ready()
         self._wakeup: tuple = ()  # the signals' wake-up pipe (read end, write end)
 
@@ -61,7 +45,7 @@ class CaptureLoop:
         self.session.buffer.watch(rfd)
         writer = self.out.writer
         if writer is not None and self.session.dump_area is None:
-            self.drain = self.session.file_drain(writer, limit=self.count, options=self.options)
+            self.drain = self.session.file_drain(writer, limit=self.count, options=self.out.options)
 
     def run(self) -> int:
         self._start_command()
@@ -89,13 +73,10 @@ class CaptureLoop:
 
     def _drain(self) -> None:
         writer = self.out.writer
-        if writer is None:
-            self.session.run(self._track if self.out.tracker else self._print, self._should_stop)
+        if writer is None or self.session.dump_area is not None:   # records one by one (--dump: user space lays
+            self.session.run(self._deliver, self._should_stop)      # out every block, each has its own dumps)
             return
-        if self.session.dump_area is not None:   # user space lays out every block (each has its own dumps)
-            self.session.run(self._write, self._should_stop)
-            return
-        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.options)
+        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:
@@ -105,7 +86,7 @@ class CaptureLoop:
     def _write_failed(self, e: OSError) -> None:
         """A write error ends the capture: quietly for a pipe on stdout whose reader left (as tcpdump), with
         one line (error_line) for anything else."""
-        if isinstance(e, BrokenPipeError) and self.out.stream:
+        if isinstance(e, BrokenPipeError) and self.out.pipe:
             self.broken = True
         elif self.error is None:
             # (without its traceback, whose frames hold views of the buffers that must close)
@@ -113,53 +94,14 @@ class CaptureLoop:
 
     def error_line(self) -> str:
         e = self.error
-        path = getattr(self.out.writer, "path", "") or self.out.path   # (a rotating writer: the file at fault)
-        return f"{path}: {e.strerror or e}" if e is not None else ""
+        return f"{self.out.error_path()}: {e.strerror or e}" if e is not None else ""
 
-    def _write(self, rec) -> bool:
-        """The writer's sink when user space lays out each block (--dump): False stops the capture."""
-        from fcap.kernel.dumps import records_options
-        comments, more = records_options(rec.dumps)
+    def _deliver(self, rec) -> bool:
+        """The session's sink: the record to the output; False stops the capture."""
         try:
-            self.out.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                                  comments=comments, more=more, **self.options(rec))
-        except OSError as e:
+            self.out.write(rec)
+        except self.out.failures as e:
             self._write_failed(e)
-            return False
-        self.written += 1
-        return not (self.count and self.written >= self.count)
-
-    def _print(self, rec) -> bool:
-        """The printer's sink: False stops the capture."""
-        offset = self.session.clock_offset_ns
-        name = self.names.get(rec.point)
-        why = self.options.drop_text(rec).strip()
-        if why:   # the point's name, then why and where it dropped the packet
-            name = f"{name or self.session.points[0].if_name} [{why}]"
-        try:
-            self.out.printer.packet(rec.ts_ns + offset, rec.data, self.session.linktype.number, rec.orig_len, name)
-            if rec.dumps:
-                self.out.printer.dumps(rec.dumps)
-        except BrokenPipeError:
-            self.broken = True
-            return False
-        self.written += 1
-        return not (self.count and self.written >= self.count)
-
-    def _track(self, rec) -> bool:
-        """--path's sink: the record as a hop of its packet's path; paths that ended are printed."""
-        from fcap.commands.path_report import Hop
-        from fcap.text.show import describe
-        p = self.points[rec.point]
-        o = self.options
-        drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
-        hop = Hop(rec.ts_ns + self.session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
-                  describe(rec.data, self.session.linktype.number, rec.orig_len))
-        try:
-            for text in self.out.tracker.feed(hop):
-                self.out.printer.out.write(text)
-        except BrokenPipeError:
-            self.broken = True
             return False
         self.written += 1
         return not (self.count and self.written >= self.count)
@@ -167,30 +109,16 @@ class CaptureLoop:
     def _should_stop(self) -> bool:
         if self.stopping or self.broken:
             return True
-        if self.out.stream and self.out.writer is not None:
-            try:
-                self.out.writer.flush()
-            except OSError as e:
-                self._write_failed(e)
+        try:
+            if self.out.poll():     # (-G -W: the last file is done)
+                self.files_done = True
                 return True
-            if reader_gone(self.out.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
-                self.broken = True
-                return True
-        if self.out.clock is not None and self._tick():
+        except OSError as e:        # (a stream's reader left, a write or the next file failed)
+            self._write_failed(e)
             return True
         if self.proc is not None and self.proc.poll() is not None:
             self.command_ended = True
         return self.command_ended
-
-    def _tick(self) -> bool:
-        """-G's clock: the next file when it is time; True when the capture ends here (-W's last file, an error
-        opening the next one)."""
-        try:
-            self.files_done = self.out.clock()
-        except OSError as e:
-            self._write_failed(e)
-            return True
-        return self.files_done
 
     def _close(self) -> None:
         """Detach and free the programs, then close the output (the file keeps every record drained)."""
@@ -201,27 +129,13 @@ class CaptureLoop:
                 os.close(fd)
             self._wakeup = ()
         try:
-            if self.out.writer is not None:
-                self._write_stats()
-                self.out.writer.close()
-            elif self.out.printer is not None:
-                if self.out.tracker is not None:
-                    self.out.printer.out.write("".join(self.out.tracker.finish()))
-                self.out.printer.flush()
+            if self.error is None and not self.broken:
+                self.out.stats(self.session)
+            self.out.close()
         except BrokenPipeError:
             self.broken = True
         except OSError as e:
             self._write_failed(e)
-
-    def _write_stats(self) -> None:
-        """A pcapng file ends with each point's counts (Interface Statistics Blocks), unless writing failed. Not a
-        series of -C/-G files: the counts are the whole capture's, no one file's."""
-        s = self.session
-        w = self.out.writer
-        if (getattr(w, "fmt", None) != "pcapng" or not hasattr(w, "write_isb") or self.error is not None
-                or self.broken or not s.point_stats):
-            return
-        stats.write_isbs(self.out.writer, s.point_stats, s.attached_ns, s.detached_ns or s.attached_ns)
 
     def _end_command(self) -> None:
         """A command that outlived the capture (-c, a signal): terminated, then killed after GRACE_S."""
@@ -258,17 +172,6 @@ class CaptureLoop:
             return 0
         rc = self.proc.returncode
         return rc if rc >= 0 else 128 - rc
-
-
-def reader_gone(fd: int) -> bool:
-    """The reading end of the pipe, socket or FIFO on fd was closed (poll reports POLLERR/POLLHUP: they are
-    always reported, whatever the events asked); False for files and terminals."""
-    if fd < 0:
-        return False
-    import select
-    p = select.poll()
-    p.register(fd, 0)
-    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
 
 
 SCREENFUL = 24   # points named one by one in the listening line; past that, counted per -i

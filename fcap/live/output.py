@@ -1,0 +1,241 @@
+"""Where a capture's records go, behind one interface (Sink): a capture file (-w FILE, -w - on stdout, -C/-G/-W's
+series of files), printed lines, --path's paths, the API's Packets. The command line, the API and extcap (which
+captures through the command line into Wireshark's FIFO) all open theirs with start(): the output opened (the
+file's header and interface description blocks), then the programs attached, and a file that a failed attach
+leaves behind removed. Records reach a sink in time order: the capture loop feeds it through the session's
+ordered drain (fcap.live.order), or a file sink's writer takes finished records straight from fcap.live.drain."""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+
+from fcap.errors import CaptureError, FcapError
+
+PCAP, PCAPNG = "pcap", "pcapng"
+
+
+class Sink(ABC):
+    """One output of a capture. open(session) before the programs are attached; write(rec) for each record (in time
+    order; an OSError of one of `failures` ends the capture, others are bugs and propagate); poll() at each poll of
+    the buffers; stats(session) once the capture ended well; close(ok), where ok=False means the capture never
+    started and whatever it made is discarded."""
+
+    writer = None        # a capture-file writer the drains (fcap.live.drain) write finished records to, or None
+    stream = False       # packets go to stdout as a capture file (a command's own output must not land there)
+    pipe = False         # a reader that left (EPIPE) ends the capture quietly, as tcpdump's
+    failures: tuple = (OSError,)   # what write() may raise that ends the capture with a line
+    path = ""            # what the user named, for error lines
+
+    def open(self, session) -> None:
+        """Take the session's points (and, for a file, write its header and interfaces)."""
+        from fcap.kernel.epbopts import Options
+        self.session = session
+        self.options = Options(session.points)   # (pcapng options, and what a drop point's records say)
+
+    @abstractmethod
+    def write(self, rec) -> None:
+        """One record (fcap.kernel.layout.Record), its timestamp still the session's monotonic one."""
+
+    def poll(self) -> bool:
+        """Called at each poll: True ends the capture (-G -W: the last file is done). OSError: the output failed
+        (BrokenPipeError: its reader left)."""
+        return False
+
+    def stats(self, session) -> None:
+        """The capture ended without a write error: its counts, where the output keeps them."""
+
+    def close(self, ok: bool = True) -> None:
+        """Flush and close; ok=False: the capture never started, discard what was made."""
+
+    def error_path(self) -> str:
+        """The file an error line names."""
+        return self.path
+
+
+class FileSink(Sink):
+    """A capture file in `fmt` (pcap or pcapng): at `path`, on stdout when path is None or "-", or a series of files
+    when `rotation` (a fcap.files.rotate.Plan) asks for one. Each file starts with its header and one interface
+    description per point (pcap: the first point's only)."""
+
+    def __init__(self, path: str | None, fmt: str, rotation=None):
+        self.fmt = fmt
+        self.rotation = rotation
+        self.stream = path is None or path == "-"
+        self.target = path
+        self.path = "stdout" if self.stream else path
+        self.clock = None
+
+    def open(self, session) -> None:
+        super().open(session)
+        if self.rotation is not None:
+            from fcap.files.rotate import RotatingWriter
+            self.writer = RotatingWriter(self.target, self.rotation, self.fmt, self._start)
+            self.path = self.writer.path
+            self.clock = self.writer.tick if self.rotation.seconds else None
+            return
+        if self.stream:
+            f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
+        else:
+            f = open(self.target, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
+        self.writer = self._start(f)
+
+    def _start(self, f):
+        """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
+        from fcap.files.pcapfile import open_writer
+        session = self.session
+        writer = open_writer(f, self.fmt)
+        lt = session.linktype
+        for p in session.points:
+            if self.fmt == PCAP and p.id > 0:
+                break
+            writer.add_interface(p.if_name, lt.number, session.cfg.snaplen, description=p.if_description())
+        return writer
+
+    def write(self, rec) -> None:
+        """When user space lays out each block (--dump: each has its own dumps)."""
+        from fcap.kernel.dumps import records_options
+        comments, more = records_options(rec.dumps)
+        self.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
+                          comments=comments, more=more, **self.options(rec))
+
+    @property
+    def pipe(self) -> bool:
+        return self.stream
+
+    def poll(self) -> bool:
+        if self.stream:
+            self.writer.flush()
+            if reader_gone(self.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
+                raise BrokenPipeError(32, "Broken pipe")
+        return self.clock is not None and self.clock()
+
+    def stats(self, session) -> None:
+        """A pcapng file ends with each point's counts (Interface Statistics Blocks). Not a series of -C/-G files:
+        the counts are the whole capture's, no one file's."""
+        w = self.writer
+        if self.fmt != PCAPNG or not hasattr(w, "write_isb") or not session.point_stats:
+            return
+        from fcap.kernel import stats
+        stats.write_isbs(w, session.point_stats, session.attached_ns, session.detached_ns or session.attached_ns)
+
+    def close(self, ok: bool = True) -> None:
+        if ok:
+            if self.writer is not None:
+                self.writer.close()
+            return
+        try:   # a capture that never started: no file is left behind
+            if self.writer is not None:
+                self.writer.close()
+            if not self.stream:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def error_path(self) -> str:
+        return getattr(self.writer, "path", "") or self.path   # (a rotating writer: the file at fault)
+
+    def fileno(self) -> int:
+        """The file's descriptor, to hand to -Z's user (-1: stdout's is not ours to give)."""
+        return -1 if self.stream or self.writer is None else self.writer.fileno()
+
+
+class PrintSink(Sink):
+    """Printed lines, tcpdump's (a fcap.text.printer.Printer): each record's, with its dumps; several points: the
+    point's name on each line, a drop point's reason and location after it."""
+
+    pipe = True
+    failures = (BrokenPipeError,)
+
+    def __init__(self, printer):
+        self.printer = printer
+
+    def open(self, session) -> None:
+        super().open(session)
+        points = session.points
+        self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
+
+    def write(self, rec) -> None:
+        session = self.session
+        name = self.names.get(rec.point)
+        why = self.options.drop_text(rec).strip()
+        if why:   # the point's name, then why and where it dropped the packet
+            name = f"{name or session.points[0].if_name} [{why}]"
+        self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
+                            name)
+        if rec.dumps:
+            self.printer.dumps(rec.dumps)
+
+    def close(self, ok: bool = True) -> None:
+        self.printer.flush()
+
+
+def file_format(path: str | None, fmt: str | None, to_stdout: bool, points: int) -> str | None:
+    """The capture file's format (pcap or pcapng) for -w `path` and --format `fmt`, or None when packets are
+    printed: stdout (no -w, not a terminal) is pcapng; a file's extension decides; several points need pcapng
+    unless --format says pcap."""
+    from fcap.files.pcapfile import format_for_path
+    if path is None and not to_stdout:
+        return None
+    chosen = fmt or (PCAPNG if to_stdout else format_for_path(path))
+    if points > 1 and chosen == PCAP and fmt is None:
+        chosen = PCAPNG
+    return chosen
+
+
+def record_config(cfg, fmt: str, perf_buffer: bool = False):
+    """The session's configuration for writing `fmt`: the programs lay out its record headers, write finished
+    records themselves where they can (unless `perf_buffer`), and record metadata only where the file keeps it."""
+    return cfg._replace(record=fmt, file_ring=not perf_buffer, meta=fmt != PCAP)
+
+
+def check_rotation_dir(path: str, rotation, user) -> None:
+    """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
+    cannot make files there."""
+    import time
+
+    from fcap.files.rotate import file_name
+    from fcap.live import privileges
+    first = file_name(path, 0, 0, int(time.time()) if rotation.seconds else None)
+    directory = os.path.dirname(first) or "."
+    if not privileges.may_create_in(directory, user):
+        raise FcapError(f"-Z {user.pw_name}: cannot create files in {directory} (-C/-G make their files as "
+                        f"{user.pw_name})")
+
+
+def start(session, sink: Sink, user=None) -> Sink:
+    """Open the sink, attach the session's (loaded) programs and (-Z) become `user`, the output file first handed
+    to them. A failed attach closes the sink and removes its file: a capture that never started leaves none."""
+    sink.open(session)
+    try:
+        session.attach()
+    except CaptureError:
+        sink.close(ok=False)
+        raise
+    if user is not None:
+        _become(user, sink)
+    return sink
+
+
+def _become(user, sink: Sink) -> None:
+    """-Z: the output is USER's, then the process is (an OSError is reported as the capture's error)."""
+    from fcap.live import privileges
+    try:
+        fd = sink.fileno() if isinstance(sink, FileSink) else -1
+        if fd >= 0:
+            privileges.give_output(fd, user)
+        privileges.drop_to(user)
+    except OSError as e:
+        raise FcapError(f"-Z {user.pw_name}: {e.strerror}") from None
+
+
+def reader_gone(fd: int) -> bool:
+    """The reading end of the pipe, socket or FIFO on fd was closed (poll reports POLLERR/POLLHUP: they are
+    always reported, whatever the events asked); False for files and terminals."""
+    if fd < 0:
+        return False
+    import select
+    p = select.poll()
+    p.register(fd, 0)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0))
