@@ -9,11 +9,11 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from fcap.defaults import BUFFER_KIB, SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.kernel.layout import COMMENT
 from fcap.live.output import Sink
 
-DEFAULT_SNAPLEN = 262144
 POLL_MS = 100
 
 
@@ -71,11 +71,11 @@ class Capture:
     """A capture running in the kernel: iterate over it for Packets. `with fcap.capture(...) as cap:` detaches
     everything when the block ends (also on an exception); so do close() and garbage collection."""
 
-    def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
+    def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None):
-        from fcap.live.session import DEFAULT_BUFFER_KIB, Config, Session
+        from fcap.live.session import Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
@@ -86,7 +86,7 @@ class Capture:
         self.session = None
         from fcap.kernel import predicates
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
-                     filter=filter or None, buffer_kib=buffer_kib or DEFAULT_BUFFER_KIB, immediate=True,
+                     filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True,
                      predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
                      dumps=dump, track=bool(track), **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
@@ -206,7 +206,7 @@ def _strings(items, what: str) -> list[str]:
     return items
 
 
-def capture(points, filter: str | None = None, count: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
+def capture(points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
             linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
             dump: Iterable[str] = (), **kw) -> Capture:
     """Capture at `points` (a name or a list: "tp_btf/net_dev_queue", "fentry/ip_rcv", ...). `filter`: tcpdump's

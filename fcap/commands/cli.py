@@ -14,6 +14,7 @@ import sys  # noqa: E402
 
 from fcap import __version__  # noqa: E402
 from fcap.commands.console import PROG, fail, quiet_stdout  # noqa: E402
+from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen  # noqa: E402
 from fcap.errors import FcapError, UsageError  # noqa: E402
 from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
 
@@ -39,9 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with -C: a ring of N files (FILE0 ... names padded); with -G: stop after N files")
     p.add_argument("-r", dest="read", metavar="FILE", help="read packets from a pcap/pcapng FILE and print them")
     p.add_argument("-y", dest="linktype", metavar="TYPE", help="link-type: EN10MB, RAW, IPV4, IPV6, LINUX_SLL2")
-    p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help="bytes per packet (default 262144; 0 = default)")
+    p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help=f"bytes per packet (default {SNAPLEN}; 0 = default)")
     p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
-    p.add_argument("-B", dest="buffer", metavar="KIB", help="buffer size in KiB (default 4096)")
+    p.add_argument("-B", dest="buffer", metavar="KIB", help=f"buffer size in KiB (default {BUFFER_KIB})")
     p.add_argument("-Z", dest="user", metavar="USER",
                    help="once attached and the output open, go on as USER (the output file is USER's)")
     p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")
@@ -95,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
                         "captured at every point until the kernel frees it, under the packet id it got there")
-    f.add_argument("--track-max", metavar="N", help="entries of the tracking map (default 16384; evictions counted)")
+    f.add_argument("--track-max", metavar="N",
+                   help=f"entries of the tracking map (default {TRACK_MAX}; evictions counted)")
     f.add_argument("--path", dest="live_path", action="store_true",
                    help="print each packet's path (points in order, time between them, how it ended) as fcap path "
                         "does, instead of the packets")
@@ -317,11 +319,9 @@ def _config(args):
     from fcap.live.session import Config
     if not args.points:
         raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
-    snaplen = _int(args.snaplen, "snaplen", 262144, 0) or 262144
-    if snaplen > 0x7FFFFFFF:
-        raise UsageError(f"invalid snaplen '{args.snaplen}': too large")
+    snaplen = check_snaplen(_int(args.snaplen, "snaplen", SNAPLEN, 0) or SNAPLEN, args.snaplen)
     count = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
-    buffer_kib = _int(args.buffer, "buffer size", 4096, 1)
+    buffer_kib = _int(args.buffer, "buffer size", BUFFER_KIB, 1)
     expr = " ".join(args.expression) or None
     if args.filter_file:
         try:
@@ -334,7 +334,7 @@ def _config(args):
         lookup(args.linktype)
     if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
         raise UsageError(f"unknown capture direction `{args.direction}'")
-    track_max = _int(args.track_max, "tracking map size", 16384, 2)
+    track_max = _int(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
                   track_max=track_max), count

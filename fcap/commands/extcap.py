@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from fcap import __version__
+from fcap.defaults import SNAPLEN
 from fcap.errors import FcapError, UsageError
 
 ANY = "fcap-any"
@@ -135,7 +136,8 @@ def _config(iface: str) -> str:
                      "a semantic point (dev:queue, skb:drop...: fcap list-devices --semantic) or fentry/FUNC, "
                      "fexit/FUNC, tp_btf/NAME, raw_tp/NAME, kprobe/FUNC (fcap list-devices)"))
     args += [
-        ("--snaplen", "Snapshot length", "integer", "{range=1,262144}{default=262144}", "bytes kept of each packet"),
+        ("--snaplen", "Snapshot length", "integer", f"{{range=1,{SNAPLEN}}}{{default={SNAPLEN}}}",
+         "bytes kept of each packet"),
         ("--where", "Where (PATH OP VALUE)", "string", "", "a BTF field test, e.g. skb->len > 1000"),
         ("--dump", "Dump (PATH)", "string", "", "what the kernel held, e.g. skb->dev (in each packet's comments)"),
     ]
@@ -149,7 +151,7 @@ def _validate_filter(expr: str, point: str) -> int:
         return 0
     from fcap.kernel.filter import FilterError, compile_filter
     try:
-        compile_filter(expr, _linktype(point), 262144)
+        compile_filter(expr, _linktype(point), SNAPLEN)
     except FilterError as e:
         sys.stdout.write(f"{e}\n")
         return 1

@@ -8,8 +8,9 @@ import stat
 import struct
 from typing import BinaryIO
 
+from fcap.defaults import NS, SNAPLEN
+
 FORMATS = ("pcap", "pcapng")
-DEFAULT_SNAPLEN = 262144
 
 PCAP_MAGIC_US = 0xA1B2C3D4
 PCAP_MAGIC_NS = 0xA1B23C4D
@@ -52,7 +53,6 @@ ISB_TIMES = (ISB_STARTTIME, ISB_ENDTIME)   # timestamps (high, low u32s); the ot
 FLAG_INBOUND = 1  # epb_flags direction bits
 FLAG_OUTBOUND = 2
 
-_NS = 1_000_000_000
 _IOV_MAX = 1024
 
 
@@ -85,7 +85,7 @@ class Writer:
         self._fd: int | None = None
         self.closed = False
 
-    def add_interface(self, name: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, description: str = "") -> int:
+    def add_interface(self, name: str, linktype: int, snaplen: int = SNAPLEN, description: str = "") -> int:
         raise NotImplementedError
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
@@ -194,7 +194,7 @@ class PcapWriter(Writer):
     _FILE_HDR = struct.Struct("=IHHiIII")
     _REC_HDR = struct.Struct("=IIII")
 
-    def __init__(self, fileobj: BinaryIO, linktype: int | None = None, snaplen: int = DEFAULT_SNAPLEN,
+    def __init__(self, fileobj: BinaryIO, linktype: int | None = None, snaplen: int = SNAPLEN,
                  closefd: bool = True) -> None:
         super().__init__(fileobj, closefd)
         self._snaplen = -1  # no header yet: every write takes the slow path and fails
@@ -202,7 +202,7 @@ class PcapWriter(Writer):
         if linktype is not None:
             self.add_interface("", linktype, snaplen)
 
-    def add_interface(self, name: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, description: str = "") -> int:
+    def add_interface(self, name: str, linktype: int, snaplen: int = SNAPLEN, description: str = "") -> int:
         if self.linktype is not None:
             raise ValueError("a pcap file holds one interface; use pcapng for several")
         if not 0 <= linktype <= 0x03FFFFFF:
@@ -225,7 +225,7 @@ class PcapWriter(Writer):
             data = data[:self._snaplen]
             n = self._snaplen
         try:
-            hdr = self._REC_HDR.pack(ts_ns // _NS, ts_ns % _NS, n, orig_len)
+            hdr = self._REC_HDR.pack(ts_ns // NS, ts_ns % NS, n, orig_len)
         except struct.error:
             raise ValueError(f"pcap cannot hold ts_ns={ts_ns} orig_len={orig_len} "
                              "(seconds and lengths are unsigned 32-bit)") from None
@@ -273,7 +273,7 @@ class PcapngWriter(Writer):
                 + _option(SHB_USERAPPL, userappl.encode()) + _END_OF_OPTIONS)
         self._w(_block(BT_SHB, struct.pack("=IHHq", BYTE_ORDER_MAGIC, PCAPNG_MAJOR, PCAPNG_MINOR, -1) + opts))
 
-    def add_interface(self, name: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, description: str = "") -> int:
+    def add_interface(self, name: str, linktype: int, snaplen: int = SNAPLEN, description: str = "") -> int:
         if not 0 <= linktype <= 0xFFFF:
             raise ValueError(f"linktype {linktype} out of range for pcapng (16 bits)")
         _check_snaplen(snaplen)

@@ -8,13 +8,13 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
 
+from fcap.defaults import NS, SNAPLEN
 from fcap.errors import PcapFormatError
-from fcap.files.pcapfile import (BT_EPB, BT_IDB, BT_ISB, BT_OPB, BT_SHB, BT_SPB, BYTE_ORDER_MAGIC, DEFAULT_SNAPLEN, EPB_FLAGS,
+from fcap.files.pcapfile import (BT_EPB, BT_IDB, BT_ISB, BT_OPB, BT_SHB, BT_SPB, BYTE_ORDER_MAGIC, EPB_FLAGS,
                        EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, IF_NAME, IF_TSOFFSET, IF_TSRESOL, ISB_OPTIONS, ISB_TIMES,
                        OPT_COMMENT, OPT_CUSTOM, OPT_ENDOFOPT, PCAPNG_MAJOR, PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS,
                        PCAP_MAGIC_US, VERDICT_TC, VERDICT_XDP)
 
-_NS = 1_000_000_000
 _CHUNK = 1 << 20
 _MAX_BLOCK = 1 << 28  # sanity bound on one pcapng block (libpcap's largest snaplen is 128 MiB)
 _MAX_CAPLEN = {231: 128 * 1024 * 1024, 249: 1024 * 1024, 279: 8 * 1024 * 1024}  # DBUS, USBPCAP, EBHSCR
@@ -124,7 +124,7 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[Record]:
     if not ((major == 2 and minor <= 4) or (major, minor) == (543, 0)):
         raise PcapFormatError(f"unsupported pcap savefile version {major}.{minor}")
     linktype = network & 0x03FFFFFF  # upper bits: FCS length
-    maxcap = _MAX_CAPLEN.get(linktype, DEFAULT_SNAPLEN)
+    maxcap = _MAX_CAPLEN.get(linktype, SNAPLEN)
     if not 0 < snaplen <= maxcap:
         snaplen = maxcap
     swapped = 2 if major == 2 and minor < 3 else 1 if (major, minor) == (2, 3) else 0  # 1: maybe swapped
@@ -154,7 +154,7 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[Record]:
                           f"packet {number} at byte {at}")
         if caplen > snaplen:
             data = data[:snaplen]  # as libpcap does
-        yield Record(sec * _NS + frac * scale, data, length, linktype)
+        yield Record(sec * NS + frac * scale, data, length, linktype)
 
 
 def _damage(what: str, where: str) -> PcapFormatError:
@@ -311,7 +311,7 @@ def _interface_block(section: _Section, btype: int, body: bytes) -> None:
             if len(value) != 8:
                 raise PcapFormatError(f"Interface Description Block has if_tsoffset option with length {len(value)} "
                                       "!= 8")
-            iface.offset_ns = struct.unpack(e + "q", value)[0] * _NS
+            iface.offset_ns = struct.unpack(e + "q", value)[0] * NS
     section.ifaces.append(iface)
 
 
@@ -322,7 +322,7 @@ def _tsresol(v: int) -> tuple[int, int, int]:
     if v & 0x80:  # 2^-exp seconds
         if exp > 63:
             raise PcapFormatError(f"Interface Description Block if_tsresol option resolution 2^-{exp} is too high")
-        return _NS, 1, exp
+        return NS, 1, exp
     if exp > 19:
         raise PcapFormatError(f"Interface Description Block if_tsresol option resolution 10^-{exp} is too high")
     return (10 ** (9 - exp), 1, 0) if exp <= 9 else (1, 10 ** (exp - 9), 0)

@@ -7,6 +7,8 @@ import struct
 import time
 from typing import BinaryIO, Callable, NamedTuple
 
+from fcap.defaults import FILE_BUFFERING
+
 MILLION = 1_000_000      # -C counts millions of bytes, as tcpdump's
 _U32 = struct.Struct("=I")
 # where a record's length is, and the smallest record: pcap (16-byte header, caplen at +8, the header not counted),
@@ -149,7 +151,7 @@ class RotatingWriter:
     def _open(self) -> None:
         chars = self.plan.chars if self.plan.size else 0
         self.path = file_name(self.template, self.count, chars, self.since)
-        f = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
+        f = open(self.path, "wb", buffering=FILE_BUFFERING)  # noqa: SIM115 - the writer owns it
         try:
             writer = self._start(f)
             self.size = f.tell()

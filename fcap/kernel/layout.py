@@ -11,6 +11,7 @@ from typing import NamedTuple
 from bpf import asm
 from bpf.asm import BYTES_SIZE
 
+from fcap.defaults import SNAPLEN
 from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, FLAG_INBOUND,
                        FLAG_OUTBOUND, OPT_COMMENT)
 
@@ -129,7 +130,6 @@ PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_COMMENT = BT_EPB, EPB_FLAGS, E
 PCAPNG_QUEUE, PCAPNG_VERDICT = EPB_QUEUE, EPB_VERDICT
 PCAPNG_OPTIONS = EPB_OPTION_ORDER   # the order of an EPB's options, the writer's and the program's
 EPB_DIRECTION = {"out": FLAG_OUTBOUND, "in": FLAG_INBOUND}   # epb_flags for a point's direction
-NS = 1_000_000_000
 
 # ---- the scratch value (per CPU, per point): META, then the packet's bytes as the record carries them ----------
 PKT = META_SIZE          # offset of the packet bytes in the scratch value
@@ -143,7 +143,7 @@ COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
 # the file rings (fcap.kernel.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
 # GSO/BIG TCP skb larger than 64 KiB lands whole
-RING_CAPLEN_MAX = 262144
+RING_CAPLEN_MAX = SNAPLEN
 RING_COPY_MAX = RING_CAPLEN_MAX - HDR_MAX
 
 # ---- typed dumps (--dump, fcap.kernel.dumps): an area before META, in the scratch value and at the start of the perf

@@ -50,13 +50,14 @@ from bpf.asm import (
 from bpf.btf import BTF, BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
 
+from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
 from fcap.kernel import ancillary, drops, dumps, epbopts, predicates, ringrec, stats, track
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
 from fcap.kernel.layout import (CAREA, COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP,
-                                META, META_SIZE, NS, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
+                                META, META_SIZE, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAP, RECORD_PCAPNG,
                                 RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK, START_SLL2, STACK)
 from fcap.points.spec import Point
 

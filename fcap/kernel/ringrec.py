@@ -15,9 +15,10 @@ from fcap.kernel import epbopts
 from fcap.kernel import kcomment
 from fcap.kernel.feature import WRITE, Feature, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
-                     HEAD_POS, META, NS, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
+                     HEAD_POS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
                      PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
                      RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
+from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
 
 assert PCAPNG_OPTIONS == (PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PCAPNG_COMMENT), \

@@ -46,7 +46,6 @@ FREE_POINTS = ("kfree_skb", "consume_skb")   # tracepoints: the skb is freed rig
 # life anyway: its head is another, or one whose free kfree saw)
 MEMORY_POINTS = (("kfree", (1,)), ("kmem_cache_free", (0, 1)))
 SEEN_BITS = 64         # a (point, device) bit each: see seen_slots
-DEFAULT_MAX = 16384
 
 
 def mode(track: bool, points: int, ids: bool = True) -> str:

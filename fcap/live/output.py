@@ -11,6 +11,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 
+from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
 
 PCAP, PCAPNG = "pcap", "pcapng"
@@ -78,7 +79,7 @@ class FileSink(Sink):
         if self.stream:
             f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
         else:
-            f = open(self.target, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it
+            f = open(self.target, "wb", buffering=FILE_BUFFERING)  # noqa: SIM115 - the writer owns it
         self.writer = self._start(f)
 
     def _start(self, f):

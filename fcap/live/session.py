@@ -29,10 +29,9 @@ from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, looku
 from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve, suggestion
 from fcap.kernel.drops import is_drop_point
 from fcap.live.order import Pending, Window
+from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 
-DEFAULT_SNAPLEN = 262144
-DEFAULT_BUFFER_KIB = 4096
 
 START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cprog.START_NETWORK,
              "IPV6": cprog.START_NETWORK, "LINUX_SLL2": cprog.START_SLL2, "IEEE802_11": cprog.START_MAC}
@@ -42,9 +41,9 @@ PROTO_FOR = {"IPV4": ETH_P_IP, "IPV6": ETH_P_IPV6}
 class Config(NamedTuple):
     points: list[str]
     linktype: str | None = None
-    snaplen: int = DEFAULT_SNAPLEN
+    snaplen: int = SNAPLEN
     filter: str | None = None
-    buffer_kib: int = DEFAULT_BUFFER_KIB
+    buffer_kib: int = BUFFER_KIB
     immediate: bool = False
     predicates: list | tuple = ()   # factories: Point -> predicate (see fcap.kernel.predicates)
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
@@ -52,7 +51,7 @@ class Config(NamedTuple):
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
     dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
-    track_max: int = 16384    # entries of the tracking map (two per packet, one more per clone)
+    track_max: int = TRACK_MAX
 
 
 class Stats:
@@ -118,8 +117,7 @@ class Session:
     def resolve(self) -> None:
         if not os.path.exists("/sys/kernel/btf/vmlinux"):
             raise CaptureError("this kernel has no BTF (/sys/kernel/btf/vmlinux): fcap needs CONFIG_DEBUG_INFO_BTF")
-        if not 0 < self.cfg.snaplen <= 0x7FFFFFFF:
-            raise CaptureError(f"invalid snaplen {self.cfg.snaplen}")
+        check_snaplen(self.cfg.snaplen)
         try:
             seen: set[str] = set()
             for spec in self.cfg.points:

@@ -6,10 +6,9 @@ import logging
 import time
 from typing import NamedTuple
 
+from fcap.defaults import NS, SNAPLEN
 from fcap.text.dissect import dissect
 from fcap.text.dissect.reader import hex_lines
-
-MAXIMUM_SNAPLEN = 262144
 
 
 class ScapyMissing(ImportError):
@@ -32,7 +31,7 @@ def format_time(ts_ns: int, precision: str = "micro", style: str = "local") -> s
     (The relative styles, "delta" and "since_first", need the packets before: Summarizer keeps them.)"""
     if style == "none":
         return ""
-    sec, ns = divmod(ts_ns, 1_000_000_000)
+    sec, ns = divmod(ts_ns, NS)
     frac = "%09d" % ns if precision == "nano" else "%06d" % (ns // 1000)
     if style == "epoch":
         return f"{sec}.{frac}"
@@ -124,8 +123,8 @@ def _describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None, 
     bad = [" caplen==0"] if caplen == 0 else []
     if orig_len == 0 or orig_len < caplen:
         bad.append(" len==0" if orig_len == 0 else f" len({orig_len}) < caplen({caplen})")
-    bad += [f" {what}({n}) > {MAXIMUM_SNAPLEN}" for what, n in (("caplen", caplen), ("len", orig_len))
-            if n > MAXIMUM_SNAPLEN]
+    bad += [f" {what}({n}) > {SNAPLEN}" for what, n in (("caplen", caplen), ("len", orig_len))
+            if n > SNAPLEN]
     if bad:
         return Shown("[Invalid header:" + ",".join(bad) + "]", None)
     return Shown(*dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress))

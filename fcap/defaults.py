@@ -1,0 +1,25 @@
+"""The defaults and limits several floors share, each written once: the command line (its help text too), the
+API, the session, the writers, the readers and the program builder take them from here. It imports only
+fcap.errors, so every floor imports it downward."""
+
+from __future__ import annotations
+
+from fcap.errors import UsageError
+
+SNAPLEN = 262144          # tcpdump's MAXIMUM_SNAPLEN: -s's default (and what -s 0 means), the largest record the
+                          # file rings hold, the largest caplen a file reader or printer trusts
+SNAPLEN_LIMIT = 0x7FFFFFFF   # the largest -s a capture takes (the program's length compares are signed 32-bit)
+BUFFER_KIB = 4096         # -B: the capture buffer, all CPUs together
+TRACK_MAX = 16384         # --track-max: entries of the tracking map (two per packet, one more per clone)
+FILE_BUFFERING = 1 << 20  # bytes an output file buffers before it writes
+NS = 1_000_000_000        # nanoseconds in a second: timestamps are integer ns everywhere
+
+
+def check_snaplen(snaplen: int, given: object = None) -> int:
+    """snaplen when a capture can take it, else UsageError saying why (`given`: as the user wrote it)."""
+    shown = snaplen if given is None else given
+    if snaplen < 1:
+        raise UsageError(f"invalid snaplen '{shown}': must be at least 1")
+    if snaplen > SNAPLEN_LIMIT:
+        raise UsageError(f"invalid snaplen '{shown}': too large")
+    return snaplen
