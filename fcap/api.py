@@ -7,7 +7,7 @@ import collections
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from fcap.defaults import BUFFER_KIB, SNAPLEN
 from fcap.errors import FcapError, UsageError
@@ -65,6 +65,11 @@ class Packet:
         if cls is None:
             raise FcapError(f"Packet.dpkt(): no dpkt class for link type {self.linktype}")
         return cls(bytes(self.data))
+
+
+# the metadata a Packet takes by name from a capture's record (fcap.kernel.layout.Record) or, read from a file, from
+# fcap's comment (fcap.kernel.layout.COMMENT): the Packet attributes the comment shows
+_METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})
 
 
 class Capture:
@@ -193,10 +198,9 @@ class _Packets(Sink):
         opts = self.options(r)
         reason, location = self.options.drop(r)
         return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
-                      orig_len=r.orig_len, linktype=self.linktype, skb=r.skb, pid=r.pid, tid=r.tid, comm=r.comm,
-                      ifindex=r.ifindex, netns=r.netns, mark=r.mark, dumps={d.path: d for d in r.dumps},
-                      packet_id=opts["packet_id"], reason=reason, location=location, verdict=opts["verdict"],
-                      comment=opts["comment"])
+                      orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
+                      dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
+                      location=location, verdict=opts["verdict"], comment=opts["comment"])
 
 
 def _strings(items, what: str) -> list[str]:
@@ -264,8 +268,8 @@ def _packet_of(rec) -> Packet:
     if rec.custom:
         from fcap.kernel.dumps import dumps_of
         dumps = {d.path: d for d in dumps_of(rec.custom, lines)}
+    found = {name: meta.get(name) for name in _METADATA}
+    found["skb"] = meta.get("skb", rec.packet_id)
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
-                  linktype=rec.linktype, skb=meta.get("skb", rec.packet_id), pid=meta.get("pid"),
-                  tid=meta.get("tid"), comm=meta.get("comm"), ifindex=meta.get("ifindex"), netns=meta.get("netns"),
-                  mark=meta.get("mark"), dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
+                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
                   location=meta.get("location"), verdict=rec.verdict, comment=rec.comment)

@@ -247,3 +247,12 @@ def test_track_follows_one_packet_under_the_command_lines_names(root, tmp_path, 
         f.kill()
     back = list(fcap.read(out))
     assert sorted(p.point for p in back) == ["dev:queue", "dev:receive"] and len({p.packet_id for p in back}) == 1
+
+
+def test_records_by_field_name():
+    """fcap.Packet takes its metadata by name: each is a Record field and an attribute fcap's comment shows."""
+    from fcap.api import _METADATA, Packet
+    from fcap.kernel.layout import COMMENT, Record
+    assert _METADATA == ("skb", "pid", "tid", "comm", "ifindex", "netns", "mark")
+    assert set(_METADATA) <= set(Record._fields) & {attr for _p, attr, _s in COMMENT}
+    assert all(hasattr(Packet(ts_ns=0, point=None, data=b"", orig_len=0, linktype=1), n) for n in _METADATA)

@@ -20,3 +20,4 @@ def test_help_shows_the_defaults():
     text = _parser().format_help()
     for n in (SNAPLEN, BUFFER_KIB, TRACK_MAX):
         assert f"default {n}" in text
+

@@ -154,7 +154,7 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[Record]:
                           f"packet {number} at byte {at}")
         if caplen > snaplen:
             data = data[:snaplen]  # as libpcap does
-        yield Record(sec * NS + frac * scale, data, length, linktype)
+        yield Record(ts_ns=sec * NS + frac * scale, data=data, orig_len=length, linktype=linktype)
 
 
 def _damage(what: str, where: str) -> PcapFormatError:
@@ -328,8 +328,8 @@ def _tsresol(v: int) -> tuple[int, int, int]:
     return (10 ** (9 - exp), 1, 0) if exp <= 9 else (1, 10 ** (exp - 9), 0)
 
 
-def _packet_opts(body: bytes, off: int, e: str, btype: int) -> tuple:
-    """(flags, comment, packet id, custom options, queue, verdict) of a packet block."""
+def _packet_opts(body: bytes, off: int, e: str, btype: int) -> dict:
+    """A packet block's options, by their Record field names."""
     flags = comment = packet_id = queue = verdict = None
     custom = []
     for code, value in _options(body, off, e, btype, strict=False):
@@ -346,7 +346,8 @@ def _packet_opts(body: bytes, off: int, e: str, btype: int) -> tuple:
             verdict = _verdict(value, e)
         elif code in OPT_CUSTOM:
             custom.append((code, value))
-    return flags, comment, packet_id, tuple(custom), queue, verdict
+    return {"flags": flags, "comment": comment, "packet_id": packet_id, "custom": tuple(custom), "queue": queue,
+            "verdict": verdict}
 
 
 def _verdict(value: bytes, e: str) -> tuple:
@@ -377,9 +378,9 @@ def _packet_block(section: _Section, btype: int, body: bytes) -> Record:
     if iface_id >= len(section.ifaces):
         raise _no_interface(section, iface_id)
     iface = section.ifaces[iface_id]
-    flags, comment, packet_id, custom, queue, verdict = _packet_opts(body, 20 + ((caplen + 3) & ~3), e, btype)
-    return Record(iface.ts_ns((hi << 32) | lo), body[20:20 + caplen], length, iface.linktype, iface_id,
-                  iface.name, flags, comment, packet_id, custom, queue, verdict)
+    return Record(ts_ns=iface.ts_ns((hi << 32) | lo), data=body[20:20 + caplen], orig_len=length,
+                  linktype=iface.linktype, iface=iface_id, iface_name=iface.name,
+                  **_packet_opts(body, 20 + ((caplen + 3) & ~3), e, btype))
 
 
 def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:
@@ -392,7 +393,7 @@ def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:
     caplen = min(length, len(body) - 4)
     if iface.snaplen:
         caplen = min(caplen, iface.snaplen)
-    return Record(0, body[4:4 + caplen], length, iface.linktype, 0, iface.name)
+    return Record(ts_ns=0, data=body[4:4 + caplen], orig_len=length, linktype=iface.linktype, iface_name=iface.name)
 
 
 def _statistics_block(section: _Section, btype: int, body: bytes) -> InterfaceStats:

@@ -316,6 +316,8 @@ assert CAREA.off("text") % 8 == 0
 
 # ---- user space: a record read back by name ---------------------------------------------------------------------
 class Record(NamedTuple):
+    """A capture record as user space reads it back (parse_record fills it by field name from META's)."""
+
     ts_ns: int          # monotonic
     skb: int            # the skb's address
     pid: int
@@ -347,7 +349,8 @@ def parse_record(raw) -> Record:
         data = bytes(raw[META_SIZE:META_SIZE + m.fast])
     else:
         data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
-    return Record(m.ts, m.skb, m.pidtgid >> 32, m.pidtgid & 0xFFFFFFFF, m.comm.split(b"\0", 1)[0].decode(
-        errors="replace"), m.len, m.ifindex, m.mark, m.netns, int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
-        m.pkt_type, m.point, m.hatype, m.flags, data, m.orig, queue=m.queue if m.flags & FLAG_QUEUE else None,
-        reason=m.reason, location=m.location, id=m.id)
+    return Record(ts_ns=m.ts, skb=m.skb, pid=m.pidtgid >> 32, tid=m.pidtgid & 0xFFFFFFFF,
+                  comm=m.comm.split(b"\0", 1)[0].decode(errors="replace"), len=m.len, ifindex=m.ifindex, mark=m.mark,
+                  netns=m.netns, protocol=int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
+                  pkt_type=m.pkt_type, point=m.point, hatype=m.hatype, flags=m.flags, data=data, orig_len=m.orig,
+                  queue=m.queue if m.flags & FLAG_QUEUE else None, reason=m.reason, location=m.location, id=m.id)
