@@ -10,7 +10,7 @@ from .asm import DW, FP, R0, R1, R2, R6, R7, R8, R9, B, H, W
 from .cbpf_plan import (AD_FROM, AD_XOR_X, ALU_OPS, ANCILLARY, BIG, C_ALU, C_JMP, C_LD, C_LDX, C_MISC, C_RET, C_ST,
                         C_STX, J_JA, J_JEQ, J_JGE, J_JGT, J_JSET, JMP_OPS, LA, LX, M_ABS, M_IMM, M_IND, M_LEN, M_MEM,
                         M_MSH, MEMWORDS, MISC_TAX, NEGATIVE_FROM, RVAL_A, S_B, S_H, S_W, SIZE, SRC_K,
-                        VALID, Plan, ancillary_field, ja_target, lm)
+                        VALID, Analysis, ancillary_field, ja_target, lm)
 from .errors import CBPFError
 
 __all__ = ["ANCILLARY", "LOOP_BOUND", "MEMWORDS", "CBPFError", "PacketModel", "disassemble", "translate", "validate"]
@@ -156,7 +156,7 @@ def translate(insns: Sequence[tuple[int, int, int, int]], model: PacketModel, *,
 class _Emitter:
     def __init__(self, prog, model: PacketModel, result: int, done: str, prefix: str, stack_off: int):
         self.m, self.result, self.done, self.prefix, self.stack_off = model, result, done, prefix, stack_off
-        self.plan = Plan(prog, BIG if model.slow_load else model.capacity)
+        self.plan = Analysis(prog, BIG if model.slow_load else model.capacity)
         self.prog = prog
         self.out: list[asm.Item] = []
         free = [i for i in range(MEMWORDS) if not self.plan.mem_used >> i & 1]

@@ -68,7 +68,7 @@ def load_end(code: int, k: int) -> int | None:
     return None
 
 
-class Plan:
+class Analysis:
     """What the analyses found: reachable insns, successors, jump targets, loop heads (targets of backward
     jumps), liveness, packet guards, loads kept in network order."""
 

@@ -404,7 +404,7 @@ def fcap_on(btf: BTF) -> None:
                 p = resolve(spec)
                 p.prototype()
                 for start in (cprog.START_SLL2, cprog.START_MAC):
-                    opts = cprog.Options(start=start, snaplen=262144)
+                    opts = cprog.ProgramOptions(start=start, snaplen=262144)
                     maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=cprog.scratch_size(p, opts))
                     cprog.build(p, opts, maps)
             except FcapError:

@@ -72,7 +72,7 @@ def _maps(point, opts, ring: bool = False, track: bool = False) -> cprog.Maps:
 
 
 def _configurations():
-    """(name, point specs, Options keywords, ring) for each point kind and feature the host can build."""
+    """(name, point specs, ProgramOptions keywords, ring) for each point kind and feature the host can build."""
     preds = [predicates.direction("in"), lambda p: predicates.pid(1), lambda p: predicates.comm("ping"),
              lambda p: predicates.mark(7), lambda p: predicates.ifname("lo"), lambda p: predicates.netns(1),
              lambda p: predicates.where(p, "skb->len > 100")]
@@ -101,7 +101,7 @@ def _builders(specs, kw, ring):
         point = _resolve(spec)
         point.id = 0
         paths = kw.get("dumps")
-        opts = cprog.Options(**dict(kw, predicates=[make(point) for make in kw.get("predicates", ())],
+        opts = cprog.ProgramOptions(**dict(kw, predicates=[make(point) for make in kw.get("predicates", ())],
                                     dumps=dumps.make_area([point], paths).for_point(point) if paths else None))
         b = cprog.Builder(point, opts, _maps(point, opts, ring=ring and point.typed, track=opts.ident != "none"))
         b.build()

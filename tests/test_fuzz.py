@@ -33,7 +33,7 @@ def test_vmlinux_slices_are_what_fcap_needs():
     btf = BTF.load(fuzz.vmlinux_bases()[0], name="slice")
     with fuzz.as_the_kernels(btf):
         p = resolve("tp_btf/net_dev_queue")
-        opts = cprog.Options(start=cprog.START_MAC, snaplen=100)
+        opts = cprog.ProgramOptions(start=cprog.START_MAC, snaplen=100)
         assert cprog.build(p, opts, cprog.Maps(events=-1, scratch=-2, counters=-3))
         assert resolve("fentry/ip_output").prototype().startswith("int ip_output(struct net *net")
 

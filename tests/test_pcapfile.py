@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fcap.files import linktypes
 from fcap.errors import FcapError, PcapFormatError
 from fcap.files.pcapfile import FLAG_INBOUND, FLAG_OUTBOUND, PcapngWriter, PcapWriter, format_for_path, open_writer
-from fcap.files.pcapread import Record, read
+from fcap.files.pcapread import FileRecord, read
 from corpus import CAPTURES as CORPUS
 
 TSHARK = shutil.which("tshark")
@@ -31,7 +31,7 @@ need_tcpdump = pytest.mark.skipif(TCPDUMP is None, reason="tcpdump is not instal
 NS = 1_000_000_000
 
 
-def records_of(blob: bytes) -> list[Record]:
+def records_of(blob: bytes) -> list[FileRecord]:
     return list(read(io.BytesIO(blob)))
 
 
@@ -172,7 +172,7 @@ def test_roundtrip_pcap(linktype, packets):
     for ts, data, orig in packets:
         w.write(ts, data, orig, flags=1, comment="dropped: pcap has no place for it", packet_id=5)
     w.close()
-    assert records_of(b.getvalue()) == [Record(ts, data, orig, linktype) for ts, data, orig in packets]
+    assert records_of(b.getvalue()) == [FileRecord(ts, data, orig, linktype) for ts, data, orig in packets]
 
 
 @st.composite
@@ -203,7 +203,7 @@ def test_roundtrip_pcapng(capture, late):
             added += 1
         w.write(ts, data, orig, iface=iface, flags=flags, comment=comment, packet_id=pid)
         name, linktype, snaplen, _ = ifaces[iface]
-        expected.append(Record(ts, data[:snaplen], orig, linktype, iface, name or None, flags, comment, pid))
+        expected.append(FileRecord(ts, data[:snaplen], orig, linktype, iface, name or None, flags, comment, pid))
     w.close()
     assert records_of(b.getvalue()) == expected
 
@@ -213,7 +213,7 @@ def test_roundtrip_pcapng(capture, late):
 COMMENTS = ["héllo wörld", "✓ 🐍 \"quoted\", comma | pipe", "plain"]
 
 
-def rich_capture(path: Path, seed: int = 1, single_linktype: bool = False) -> list[Record]:
+def rich_capture(path: Path, seed: int = 1, single_linktype: bool = False) -> list[FileRecord]:
     """A pcapng file with several interfaces, flags, comments, packet ids; returns what was written."""
     rnd = random.Random(seed)
     ifaces = [("lo", 1, 262144, "loopback"), ("ip_output", 1 if single_linktype else 101, 262144, ""),
@@ -233,12 +233,12 @@ def rich_capture(path: Path, seed: int = 1, single_linktype: bool = False) -> li
             comment = rnd.choice([None, None] + COMMENTS)
             pid = rnd.choice([None, rnd.randrange(2**64), 1])
             w.write(ts, data, orig, iface, flags, comment, pid)
-            out.append(Record(ts, data, orig, ifaces[iface][1], iface, ifaces[iface][0], flags, comment, pid))
+            out.append(FileRecord(ts, data, orig, ifaces[iface][1], iface, ifaces[iface][0], flags, comment, pid))
     assert list(read(path)) == out
     return out
 
 
-def rich_pcap(path: Path, seed: int = 2, tmax: int = 2**32 * NS) -> list[Record]:
+def rich_pcap(path: Path, seed: int = 2, tmax: int = 2**32 * NS) -> list[FileRecord]:
     rnd = random.Random(seed)
     out = []
     with open_writer(open(path, "wb"), "pcap") as w:
@@ -247,7 +247,7 @@ def rich_pcap(path: Path, seed: int = 2, tmax: int = 2**32 * NS) -> list[Record]
             ts, data = rnd.randrange(tmax), rnd.randbytes(rnd.randrange(200))
             orig = len(data) + rnd.choice([0, 9])
             w.write(ts, data, orig)
-            out.append(Record(ts, data, orig, 1))
+            out.append(FileRecord(ts, data, orig, 1))
     assert list(read(path)) == out
     return out
 
@@ -296,7 +296,7 @@ def tcpdump_times(path: Path) -> list[int]:
     return [epoch_ns(m) for m in re.findall(r"^(\d+\.\d{9}) ", p.stdout, re.MULTILINE)]
 
 
-def tcpdump_copy(path: Path, out: Path) -> list[Record]:
+def tcpdump_copy(path: Path, out: Path) -> list[FileRecord]:
     """libpcap reads path and writes it as a nanosecond pcap: its view of every packet, bytes included."""
     p = subprocess.run([TCPDUMP, "--time-stamp-precision=nano", "-r", str(path), "-w", str(out)],
                        check=False, capture_output=True, text=True, timeout=60)
@@ -361,13 +361,14 @@ def pcap_blob(endian: str, magic: int, recs, major=2, minor=4, snaplen=65535, ne
 @pytest.mark.parametrize("magic,scale", [(0xA1B2C3D4, 1000), (0xA1B23C4D, 1)])
 def test_pcap_all_magics(endian, magic, scale):
     blob = pcap_blob(endian, magic, [(1700000000, 999999, b"abc", 60), (5, 0, b"", 0)], network=0x10000065)
-    assert records_of(blob) == [Record(1700000000 * NS + 999999 * scale, b"abc", 60, 101), Record(5 * NS, b"", 0, 101)]
+    assert records_of(blob) == [FileRecord(1700000000 * NS + 999999 * scale, b"abc", 60, 101),
+                                FileRecord(5 * NS, b"", 0, 101)]
 
 
 def test_pcap_old_versions_and_snaplen():
     # version 2.2 wrote caplen and len swapped; libpcap swaps them back
     blob = pcap_blob("<", 0xA1B2C3D4, [], minor=2) + struct.pack("<IIII", 0, 0, 9, 2) + b"ab"
-    assert records_of(blob) == [Record(0, b"ab", 9, 1)]
+    assert records_of(blob) == [FileRecord(0, b"ab", 9, 1)]
     # records beyond the header's snaplen are cut to it, as libpcap does
     assert records_of(pcap_blob("<", 0xA1B2C3D4, [(0, 0, b"abcdef", 6)], snaplen=4))[0].data == b"abcd"
 
@@ -410,10 +411,10 @@ def test_pcapng_sections_resolutions_and_old_blocks():
                     + opt(little, 2, struct.pack(little + "I", 1)))  # obsolete packet block
             + epb(little, 0, 2_000_001, b"e"))
     assert records_of(blob) == [
-        Record(10 * NS + 3_500_000_000, b"ip", 40, 101, 0, "eth9", 2, "one\ntwo", 77),
-        Record(0, b"xyz", 3, 101, 0, "eth9"),
-        Record(1_500, b"ab", 2, 228, 1, None, 1),
-        Record(2_000_001_000, b"e", 1, 1, 0),
+        FileRecord(10 * NS + 3_500_000_000, b"ip", 40, 101, 0, "eth9", 2, "one\ntwo", 77),
+        FileRecord(0, b"xyz", 3, 101, 0, "eth9"),
+        FileRecord(1_500, b"ab", 2, 228, 1, None, 1),
+        FileRecord(2_000_001_000, b"e", 1, 1, 0),
     ]
     if TSHARK:  # an independent reading of the same blocks
         p = Path(os.environ.get("TMPDIR", "/tmp")) / f"fcap-test-{os.getpid()}.pcapng"
@@ -465,7 +466,7 @@ def test_malformed_input_raises_pcap_format_error(name):
 def test_records_before_damage_are_yielded():
     blob = pcap_blob("<", 0xA1B23C4D, [(1, 2, b"ok", 2), (3, 4, b"cut", 3)])[:-1]
     it = read(io.BytesIO(blob))
-    assert next(it) == Record(NS + 2, b"ok", 2, 1)
+    assert next(it) == FileRecord(NS + 2, b"ok", 2, 1)
     with pytest.raises(PcapFormatError, match="truncated"):
         next(it)
 
@@ -478,7 +479,7 @@ def test_header_checked_before_iteration():
 def test_packet_options_past_their_block_end_the_options_only():
     """libpcap reads no packet options and tcpdump prints such a packet: so do we, with the options before it."""
     blob = shb("<") + idb("<", 1) + epb("<", 0, 0, b"x", options=opt("<", 1, b"ok") + struct.pack("<HH", 1, 200))
-    assert records_of(blob) == [Record(0, b"x", 1, 1, 0, None, None, "ok")]
+    assert records_of(blob) == [FileRecord(0, b"x", 1, 1, 0, None, None, "ok")]
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,13 +15,13 @@ import pytest
 from fcap.files.pcapfile import open_writer
 from fcap.files.pcapread import read
 from netns import fcap_argv, read_packets, send_udp, start_fcap, subprocess_env
-from fcap.files.rotate import Plan, RotatingWriter, file_name
+from fcap.files.rotate import RotationPlan, RotatingWriter, file_name
 
 
 @pytest.mark.parametrize("files,chars", [(0, 0), (1, 0), (2, 1), (10, 1), (11, 2), (100, 2), (101, 3), (1000, 3)])
 def test_counter_digits_are_tcpdumps(files, chars):
     """tcpdump's getWflagChars: the digits of N - 1."""
-    assert Plan(size=1, files=files).chars == chars
+    assert RotationPlan(size=1, files=files).chars == chars
 
 
 @pytest.mark.parametrize("count,chars,name", [(0, 0, "x"), (1, 0, "x1"), (12, 0, "x12"), (0, 1, "x0"),
@@ -91,7 +91,7 @@ def test_size_rotation_cuts_only_between_records(tmp_path, fmt, how):
     rnd = random.Random(f"{fmt}{how}")
     records = _records(fmt, 400, 1)
     limit = 20_000
-    w = RotatingWriter(str(tmp_path / "x"), Plan(size=limit), fmt, _start(fmt))
+    w = RotatingWriter(str(tmp_path / "x"), RotationPlan(size=limit), fmt, _start(fmt))
     for batch in _batches(records, how, rnd):
         w.writev(batch)
     w.close()
@@ -113,7 +113,7 @@ def test_size_rotation_cuts_only_between_records(tmp_path, fmt, how):
 def test_ring_of_files_reuses_the_oldest(tmp_path):
     """-C with -W 3: x0, x1, x2, x0, ...: exactly three files, the newest records in them."""
     records = _records("pcap", 300, 2)
-    w = RotatingWriter(str(tmp_path / "x"), Plan(size=30_000, files=3), "pcap", _start("pcap"))
+    w = RotatingWriter(str(tmp_path / "x"), RotationPlan(size=30_000, files=3), "pcap", _start("pcap"))
     for r in records:
         w.writev([r])
     w.close()
@@ -127,7 +127,7 @@ def test_interval_rotation_and_the_last_file(tmp_path, monkeypatch):
     """-G 10 -W 2 on a fake clock: a new file named by its interval's start, then the end after the second."""
     now = [1_700_000_000]
     monkeypatch.setattr(time, "time", lambda: now[0])
-    w = RotatingWriter(str(tmp_path / "g-%s"), Plan(seconds=10, files=2), "pcapng", _start("pcapng"))
+    w = RotatingWriter(str(tmp_path / "g-%s"), RotationPlan(seconds=10, files=2), "pcapng", _start("pcapng"))
     assert w.tick() is False and w.paths == [str(tmp_path / "g-1700000000")]
     now[0] += 9
     assert w.tick() is False and len(w.paths) == 1
@@ -146,7 +146,7 @@ def test_a_file_that_cannot_be_opened_fails_every_later_write(tmp_path):
     records = _records("pcap", 50, 4)
     d = tmp_path / "d"
     d.mkdir()
-    w = RotatingWriter(str(d / "x"), Plan(size=5_000), "pcap", _start("pcap"))
+    w = RotatingWriter(str(d / "x"), RotationPlan(size=5_000), "pcap", _start("pcap"))
     os.rename(d, tmp_path / "gone")
     with pytest.raises(OSError) as e:
         for r in records:

@@ -343,9 +343,10 @@ def _config(args):
 def _rotation(args):
     """-C (millions of bytes), -G, -W as tcpdump 4.99 takes them: the plan, or None without one or without a
     -w FILE (tcpdump ignores them then)."""
-    from fcap.files.rotate import MILLION, Plan
-    plan = Plan(_decimal(args.file_size, "file size", 1) * MILLION, _decimal(args.seconds, "number of seconds", 0),
-                _decimal(args.files, "number of output files", 1))
+    from fcap.files.rotate import MILLION, RotationPlan
+    plan = RotationPlan(_decimal(args.file_size, "file size", 1) * MILLION,
+                        _decimal(args.seconds, "number of seconds", 0),
+                        _decimal(args.files, "number of output files", 1))
     if not plan.active or args.write is None:
         return None
     if args.write == "-":

@@ -24,7 +24,7 @@ DROP_POINTS = ("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "skb:drop"
 CONSUME_POINTS = ("consume_skb", "skb:consume")
 
 
-class PathError(FcapError):
+class PathInputError(FcapError):
     """The input cannot give paths: the message says what `fcap path` needs."""
 
 
@@ -51,7 +51,7 @@ def end_of(h: Hop) -> str | None:
 
 
 @dataclass
-class _Packet:
+class _Hops:
     hops: list[Hop] = field(default_factory=list)
     last: int = 0
 
@@ -87,7 +87,7 @@ class Tracker:
         self.heap: list[tuple[int, int, Hop]] = []
         self.seq = 0
         self.newest = 0
-        self.packets: dict[int, _Packet] = {}
+        self.packets: dict[int, _Hops] = {}
         self.hops: dict[tuple[str, str], Reservoir] = {}
         self.ends = {"dropped": 0, "consumed": 0, "in flight": 0}
         self.reasons: dict[str, int] = {}
@@ -118,7 +118,7 @@ class Tracker:
             yield self._report(hop.packet, "end not seen")
             pkt = None
         if pkt is None:
-            pkt = self.packets[hop.packet] = _Packet()
+            pkt = self.packets[hop.packet] = _Hops()
         pkt.hops.append(hop)
         pkt.last = hop.ts_ns
         end = end_of(hop)
@@ -202,23 +202,23 @@ _DROP = re.compile(r"\breason=(\S+)(?: at=(\S+))?|\bat=(\S+)")
 
 
 def hops_of_file(path: str) -> Iterator[Hop]:
-    """The hops in a pcapng file fcap wrote (PathError, one line, for anything else)."""
+    """The hops in a pcapng file fcap wrote (PathInputError, one line, for anything else)."""
     from fcap.files.pcapfile import PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS, PCAP_MAGIC_US
     from fcap.files.pcapread import read
     try:
         with open(path, "rb") as f:
             head = f.read(4)
     except OSError as e:
-        raise PathError(f"{path}: {e.strerror}") from None
+        raise PathInputError(f"{path}: {e.strerror}") from None
     pcap = {m.to_bytes(4, o) for m in (PCAP_MAGIC_US, PCAP_MAGIC_NS, PCAP_MAGIC_KUZNETZOV) for o in ("little", "big")}
     if head in pcap:
-        raise PathError(f"{path}: a pcap file has no packet ids or points; fcap path needs the pcapng file fcap "
+        raise PathInputError(f"{path}: a pcap file has no packet ids or points; fcap path needs the pcapng file fcap "
                         f"writes (fcap -i POINT ... -w FILE.pcapng)")
     fcap_records = 0
     for rec in read(path):
         if rec.packet_id is None or not (rec.comment or "").startswith("skb=0x"):
             if fcap_records == 0:
-                raise PathError(f"{path}: its packets carry no fcap packet ids and comments; fcap path needs a "
+                raise PathInputError(f"{path}: its packets carry no fcap packet ids and comments; fcap path needs a "
                                 f"pcapng file fcap wrote (fcap -i POINT ... -w FILE.pcapng)")
             continue
         fcap_records += 1

@@ -42,7 +42,7 @@ class InterfaceStats(NamedTuple):
     comment: str | None = None
 
 
-class Record(NamedTuple):
+class FileRecord(NamedTuple):
     """One packet as read from a file; the fields pcap cannot hold are None."""
 
     ts_ns: int
@@ -59,7 +59,7 @@ class Record(NamedTuple):
     verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
 
 
-def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[Record]:
+def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[FileRecord]:
     """Records of a pcap (any of the 4 magics) or pcapng file, a path or a binary file object (a pipe too).
     Given a file object, its first bytes are checked before this returns. With stats, a pcapng file's Interface
     Statistics Blocks come too, as InterfaceStats, where they are."""
@@ -68,7 +68,7 @@ def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[
     return _records(_Input(source), stats)
 
 
-def _read_path(path, stats: bool) -> Iterator[Record]:
+def _read_path(path, stats: bool) -> Iterator[FileRecord]:
     with open(path, "rb") as f:
         yield from _records(_Input(f), stats)
 
@@ -99,7 +99,7 @@ class _Input:
         return b
 
 
-def _records(inp: _Input, stats: bool = False) -> Iterator[Record]:
+def _records(inp: _Input, stats: bool = False) -> Iterator[FileRecord]:
     head = inp.read(4)
     if len(head) < 4:
         raise PcapFormatError(f"truncated dump file; tried to read 4 file header bytes, only got {len(head)}")
@@ -114,7 +114,7 @@ def _records(inp: _Input, stats: bool = False) -> Iterator[Record]:
 
 # ---------------------------------------------------------------------------------------------- pcap
 
-def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[Record]:
+def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[FileRecord]:
     hdr = inp.read(20)
     if len(hdr) < 20:
         raise PcapFormatError(f"truncated dump file; tried to read 24 file header bytes, only got {4 + len(hdr)}")
@@ -154,7 +154,7 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[Record]:
                           f"packet {number} at byte {at}")
         if caplen > snaplen:
             data = data[:snaplen]  # as libpcap does
-        yield Record(ts_ns=sec * NS + frac * scale, data=data, orig_len=length, linktype=linktype)
+        yield FileRecord(ts_ns=sec * NS + frac * scale, data=data, orig_len=length, linktype=linktype)
 
 
 def _damage(what: str, where: str) -> PcapFormatError:
@@ -183,7 +183,7 @@ class _Section:
         self.e, self.ifaces = "<", []
 
 
-def _read_pcapng(inp: _Input, head: bytes, stats: bool) -> Iterator[Record]:
+def _read_pcapng(inp: _Input, head: bytes, stats: bool) -> Iterator[FileRecord]:
     section = _Section()
     number = 0  # block number (from 1), for messages
     h = head + inp.read(4)
@@ -329,7 +329,7 @@ def _tsresol(v: int) -> tuple[int, int, int]:
 
 
 def _packet_opts(body: bytes, off: int, e: str, btype: int) -> dict:
-    """A packet block's options, by their Record field names."""
+    """A packet block's options, by their FileRecord field names."""
     flags = comment = packet_id = queue = verdict = None
     custom = []
     for code, value in _options(body, off, e, btype, strict=False):
@@ -364,7 +364,7 @@ def _no_interface(section: _Section, iface_id: int) -> PcapFormatError:
                            "for that interface")
 
 
-def _packet_block(section: _Section, btype: int, body: bytes) -> Record:
+def _packet_block(section: _Section, btype: int, body: bytes) -> FileRecord:
     """An Enhanced Packet Block, or the obsolete Packet Block."""
     e = section.e
     if len(body) < 20:
@@ -378,12 +378,12 @@ def _packet_block(section: _Section, btype: int, body: bytes) -> Record:
     if iface_id >= len(section.ifaces):
         raise _no_interface(section, iface_id)
     iface = section.ifaces[iface_id]
-    return Record(ts_ns=iface.ts_ns((hi << 32) | lo), data=body[20:20 + caplen], orig_len=length,
+    return FileRecord(ts_ns=iface.ts_ns((hi << 32) | lo), data=body[20:20 + caplen], orig_len=length,
                   linktype=iface.linktype, iface=iface_id, iface_name=iface.name,
                   **_packet_opts(body, 20 + ((caplen + 3) & ~3), e, btype))
 
 
-def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:
+def _simple_packet_block(section: _Section, btype: int, body: bytes) -> FileRecord:
     if len(body) < 4:
         raise _too_short(btype)
     if not section.ifaces:
@@ -393,7 +393,7 @@ def _simple_packet_block(section: _Section, btype: int, body: bytes) -> Record:
     caplen = min(length, len(body) - 4)
     if iface.snaplen:
         caplen = min(caplen, iface.snaplen)
-    return Record(ts_ns=0, data=body[4:4 + caplen], orig_len=length, linktype=iface.linktype, iface_name=iface.name)
+    return FileRecord(ts_ns=0, data=body[4:4 + caplen], orig_len=length, linktype=iface.linktype, iface_name=iface.name)
 
 
 def _statistics_block(section: _Section, btype: int, body: bytes) -> InterfaceStats:

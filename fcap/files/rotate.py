@@ -16,7 +16,7 @@ _U32 = struct.Struct("=I")
 _LENGTH = {"pcap": (8, 16, 16), "pcapng": (4, 0, 12)}
 
 
-class Plan(NamedTuple):
+class RotationPlan(NamedTuple):
     """What the flags ask for: -C SIZE (bytes, 0: no size limit), -G SECONDS (0: no interval), -W FILES (0: no
     limit)."""
 
@@ -50,7 +50,7 @@ class RotatingWriter:
     file once SECONDS have passed. Batches are whole records; one is cut at a record boundary only when a -C
     rotation falls inside it."""
 
-    def __init__(self, template: str, plan: Plan, fmt: str, start: Callable[[BinaryIO], object]):
+    def __init__(self, template: str, plan: RotationPlan, fmt: str, start: Callable[[BinaryIO], object]):
         self.template = template
         self.plan = plan
         self.fmt = fmt

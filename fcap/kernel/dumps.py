@@ -31,7 +31,7 @@ OPT_VERSION = 1
 
 
 @dataclass
-class Plan:
+class DumpPlan:
     """How one --dump PATH is read at one point."""
 
     path: str
@@ -49,7 +49,7 @@ class Plan:
         return type_name(self.type)
 
 
-def plan(point: Point, path: str) -> Plan:
+def plan(point: Point, path: str) -> DumpPlan:
     """Resolve PATH at the point (PathError with one line when it does not resolve)."""
     if not PATH.match(path):
         raise PathError(f"{FLAG} {path!r}: expected an argument or a member chain, e.g. skb, 'skb->dev', "
@@ -65,19 +65,19 @@ def plan(point: Point, path: str) -> Plan:
     if isinstance(target, Composite) and target.size:   # a pointer to a struct/union: what it points to
         if not is_arg:
             chain = chain + [off]
-        return Plan(path, arg_index, chain, 0, min(target.size, DUMP_MAX), leaf.target)
+        return DumpPlan(path, arg_index, chain, 0, min(target.size, DUMP_MAX), leaf.target)
     if is_arg:
         if isinstance(leaf, Composite):
             raise PathError(f"{FLAG} {path}: a struct passed by value cannot be dumped")
-        return Plan(path, arg_index, [], 0, min(_size(leaf), 8), t, value=True)
+        return DumpPlan(path, arg_index, [], 0, min(_size(leaf), 8), t, value=True)
     if bits_at is not None:
         bit_off, nbits = bits_at
-        return Plan(path, arg_index, chain, bit_off // 8, (bit_off % 8 + nbits + 7) // 8, t,
+        return DumpPlan(path, arg_index, chain, bit_off // 8, (bit_off % 8 + nbits + 7) // 8, t,
                     bit_offset=bit_off % 8, bits=nbits)
     size = _size(leaf)
     if size == 0:
         raise PathError(f"{FLAG} {path}: {type_name(t)} has no size to dump")
-    return Plan(path, arg_index, chain, off, min(size, DUMP_MAX), t)
+    return DumpPlan(path, arg_index, chain, off, min(size, DUMP_MAX), t)
 
 
 def _size(t: Type) -> int:
@@ -94,9 +94,9 @@ def _slot_bytes(size: int) -> int:
 class Area:
     """The dump area of a capture: one slot per PATH, as large as the largest of the points' plans for it."""
 
-    def __init__(self, paths: list[str], plans: dict[int, list[Plan]]):
+    def __init__(self, paths: list[str], plans: dict[int, list[DumpPlan]]):
         self.paths = paths
-        self.plans = plans        # point id -> a Plan per path
+        self.plans = plans        # point id -> a DumpPlan per path
         self.slots: list[int] = []
         at = 0
         for i, path in enumerate(paths):
@@ -139,7 +139,7 @@ class PointDumps:
     """What one point's program writes: Builder.build calls emit() after the metadata."""
 
     area: Area
-    plans: list[Plan]
+    plans: list[DumpPlan]
 
     @property
     def size(self) -> int:
@@ -159,7 +159,7 @@ DUMPS = Feature("dumps", on=lambda point, options, maps: options.dumps is not No
                 layouts=("DUMP",), reads="fcap.kernel.dumps.Area.parse")
 
 
-def _emit_one(b, p: Plan, at: int) -> None:
+def _emit_one(b, p: DumpPlan, at: int) -> None:
     """One slot at R7 + at (R7 is META, past the area). Uses R0-R3, R8, R9."""
     done, null, fail = b.fresh("dump_done"), b.fresh("dump_null"), b.fresh("dump_fail")
     ctx_off = b.point.kind.arg_offset(p.arg_index)

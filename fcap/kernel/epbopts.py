@@ -1,7 +1,7 @@
 """The standard pcapng options fcap puts on each packet beside its metadata comment, where Wireshark shows them as
 fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track:
 frame.packet_id), epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
-frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (Options) and for
+frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (EpbOptions) and for
 those the capture program lays out (fcap.kernel.ringrec), decided here once."""
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def emit_queue(b) -> None:
 
 QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and queue_source(point) is not None,
                 stages={RECORD_META: emit_queue}, fields=("queue",), flags=(FLAG_QUEUE,),
-                reads="fcap.kernel.epbopts.Options")
+                reads="fcap.kernel.epbopts.EpbOptions")
 
 
-class Options:
+class EpbOptions:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also
     says why and where the packet was dropped."""

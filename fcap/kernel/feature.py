@@ -3,7 +3,7 @@
 A capture program (fcap.kernel.program.Builder) is a fixed skeleton (the skb from the context, the scratch value, the
 metadata the link headers need, the link header bytes, the timestamp and task, the copy length) with the features
 a capture asks for put in at named stages. A Feature says:
-- on: whether it is on for this program (from the point, the program's Options and its Maps);
+- on: whether it is on for this program (from the point, the program's ProgramOptions and its Maps);
 - fields, flags, layouts: what it writes into the record (META's fields and flags, other declared layouts such as
   the dump area; the layouts themselves are declared once, in fcap.kernel.layout);
 - maps: which of the program's maps it uses (Maps attributes) and who makes them;

@@ -118,7 +118,7 @@ PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
 assert META_SIZE == 128 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
-# where a linktype's bytes start in the skb (the program's Options.start)
+# where a linktype's bytes start in the skb (the program's ProgramOptions.start)
 START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sll2"
 
 FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up

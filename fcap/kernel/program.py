@@ -61,8 +61,8 @@ from fcap.kernel.layout import (CAREA, COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, F
                                 RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK, START_SLL2, STACK)
 from fcap.points.spec import Point
 
-__all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "Options", "build",
-           "scratch_size"]
+__all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "ProgramOptions",
+           "build", "scratch_size"]
 
 
 class Maps:
@@ -83,7 +83,7 @@ class Maps:
         self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
 
 
-class Options(NamedTuple):
+class ProgramOptions(NamedTuple):
     start: str                       # START_*
     snaplen: int
     filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
@@ -101,7 +101,7 @@ class Options(NamedTuple):
     points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
 
 
-def scratch_size(point: Point, opts: Options) -> int:
+def scratch_size(point: Point, opts: ProgramOptions) -> int:
     """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
     if not point.typed:
         size = PKT + HDR_MAX + LINEAR_CAP + 8
@@ -114,7 +114,7 @@ def scratch_size(point: Point, opts: Options) -> int:
     return size + dump_area(opts)
 
 
-def dump_area(opts: Options) -> int:
+def dump_area(opts: ProgramOptions) -> int:
     """Bytes of the dump area before META (0 without --dump)."""
     return opts.dumps.size if opts.dumps is not None else 0
 
@@ -168,9 +168,9 @@ class KernelOffsets:
 class Builder:
     """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
 
-    def __init__(self, point: Point, opts: Options, maps: Maps):
+    def __init__(self, point: Point, opts: ProgramOptions, maps: Maps):
         self.point = point                       # where the program runs (kind, skb argument, id, BTF)
-        self.options = opts                      # what the capture asks of it (Options)
+        self.options = opts                      # what the capture asks of it (ProgramOptions)
         self.maps = maps                         # the fds of the maps it uses (Maps)
         self.offsets = KernelOffsets(point.btf)  # where the kernel structures it reads hold their members
         self.items: list = []
@@ -560,7 +560,7 @@ class Builder:
                       call(Helper.perf_event_output))
 
 
-def _perf_buffer(point: Point, options: Options, maps: Maps) -> bool:
+def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:
     return not ringrec.writes_ring(point, options, maps)
 
 
@@ -576,7 +576,7 @@ FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICAT
                                  ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT, stats.COUNTS)
 
 
-def build(point: Point, opts: Options, maps: Maps) -> list:
+def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:
     """The instructions (with labels) of the capture program for `point`."""
     try:
         return Builder(point, opts, maps).build()

@@ -83,7 +83,7 @@ def _ring_pcapng(point, options, maps) -> bool:
 
 
 # what the file ring's pcapng blocks carry, laid out by the program itself (user space makes both for the other
-# records: fcap.kernel.layout.format_comment, fcap.kernel.epbopts.Options)
+# records: fcap.kernel.layout.format_comment, fcap.kernel.epbopts.EpbOptions)
 COMMENT = Feature("comment", on=_ring_pcapng, layouts=("CAREA", "COMMENT"), within="file ring")
 EPB_OPTIONS = Feature("epb options", on=_ring_pcapng, within="file ring")
 

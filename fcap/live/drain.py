@@ -38,8 +38,8 @@ EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
 
-# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.kernel.epbopts.Options)
-Options = Callable[[layout.Record], dict]
+# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.kernel.epbopts.EpbOptions)
+RecordOptions = Callable[[layout.Record], dict]
 
 
 class FileDrain:
@@ -49,7 +49,7 @@ class FileDrain:
     `limit` (when > 0) stops it after that many records in all. pcapng blocks get their options from
     `options(record)`, cached by the metadata they depend on."""
 
-    def __init__(self, buffer: PerfBuffer, writer, options: Options | None = None, limit: int = 0,
+    def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
                  window: order.Window | None = None):
         self.buffer = buffer
         self.writer = writer

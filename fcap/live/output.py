@@ -31,9 +31,9 @@ class Sink(ABC):
 
     def open(self, session) -> None:
         """Take the session's points (and, for a file, write its header and interfaces)."""
-        from fcap.kernel.epbopts import Options
+        from fcap.kernel.epbopts import EpbOptions
         self.session = session
-        self.options = Options(session.points)   # (pcapng options, and what a drop point's records say)
+        self.options = EpbOptions(session.points)   # (pcapng options, and what a drop point's records say)
 
     @abstractmethod
     def write(self, rec) -> None:
@@ -57,7 +57,7 @@ class Sink(ABC):
 
 class FileSink(Sink):
     """A capture file in `fmt` (pcap or pcapng): at `path`, on stdout when path is None or "-", or a series of files
-    when `rotation` (a fcap.files.rotate.Plan) asks for one. Each file starts with its header and one interface
+    when `rotation` (a fcap.files.rotate.RotationPlan) asks for one. Each file starts with its header and one interface
     description per point (pcap: the first point's only)."""
 
     def __init__(self, path: str | None, fmt: str, rotation=None):

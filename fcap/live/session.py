@@ -170,7 +170,7 @@ class Session:
             pass
         return kinds.FENTRY
 
-    def options(self, point: Point) -> cprog.Options:
+    def options(self, point: Point) -> cprog.ProgramOptions:
         try:
             preds = [make(point) for make in self.cfg.predicates]
         except (PredicateError, PointError) as e:   # (PointError: an argument this kind cannot read here)
@@ -178,7 +178,7 @@ class Session:
         want = PROTO_FOR.get(self.linktype.name)
         if want is not None:
             preds.insert(0, protocol_predicate(want))
-        return cprog.Options(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
+        return cprog.ProgramOptions(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=pointcaps.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
@@ -303,7 +303,7 @@ class Session:
 
     def _helper_programs(self, maps: cprog.Maps):
         """The identity map's helpers (fcap.kernel.track): programs where the kernel frees that end its entries."""
-        opts = cprog.Options(start=cprog.START_DATA, snaplen=0, ident=self.ident())
+        opts = cprog.ProgramOptions(start=cprog.START_DATA, snaplen=0, ident=self.ident())
         return track.helpers(self.points, len(self.points), lambda p: cprog.Builder(p, opts, maps))
 
     def _make_ring(self, want: int) -> int:

@@ -16,7 +16,9 @@ SKB = "sk_buff"
 TP_PREFIX = "btf_trace_"
 
 
-class Param(NamedTuple):
+class Argument(NamedTuple):
+    """A capture point's argument: its name (made up where BTF has none) and type (a BTF Param gives both)."""
+
     name: str
     type: Type
 
@@ -30,7 +32,7 @@ class Point:
 
     __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias")
 
-    def __init__(self, kind: Kind, name: str, btf: BTF, btf_id: int, params: list[Param], skb_index: int,
+    def __init__(self, kind: Kind, name: str, btf: BTF, btf_id: int, params: list[Argument], skb_index: int,
                  ret: Type | None = None):
         self.kind = kind              # fcap.points.kinds: FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE
         self.name = name              # function or tracepoint name
@@ -97,7 +99,7 @@ def is_skb_ptr(t: Type) -> bool:
     return target.kind == "struct" and target.name == SKB
 
 
-def c_prototype(ret: Type | None, name: str, params: list[Param]) -> str:
+def c_prototype(ret: Type | None, name: str, params: list[Argument]) -> str:
     ret_c = c_decl(ret) if ret is not None else "void"
     args = ", ".join(p.c() if p.name else c_decl(p.type) for p in params) or "void"
     sep = "" if ret_c.endswith("*") else " "
@@ -220,7 +222,7 @@ def _module_hint(name: str) -> str:
     return ""
 
 
-def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
+def _pick_skb(spec: str, params: list[Argument], arg: str | None) -> int:
     skbs = [i for i, p in enumerate(params) if is_skb_ptr(p.type)]
     if not skbs:
         raise PointError(f"{spec}: no struct sk_buff * parameter")
@@ -235,14 +237,14 @@ def _pick_skb(spec: str, params: list[Param], arg: str | None) -> int:
 
 def _func_point(spec: str, kind: Kind, name: str, btf: BTF, func: Func, arg: str | None) -> Point:
     proto = func.proto
-    params = [Param(p.name, p.type) for p in proto.params]
+    params = [Argument(p.name, p.type) for p in proto.params]
     return Point(kind, name, btf, func.id, params, _pick_skb(spec, params, arg), ret=proto.ret)
 
 
 def _tp_point(spec: str, kind: Kind, name: str, btf: BTF, type_id: int, proto: FuncProto, arg: str | None) -> Point:
     types = [p.type for p in proto.params[1:]]  # drop the leading void *__data
     nskb = sum(is_skb_ptr(t) for t in types)
-    params = [Param(p.name or ("skb" if is_skb_ptr(t) and nskb == 1 else tp_arg_name(name, i, t)), t)
+    params = [Argument(p.name or ("skb" if is_skb_ptr(t) and nskb == 1 else tp_arg_name(name, i, t)), t)
               for i, (p, t) in enumerate(zip(proto.params[1:], types))]
     return Point(kind, name, btf, type_id, params, _pick_skb(spec, params, arg))
 
@@ -254,7 +256,7 @@ def tracepoint(name: str, kind: Kind = kinds.TP_BTF) -> Point | None:
     if found is None:
         return None
     btf, td, proto = found
-    params = [Param(p.name or tp_arg_name(name, i, p.type), p.type) for i, p in enumerate(proto.params[1:])]
+    params = [Argument(p.name or tp_arg_name(name, i, p.type), p.type) for i, p in enumerate(proto.params[1:])]
     return Point(kind, name, btf, td.id, params, 0)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from fcap.text.dissect.link import dissect_link
-from fcap.text.dissect.reader import Packet, Truncated
+from fcap.text.dissect.reader import PrintState, Truncated
 
 __all__ = ["Dissected", "dissect"]
 
@@ -30,7 +30,7 @@ def dissect(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = N
     """A packet whose lengths describe() found valid, as tcpdump prints it; never raises on damaged packets.
     tcp_seqs: the table of tcpdump's relative TCP sequence numbers, kept across packets (None: absolute).
     eflag: print the link-level header (tcpdump -e). suppress: no hex of what is not decoded (-x, -X)."""
-    p = Packet(data if isinstance(data, bytes) else bytes(data), tcp_seqs, eflag, suppress)
+    p = PrintState(data if isinstance(data, bytes) else bytes(data), tcp_seqs, eflag, suppress)
     try:
         dissect_link(p, linktype, orig_len)
     except Truncated as e:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.reader import Packet, Truncated
+from fcap.text.dissect.reader import PrintState, Truncated
 
 _ICMP = {0: "echo reply", 4: "source quench", 8: "echo request", 9: "router advertisement", 10: "router solicitation",
          13: "time stamp request", 14: "time stamp reply", 15: "information request", 16: "information reply",
@@ -33,7 +33,7 @@ _IP6_EXT_HEADERS = (0, 43, 60, 51, 44)  # hop-by-hop, routing, destination optio
 
 # ------------------------------------------------------------------------------------------ ICMP
 
-def icmp(p: Packet, off: int, plen: int) -> None:
+def icmp(p: PrintState, off: int, plen: int) -> None:
     p.proto = "icmp"
     kind, code = p.u8(off), p.u8(off + 1)
     inner = off + 8  # the IP header an error message quotes
@@ -71,7 +71,7 @@ def icmp(p: Packet, off: int, plen: int) -> None:
 # What follows the message's name, by type: each returns the text before ", length N", or None when tcpdump
 # prints no length. They get the packet, the offset of the ICMPv6 header, its type, code and length.
 
-def _unreach6(p: Packet, off: int, kind: int, code: int, length: int) -> str | None:
+def _unreach6(p: PrintState, off: int, kind: int, code: int, length: int) -> str | None:
     inner = off + 8
     p.add(", " + _UNREACH6.get(code, f"unknown unreach code ({code})"))
     if code in (0, 1, 3):
@@ -86,16 +86,16 @@ def _unreach6(p: Packet, off: int, kind: int, code: int, length: int) -> str | N
     return None
 
 
-def _time_exceeded6(p: Packet, off: int, kind: int, code: int, length: int) -> str:
+def _time_exceeded6(p: PrintState, off: int, kind: int, code: int, length: int) -> str:
     return f" for {p.ip6(off + 32)}" if code == 0 else " (reassembly)" if code == 1 else f", unknown code ({code})"
 
 
-def _param_problem6(p: Packet, off: int, kind: int, code: int, length: int) -> str:
+def _param_problem6(p: PrintState, off: int, kind: int, code: int, length: int) -> str:
     p.need(off + 32, 16)
     return f", {_PARAMPROB6[code]} - octet {p.u32(off + 4)}" if code in _PARAMPROB6 else f", code-#{code}"
 
 
-def _mld(p: Packet, off: int, kind: int, code: int, length: int) -> str:
+def _mld(p: PrintState, off: int, kind: int, code: int, length: int) -> str:
     if kind == 130 and length != 24:  # MLDv2 query
         if length < 28:
             return f" unknown-version (len {length}) "
@@ -124,7 +124,7 @@ _ICMP6_BODY = {
 }
 
 
-def icmp6(p: Packet, off: int, length: int) -> None:
+def icmp6(p: PrintState, off: int, length: int) -> None:
     p.proto = "icmp6"
     if length == 0:
         p.add("ICMP6, length 0 (invalid)")
@@ -140,7 +140,7 @@ def icmp6(p: Packet, off: int, length: int) -> None:
         p.default_print(off, length, ascii=False)
 
 
-def _upper_layer(p: Packet, ip6: int) -> tuple[int, int]:
+def _upper_layer(p: PrintState, ip6: int) -> tuple[int, int]:
     """The protocol and destination port of a quoted IPv6 packet, past its extension headers."""
     p.need(ip6 + 6, 1, soft=True)
     nh, cp, hlen = p.u8(ip6 + 6), ip6, 40

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fcap.text.dissect.icmp import icmp, icmp6
-from fcap.text.dissect.reader import Packet, Truncated
+from fcap.text.dissect.reader import PrintState, Truncated
 from fcap.text.dissect.transport import tcp, udp
 
 _HOPOPTS, _ROUTING, _FRAGMENT, _DSTOPTS = 0, 43, 44, 60
@@ -12,7 +12,7 @@ _PAD1, _JUMBO_OPT, _ROUTER_ALERT = 0, 0xC2, 5
 
 # ------------------------------------------------------------------------------------------ IPv4
 
-def ip4(p: Packet, off: int, length: int) -> None:
+def ip4(p: PrintState, off: int, length: int) -> None:
     p.proto = "ip"
     version = p.u8(off) >> 4
     if version != 4:
@@ -43,7 +43,7 @@ def ip4(p: Packet, off: int, length: int) -> None:
     demux(p, off + hlen, total - hlen, 4, frag & 0x2000, proto, off)
 
 
-def demux(p: Packet, off: int, length: int, ver: int, fragmented: int, nh: int, ip_off: int) -> None:
+def demux(p: PrintState, off: int, length: int, ver: int, fragmented: int, nh: int, ip_off: int) -> None:
     """What an IPv4 or IPv6 header at ip_off carries at off: protocol nh, length bytes."""
     if nh == 6:
         tcp(p, off, length, ip_off, ver)
@@ -64,7 +64,7 @@ def demux(p: Packet, off: int, length: int, ver: int, fragmented: int, nh: int, 
 
 # ------------------------------------------------------------------------------------------ IPv6
 
-def ip6(p: Packet, off: int, length: int) -> None:
+def ip6(p: PrintState, off: int, length: int) -> None:
     p.proto = "ip6"
     p.need(off, 40, soft=True)
     if length < 40:
@@ -85,7 +85,7 @@ class _Ip6Walk:
     __slots__ = ("p", "off", "length", "plen", "left", "total", "prev", "found_ext", "found_jumbo", "found_hbh",
                  "fragmented")
 
-    def __init__(self, p: Packet, off: int, length: int) -> None:
+    def __init__(self, p: PrintState, off: int, length: int) -> None:
         self.p, self.off, self.length = p, off, length
         self.plen = plen = p.u16(off + 4)
         self.left = plen + 40 if plen else length + 40  # bytes of the datagram from the header being walked
@@ -179,7 +179,7 @@ class _Ip6Walk:
     _HEADERS = {_HOPOPTS: hop_by_hop, _DSTOPTS: destination_options, _FRAGMENT: fragment, _ROUTING: routing}
 
 
-def _jumbo(p: Packet, off: int, length: int, plen: int):
+def _jumbo(p: PrintState, off: int, length: int, plen: int):
     """Hop-by-hop options: a valid jumbo payload length, None if there is none, False if the options are damaged
     (tcpdump also names the damage, "(jumbo: trunc)" and the like; that is not copied here)."""
     i, jumbo = 0, None
@@ -194,7 +194,7 @@ def _jumbo(p: Packet, off: int, length: int, plen: int):
     return jumbo
 
 
-def _rt6(p: Packet, cp: int) -> int:
+def _rt6(p: PrintState, cp: int) -> int:
     """A routing header (types 0, 2 and 4 as tcpdump shows them); its length, or 0 to stop."""
     p.add("RT6")
     rlen = p.u8(cp + 1)

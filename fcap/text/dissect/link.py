@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fcap.files import linktypes
 from fcap.text.dissect.ip import ip4, ip6
-from fcap.text.dissect.reader import Packet, Truncated
+from fcap.text.dissect.reader import PrintState, Truncated
 
 _ETHERTYPES = {0x0800: "IPv4", 0x0806: "ARP", 0x8035: "Reverse ARP", 0x86DD: "IPv6", 0x8100: "802.1Q",
                0x88A8: "802.1Q-QinQ", 0x8847: "MPLS unicast", 0x8848: "MPLS multicast", 0x88CC: "LLDP",
@@ -20,7 +20,7 @@ _ARP_HRD = {1: "Ethernet", 6: "TokenRing", 15: "FrameRelay", 24: "IEEE1394", 32:
 _SLL_PKTTYPE = {0: "In", 1: "B", 2: "M", 3: "P", 4: "Out"}
 
 
-def dissect_link(p: Packet, linktype: int, length: int) -> None:
+def dissect_link(p: PrintState, linktype: int, length: int) -> None:
     """The packet from its link-layer header on; length is its length on the wire. Sets p.hdr as it goes."""
     if linktype == 1:
         _ether(p, 0, length)
@@ -61,7 +61,7 @@ def _vlan_tci(tci: int) -> str:
     return f"vlan {tci & 0xFFF}, p {tci >> 13}" + (", DEI" if tci & 0x1000 else "")
 
 
-def _sll(p: Packet, length: int) -> None:
+def _sll(p: PrintState, length: int) -> None:
     p.proto = "sll"
     p.need(0, 16)
 
@@ -73,7 +73,7 @@ def _sll(p: Packet, length: int) -> None:
     _cooked(p, p.u16(14), 16, length, header)
 
 
-def _sll2(p: Packet, length: int) -> None:
+def _sll2(p: PrintState, length: int) -> None:
     p.proto = "sll2"
     p.need(0, 20)
     try:
@@ -90,7 +90,7 @@ def _sll2(p: Packet, length: int) -> None:
     _cooked(p, p.u16(0), 20, length, header)
 
 
-def _null(p: Packet, linktype: int, length: int) -> None:
+def _null(p: PrintState, linktype: int, length: int) -> None:
     """BSD loopback: a 4-byte address family, host order (NULL) or network order (LOOP)."""
     p.proto = "null"
     p.need(0, 4)
@@ -111,7 +111,7 @@ def _null(p: Packet, linktype: int, length: int) -> None:
         p.default_print(4, p.end - 4, unless_suppressed=True)
 
 
-def _ether(p: Packet, off: int, length: int) -> None:
+def _ether(p: PrintState, off: int, length: int) -> None:
     caplen = p.end - off
     if length < caplen:
         p.add(f"[length {length} < caplen {caplen}] (invalid)")
@@ -142,7 +142,7 @@ def _ether(p: Packet, off: int, length: int) -> None:
         p.default_print(off, p.end - off, unless_suppressed=True)
 
 
-def _vlan_tags(p: Packet, etype: int, off: int, length: int, orig: int) -> tuple[int, int, int, bool]:
+def _vlan_tags(p: PrintState, etype: int, off: int, length: int, orig: int) -> tuple[int, int, int, bool]:
     """Past an Ethernet header's VLAN tags (shown only with -e): the type, offset and length after them, and
     whether -e said ", length N: " (tcpdump says it once, after the first type)."""
     told_length = False
@@ -163,7 +163,7 @@ _LLC_SAPS = {0x00: "Null", 0xFF: "Global", 0x02: "802.1B I", 0x03: "802.1B G", 0
              0xE0: "IPX", 0xF0: "NetBeui", 0xFE: "OSI"}
 
 
-def _llc(p: Packet, off: int, length: int, header: str, count_undecoded: bool) -> bool:
+def _llc(p: PrintState, off: int, length: int, header: str, count_undecoded: bool) -> bool:
     """An 802.2 header: SNAP with an Ethernet type is followed; anything else is only named. Adds to p.hdr the
     LLC (and SNAP) header length as tcpdump counts it: before what follows is printed; where that is not decoded,
     only when count_undecoded (tcpdump's Ethernet printer counts it then, its cooked printers do not). Whether
@@ -207,7 +207,7 @@ def _llc(p: Packet, off: int, length: int, header: str, count_undecoded: bool) -
 _DECODED = (0x0800, 0x86DD, 0x0806, 0x8035)   # the Ethernet types _ethertype decodes
 
 
-def _ethertype(p: Packet, etype: int, off: int, length: int) -> bool:
+def _ethertype(p: PrintState, etype: int, off: int, length: int) -> bool:
     if etype == 0x0800:
         ip4(p, off, length)
     elif etype == 0x86DD:
@@ -219,7 +219,7 @@ def _ethertype(p: Packet, etype: int, off: int, length: int) -> bool:
     return True
 
 
-def _cooked(p: Packet, etype: int, hdr_len: int, length: int, header: Callable[[int], str]) -> None:
+def _cooked(p: PrintState, etype: int, hdr_len: int, length: int, header: Callable[[int], str]) -> None:
     """What follows a Linux cooked header (v1 or v2) of hdr_len bytes; length counts the header; header(total)
     is the cooked header's text (tcpdump prints it with -e, or where the type is not decoded)."""
     off, length, p.hdr = hdr_len, length - hdr_len, hdr_len
@@ -245,7 +245,7 @@ def _cooked(p: Packet, etype: int, hdr_len: int, length: int, header: Callable[[
         p.default_print(off, p.end - off, unless_suppressed=True)
 
 
-def _arp(p: Packet, off: int, length: int) -> None:
+def _arp(p: PrintState, off: int, length: int) -> None:
     p.proto = "arp"
     p.need(off, 8)
     hrd, pro, hln, pln, op = p.u16(off), p.u16(off + 2), p.b[off + 4], p.b[off + 5], p.u16(off + 6)

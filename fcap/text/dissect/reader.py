@@ -17,7 +17,7 @@ class Truncated(Exception):
         self.soft, self.said = soft, said   # said: the printer has printed " [|proto]" itself
 
 
-class Packet:
+class PrintState:
     """Bytes being printed, how far reading is allowed (tcpdump's snapend), the protocol being printed, output,
     the relative TCP sequence numbers' table (None: absolute numbers), whether the link-level header is printed
     (tcpdump -e), the link-level header's length as tcpdump counts it (what -x and -A leave out), and whether

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.reader import M32, Packet, Truncated
+from fcap.text.dissect.reader import M32, PrintState, Truncated
 
 # Names as tcpdump 4.99 prints them.
 _TCP_FLAGS = ((0x01, "F"), (0x02, "S"), (0x04, "R"), (0x08, "P"), (0x10, "."), (0x20, "U"), (0x40, "E"), (0x80, "W"))
@@ -15,7 +15,7 @@ _TCP_OPT_DATALEN = {0: 0, 1: 0, 4: 0, 2: 2, 3: 1, 6: 4, 7: 4, 11: 4, 12: 4, 13: 
 _TFO_MAGIC = 0xF989
 
 
-def addresses(p: Packet, ip_off: int, ver: int) -> tuple[str, str, bytes, bytes, int]:
+def addresses(p: PrintState, ip_off: int, ver: int) -> tuple[str, str, bytes, bytes, int]:
     """Source, destination (as text and bytes) and the first next-header field of the IP header at ip_off."""
     if ver == 4:
         return (p.ip4(ip_off + 12), p.ip4(ip_off + 16), p.b[ip_off + 12:ip_off + 16], p.b[ip_off + 16:ip_off + 20],
@@ -26,7 +26,7 @@ def addresses(p: Packet, ip_off: int, ver: int) -> tuple[str, str, bytes, bytes,
 
 # ------------------------------------------------------------------------------------------ TCP
 
-def tcp(p: Packet, off: int, length: int, ip_off: int, ver: int) -> None:
+def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     p.proto = "tcp"
     src, dst, srcb, dstb, first_nh = addresses(p, ip_off, ver)
     if off + 4 > p.end:
@@ -83,7 +83,7 @@ class _Opt:
 
     __slots__ = ("p", "kind", "at", "size", "left", "later", "sack_base")
 
-    def __init__(self, p: Packet, kind: int, at: int, size: int, left: int, later: bool, sack_base: int) -> None:
+    def __init__(self, p: PrintState, kind: int, at: int, size: int, left: int, later: bool, sack_base: int) -> None:
         self.p, self.kind, self.at, self.size, self.left, self.later = p, kind, at, size, left, later
         self.sack_base = sack_base
 
@@ -147,7 +147,7 @@ _OPT_PRINTERS = {0: _opt_none, 1: _opt_none, 4: _opt_none, 5: _opt_sack, 34: _op
                  **dict.fromkeys((2, 3, 6, 7, 8, 11, 12, 13), _opt_number)}
 
 
-def _tcp_options(p: Packet, cp: int, hl: int, sack_base: int) -> bool:
+def _tcp_options(p: PrintState, cp: int, hl: int, sack_base: int) -> bool:
     """tcpdump's option list; False when it stopped at a bad option (it then prints no length)."""
     later = False
     while hl > 0:
@@ -178,7 +178,7 @@ def _tcp_options(p: Packet, cp: int, hl: int, sack_base: int) -> bool:
 
 # ------------------------------------------------------------------------------------------ UDP
 
-def udp(p: Packet, off: int, length: int, ip_off: int, ver: int, fragmented: int) -> None:
+def udp(p: PrintState, off: int, length: int, ip_off: int, ver: int, fragmented: int) -> None:
     p.proto = "udp"
     src, dst, _, _, first_nh = addresses(p, ip_off, ver)
 
