@@ -50,7 +50,7 @@ class BTF:
 
     def __init__(self, name: str, base: BTF | None, words, strs: bytes, offs: list[int], kinds: bytearray):
         self.name, self.base = name, base
-        self._w = words          # the type section as u32 words
+        self.words = words       # the type section as u32 words (the types read their records from it)
         self._strs = strs        # this blob's own string section
         self._offs = offs        # word offset of each own type record, indexed by id - _first
         self._kinds = kinds      # kind of each own type, indexed by id - _first
@@ -71,7 +71,7 @@ class BTF:
         self._refs: tuple[list[int], list[int], dict[int, list[tuple[int, int]]]] | None = None
         self._func_targets: list[int] | None = None
         self._proto_hits: tuple[frozenset, dict[int, list[int]]] = (frozenset(), {})
-        self._decls: dict[int, tuple[str, bool] | None] = {}
+        self.decl_cache: dict[int, tuple[str, bool] | None] = {}
 
     @classmethod
     def load(cls, data: bytes, base: BTF | None = None, name: str = "", index: tuple | None = None) -> BTF:
@@ -192,7 +192,7 @@ class BTF:
             else:
                 i = self._index(type_id)
                 o = self._offs[i]
-                t = _CLASSES[self._kinds[i]](self, type_id, self._str(self._w[o]), o)
+                t = _CLASSES[self._kinds[i]](self, type_id, self.string(self.words[o]), o)
             self._cache[type_id] = t
         return t
 
@@ -223,11 +223,12 @@ class BTF:
             self._by_kind[kinds] = list(compress(self.ids(), self._selector(kinds)))
         return self._by_kind[kinds]
 
-    def _str(self, off: int) -> str:
+    def string(self, off: int) -> str:
+        """The string at `off` in this chain's string space (a split BTF's lower offsets are its base's)."""
         s = self._str_cache.get(off)
         if s is None:
             if off < self._str_first:
-                return self.base._str(off)
+                return self.base.string(off)
             o = off - self._str_first
             end = self._strs.find(b"\0", o)
             if end < 0:
@@ -274,7 +275,7 @@ class BTF:
     def _record_names(self) -> array:
         """The name offset of each own type record, in id order."""
         if self._name_offs is None:
-            w = self._w
+            w = self.words
             self._name_offs = array("I", [w[o] for o in self._offs])
         return self._name_offs
 
@@ -317,7 +318,7 @@ class BTF:
                 by_off.setdefault(off, []).append(i)
             parts = self._strs.split(b"\0")
             strings = dict(zip(accumulate([len(p) + 1 for p in parts], initial=self._str_first), parts))
-            self._name_index = {strings[off] if off in strings else self._str(off).encode(): ids
+            self._name_index = {strings[off] if off in strings else self.string(off).encode(): ids
                                 for off, ids in by_off.items()}
         return self._name_index.get(name.encode(), [])
 
@@ -340,7 +341,7 @@ class BTF:
             hits.update(btf._protos_with_params_in(frozenset(i for i in wanted if i < len(btf))))
             btf = btf.base
         if self._func_targets is None:
-            w = self._w
+            w = self.words
             self._func_targets = [w[o + 2] for o in compress(self._offs, self._selector((Kind.FUNC,)))]
         ids = compress(self._ids_of(Kind.FUNC), map(hits.__contains__, self._func_targets))
         return [(f, hits[f.target_id]) for f in map(self.type, ids)]
@@ -348,14 +349,14 @@ class BTF:
     def typedefs_to_func_proto(self, prefix: str) -> list[tuple[str, FuncProto]]:
         """Own typedefs named `prefix...` that are pointers to a FUNC_PROTO (e.g. prefix "btf_trace_")."""
         names = set(self._str_offsets(prefix.encode(), False))
-        w, offs, first, out = self._w, self._offs, self._first, []
+        w, offs, first, out = self.words, self._offs, self._first, []
         for i in self._ids_of(Kind.TYPEDEF) if names else ():
             o = offs[i - first]
             if w[o] in names:
                 ptr = self.type(w[o + 2]).strip()
                 proto = ptr.target.strip() if isinstance(ptr, Ptr) else None
                 if isinstance(proto, FuncProto):
-                    out.append((self._str(w[o]), proto))
+                    out.append((self.string(w[o]), proto))
         return out
 
     def _rev(self, type_id: int) -> list[tuple[int, int]]:
@@ -364,7 +365,7 @@ class BTF:
         btf: BTF | None = self
         while btf is not None:
             if btf._refs is None:
-                sel, w = btf._selector(_REFS), btf._w
+                sel, w = btf._selector(_REFS), btf.words
                 btf._refs = (list(compress(btf.ids(), sel)), [w[o + 2] for o in compress(btf._offs, sel)], {})
             ids, targets, memo = btf._refs
             if type_id not in memo:
@@ -386,7 +387,7 @@ class BTF:
     def _protos_with_params_in(self, wanted: frozenset) -> dict[int, list[int]]:
         """Own FUNC_PROTO ids with parameters whose type is in `wanted` -> indices of those parameters."""
         if self._proto_hits[0] != wanted:
-            w, offs, first, disjoint, hits = self._w, self._offs, self._first, wanted.isdisjoint, {}
+            w, offs, first, disjoint, hits = self.words, self._offs, self._first, wanted.isdisjoint, {}
             for i in self._ids_of(Kind.FUNC_PROTO):
                 o = offs[i - first]
                 params = w[o + 4:o + 4 + 2 * (w[o + 1] & 0xFFFF):2]

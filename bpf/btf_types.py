@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import BTFError
 
-if TYPE_CHECKING:
-    from .btf import BTF
-
 INT_SIGNED, INT_CHAR, INT_BOOL = 1, 2, 4
 LINKAGE = {0: "static", 1: "global", 2: "extern"}
-_MAX_CHAIN = 256  # longer chains of type references are loops (of a corrupt blob)
+MAX_CHAIN = 256  # longer chains of type references are loops (of a corrupt blob)
+
+
+class Table(Protocol):
+    """What a type reads from the table it belongs to (bpf.btf.BTF is the one), declared here so that the types,
+    at the bottom, import nothing above them."""
+
+    words: object              # the type section as u32 words: a type's record starts at its offset
+    decl_cache: dict           # bpf.cdecl's C declaration parts by type id
+
+    def string(self, off: int) -> str: ...
+
+    def type(self, type_id: int) -> Type: ...
+
+    def kind_of(self, type_id: int) -> str: ...
 
 
 class Type:
@@ -20,14 +31,14 @@ class Type:
     __slots__ = ("btf", "id", "name", "_off", "_memo")
     kind = ""
 
-    def __init__(self, btf: BTF, type_id: int, name: str, off: int = 0):
+    def __init__(self, btf: Table, type_id: int, name: str, off: int = 0):
         self.btf, self.id, self.name, self._off, self._memo = btf, type_id, name, off, None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} [{self.id}] {self.name or '(anon)'}>"
 
     def _word(self, i: int) -> int:
-        return self.btf._w[self._off + i]
+        return self.btf.words[self._off + i]
 
     kind_flag = property(lambda self: bool(self._word(1) >> 31))
     vlen = property(lambda self: self._word(1) & 0xFFFF)
@@ -82,7 +93,7 @@ def _size_of(t: Type) -> int:
     """The size of a type through arrays, modifiers and variables, without recursion (a corrupt blob can make
     an array of itself)."""
     n = 1
-    for _ in range(_MAX_CHAIN):
+    for _ in range(MAX_CHAIN):
         if isinstance(t, Array):
             n *= t.nelems
             t = t.elem
@@ -99,7 +110,7 @@ class _Modifier(_Ref):
 
     def strip(self) -> Type:
         t = self.target
-        for _ in range(_MAX_CHAIN):
+        for _ in range(MAX_CHAIN):
             if not isinstance(t, _Modifier):
                 return t
             t = t.target
@@ -152,7 +163,7 @@ class Member(_Item):
 
     __slots__ = ("bit_offset", "bitfield_size")
 
-    def __init__(self, btf: BTF, name: str, type_id: int, bit_offset: int, bitfield_size: int = 0):
+    def __init__(self, btf: Table, name: str, type_id: int, bit_offset: int, bitfield_size: int = 0):
         self.btf, self.name, self.type_id, self.bit_offset, self.bitfield_size = (
             btf, name, type_id, bit_offset, bitfield_size)
 
@@ -167,9 +178,9 @@ class Composite(_Sized):
     @property
     def members(self) -> list[Member]:
         if self._memo is None:
-            btf, w, o, kflag, out = self.btf, self.btf._w, self._off, self.kind_flag, []
+            btf, w, o, kflag, out = self.btf, self.btf.words, self._off, self.kind_flag, []
             for p in range(o + 3, o + 3 + 3 * self.vlen, 3):
-                name, tid, bits = btf._str(w[p]), w[p + 1], w[p + 2]
+                name, tid, bits = btf.string(w[p]), w[p + 1], w[p + 2]
                 if kflag:  # the bitfield size is in the high 8 bits of the offset
                     out.append(Member(btf, name, tid, bits & 0xFFFFFF, bits >> 24))
                     continue
@@ -234,13 +245,13 @@ class Enum(_Sized):
     @property
     def values(self) -> dict[str, int]:
         if self._memo is None:
-            btf, w, o, n = self.btf, self.btf._w, self._off, self._words
+            btf, w, o, n = self.btf, self.btf.words, self._off, self._words
             bits = 32 * (n - 1)
             sign = 1 << (bits - 1) if self.signed else 1 << bits
             self._memo = {}
             for p in range(o + 3, o + 3 + n * self.vlen, n):
                 v = w[p + 1] | (w[p + 2] << 32 if n == 3 else 0)
-                self._memo[btf._str(w[p])] = v - (1 << bits) if v >= sign else v
+                self._memo[btf.string(w[p])] = v - (1 << bits) if v >= sign else v
         return self._memo
 
     def name_of(self, value: int) -> str | None:
@@ -266,7 +277,7 @@ class Func(_Ref):
 class Param(_Item):
     __slots__ = ()
 
-    def __init__(self, btf: BTF, name: str, type_id: int):
+    def __init__(self, btf: Table, name: str, type_id: int):
         self.btf, self.name, self.type_id = btf, name, type_id
 
 
@@ -278,7 +289,7 @@ class FuncProto(Type):
     ret = property(lambda self: self.btf.type(self._word(2)))
 
     def _raw(self) -> list[tuple[int, int]]:
-        w, o = self.btf._w, self._off
+        w, o = self.btf.words, self._off
         return [(w[p], w[p + 1]) for p in range(o + 3, o + 3 + 2 * (w[o + 1] & 0xFFFF), 2)]
 
     @property
@@ -290,7 +301,7 @@ class FuncProto(Type):
     def params(self) -> list[Param]:
         if self._memo is None:
             raw = self._raw()[:-1 if self.variadic else None]
-            self._memo = [Param(self.btf, self.btf._str(n), t) for n, t in raw]
+            self._memo = [Param(self.btf, self.btf.string(n), t) for n, t in raw]
         return self._memo
 
 
@@ -303,7 +314,7 @@ class Var(_Ref):
 class VarSecinfo(_Item):
     __slots__ = ("offset", "size")
 
-    def __init__(self, btf: BTF, type_id: int, offset: int, size: int):
+    def __init__(self, btf: Table, type_id: int, offset: int, size: int):
         self.btf, self.name, self.type_id, self.offset, self.size = btf, "", type_id, offset, size
 
 
@@ -312,7 +323,7 @@ class Datasec(_Sized):
 
     @property
     def vars(self) -> list[VarSecinfo]:
-        w, o = self.btf._w, self._off
+        w, o = self.btf.words, self._off
         return [VarSecinfo(self.btf, *w[p:p + 3]) for p in range(o + 3, o + 3 + 3 * self.vlen, 3)]
 
 

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .btf_types import _MAX_CHAIN, Array, Const, Func, FuncProto, Ptr, Restrict, Type, TypeTag, Var, Volatile
+from .btf_types import (MAX_CHAIN, Array, Const, Func, FuncProto, Ptr, Restrict, Table, Type, TypeTag, Var,
+                        Volatile)
 from .errors import BTFError
-
-if TYPE_CHECKING:
-    from .btf import BTF
 
 
 def c_decl(t: Type, name: str = "") -> str:
@@ -26,7 +22,7 @@ _MISSING = ("", False)
 _QUALIFIERS = ("volatile", "const", "restrict")
 
 
-def _decl(btf: BTF, type_id: int, name: str) -> str:
+def _decl(btf: Table, type_id: int, name: str) -> str:
     parts, params = _parts(btf, type_id), ""
     if parts is None:
         t = btf.type(type_id)
@@ -40,9 +36,9 @@ def _decl(btf: BTF, type_id: int, name: str) -> str:
     return (text + " " + name if name and not last_was_ptr else text + name) + params
 
 
-def _parts(btf: BTF, type_id: int) -> tuple[str, bool] | None:
+def _parts(btf: Table, type_id: int) -> tuple[str, bool] | None:
     """(declaration without a name, whether it ends in `*`), cached; None where the name goes inside."""
-    parts = btf._decls.get(type_id, _MISSING)
+    parts = btf.decl_cache.get(type_id, _MISSING)
     if parts is _MISSING:
         stack = _stack(btf.type(type_id))
         parts = None
@@ -50,7 +46,7 @@ def _parts(btf: BTF, type_id: int) -> tuple[str, bool] | None:
             out: list[str] = []
             last_was_ptr = _chain(stack, "", out)
             parts = ("".join(out), last_was_ptr)
-        btf._decls[type_id] = parts
+        btf.decl_cache[type_id] = parts
     return parts
 
 
@@ -60,7 +56,7 @@ def _stack(t: Type) -> list[Type]:
     while isinstance(t, (Ptr, Volatile, Const, Restrict, TypeTag, Array, FuncProto)):
         t = t.elem if isinstance(t, Array) else t.ret if isinstance(t, FuncProto) else t.target
         stack.append(t)
-        if len(stack) > _MAX_CHAIN:
+        if len(stack) > MAX_CHAIN:
             raise BTFError(f"declare {stack[0].kind} [{stack[0].id}]", "loop of type references")
     return stack
 
@@ -72,7 +68,7 @@ def _params(t: FuncProto) -> str:
         raw.pop()
     if not raw:
         return "(void)"
-    decls = [_decl(btf, tid, btf._str(name_off) if name_off else "") for name_off, tid in raw]
+    decls = [_decl(btf, tid, btf.string(name_off) if name_off else "") for name_off, tid in raw]
     return "(" + ", ".join(decls + ["..."] if variadic else decls) + ")"
 
 

@@ -271,7 +271,7 @@ def vmlinux_slice(roots: list[tuple[str, str]], budget: int) -> bytes:
     def s(off: int) -> int:
         if off not in str_index:
             str_index[off] = len(strs)
-            strs.extend(vm._str(off).encode() + b"\0")
+            strs.extend(vm.string(off).encode() + b"\0")
         return str_index[off]
     words: list[int] = []
     for tid in order:
@@ -295,8 +295,8 @@ def _record(vm: BTF, tid: int) -> list[int]:
     o = vm._offs[tid - 1]
     kind = Kind(vm._kinds[tid - 1])
     per = {Kind.STRUCT: 3, Kind.UNION: 3, Kind.ENUM: 2, Kind.FUNC_PROTO: 2, Kind.DATASEC: 3, Kind.ENUM64: 3}
-    n = _FIXED.get(kind, 3) + (vm._w[o + 1] & 0xFFFF) * per.get(kind, 0)
-    return list(vm._w[o:o + n])
+    n = _FIXED.get(kind, 3) + (vm.words[o + 1] & 0xFFFF) * per.get(kind, 0)
+    return list(vm.words[o:o + n])
 
 
 def _refs(vm: BTF, tid: int) -> list[int]:

@@ -532,3 +532,16 @@ def test_modules():
             for i in idx:
                 ptr = f.proto.params[i].type.strip()
                 assert isinstance(ptr, Ptr) and ptr.target.strip().name == "sk_buff"
+
+
+def test_btf_modules_form_a_line():
+    """bpf.btf_types at the bottom (the types and the Table they read), bpf.cdecl above it, bpf.btf above both: no
+    module imports one above it, not even for type checking."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "bpf"
+    above = {"btf_types": ("btf", "cdecl"), "cdecl": ("btf",)}
+    for name, forbidden in above.items():
+        tree = ast.parse((root / f"{name}.py").read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not found & set(forbidden), (name, found)
