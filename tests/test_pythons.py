@@ -73,10 +73,21 @@ def test_a_live_capture(version, tmp_path):
                 time.sleep(0.05)
     t = threading.Thread(target=traffic, daemon=True)
     t.start()
-    r = subprocess.run([exe, "-m", "fcap.commands.cli", "-i", "tp_btf/net_dev_queue", "-c", "2", "-w", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([exe, "-m", "fcap.commands.cli", "-i", "tp_btf/net_dev_queue", "-c", "2", "-w", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     t.join()
     assert r.returncode == 0 and "2 packets captured" in r.stderr, r.stderr[-2000:]
     read = subprocess.run([tcpdump, "-nn", "-r", str(out)], capture_output=True, text=True, timeout=30)
     assert read.returncode == 0 and len(read.stdout.splitlines()) == 2, read.stderr
     assert sys.version_info >= (3, 9)
+
+
+def test_pyproject_says_what_is_tested():
+    """requires-python's floor is the oldest Python tested here, and the classifiers name the Pythons tested: these
+    and the one the suite runs on."""
+    import re
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^requires-python = ">=(\S+)"$', text, re.M).group(1) == VERSIONS[0]
+    said = set(re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text))
+    assert said >= set(VERSIONS) | {f"{sys.version_info[0]}.{sys.version_info[1]}"}, said
