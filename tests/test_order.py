@@ -1,4 +1,4 @@
-"""Every record in time order (fcap.live.order): `-c N` keeps the first N packets by time and files are in time order, on
+"""Every record in time order (live.order): `-c N` keeps the first N packets by time and files are in time order, on
 every path (file rings, perf buffer, printing, the Python API), with TCP client and server on different CPUs.
 Held to tcpdump -i lo on the same traffic at tp_btf/net_dev_start_xmit, the point that sees what its tap sees."""
 

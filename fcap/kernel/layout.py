@@ -12,8 +12,8 @@ from bpf import asm
 from bpf.asm import BYTES_SIZE
 
 from fcap.defaults import SNAPLEN
-from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT, FLAG_INBOUND,
-                       FLAG_OUTBOUND, OPT_COMMENT)
+from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT,
+                                 FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT)
 
 
 
@@ -141,7 +141,7 @@ LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: li
 PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX
-# the file rings (fcap.kernel.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
+# the file rings (kernel.ringrec) have no perf sample limit: a record holds up to tcpdump's largest snap length, so a
 # GSO/BIG TCP skb larger than 64 KiB lands whole
 RING_CAPLEN_MAX = SNAPLEN
 RING_COPY_MAX = RING_CAPLEN_MAX - HDR_MAX
@@ -163,10 +163,10 @@ DUMPS_MAX = 16384        # all the dumps of a record
 COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.kernel.stats)
 COUNTERS = 3
 
-# ---- fcap drops (fcap.commands.drop_report): drops counted per (reason, location) in a hash map of u64 counts -------------
+# ---- fcap drops (commands.drop_report): drops counted per (reason, location) in a hash map of u64 counts ---------
 DROP_KEY = Layout("DropKey", (("reason", "I"), ("", "4x"), ("location", "Q")))
 
-# ---- --track (fcap.kernel.track): the tracking map (an LRU hash) and its counters (per CPU, one element) ----------------
+# ---- --track (kernel.track): the tracking map (an LRU hash) and its counters (per CPU, one element) -----------------
 # Keys: an skb's address, and a data head's address | 1 (clones share the head); values: the packet id, the head
 # the skb had when it was tracked, and a bit per (point, device) where the skb was seen (fcap.kernel.track.seen_slots).
 TRACK = Layout("Track", (("id", "Q"), ("head", "Q"), ("seen", "Q")))
@@ -222,7 +222,7 @@ def _check_stack() -> None:
 
 _check_stack()
 
-# ---- the file ring (fcap.kernel.ringrec writes it, fcap.live.drain reads it) --------------------------------------------------
+# ---- the file ring (kernel.ringrec writes it, live.drain reads it) -------------------------------------------------
 # An mmapable array map, one element per possible CPU: RING_CTRL bytes of control words, then the ring, then
 # RING_SLACK bytes past its end. The program appends whole records at head and publishes them with one atomic add:
 # the low HEAD_BITS bits of head are the byte position, the high bits count records. User space writes

@@ -1,5 +1,5 @@
 """Capture records to the file without per-record objects: FileDrain slices perf samples (whose record header the
-program laid out) into os.writev batches; RingDrain writes the file rings' finished records (fcap.kernel.ringrec) as they
+program laid out) into os.writev batches; RingDrain writes the file rings' finished records (kernel.ringrec) as they
 are."""
 
 from __future__ import annotations
