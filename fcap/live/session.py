@@ -60,7 +60,7 @@ class Stats:
     __slots__ = ("captured", "seen", "lost")
 
     def __init__(self) -> None:
-        self.captured = 0      # records handed to the sink
+        self.captured = 0      # records handed on (to Session.run's on_record, or a Sink)
         self.seen = 0          # packets the programs tried to record (after predicates and filter)
         self.lost = 0          # records the kernel could not put in a full buffer
 
@@ -84,7 +84,7 @@ def _explain_refusal(point: Point, e: BPFError) -> str:
 
 
 class Session:
-    """One capture. Use: s = Session(cfg); s.open(); s.attach(); s.run(sink, stop); s.close()."""
+    """One capture. Use: s = Session(cfg); s.open(); s.attach(); s.run(on_record, stop); s.close()."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -397,9 +397,9 @@ class Session:
         return p.kind.attach(prog.fileno(), p)
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, sink: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Drain records into sink, in time order (fcap.live.order), until stop() is true or sink returns False; then
-        detach and drain the rest."""
+    def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+        """Drain records into on_record, in time order (fcap.live.order), until stop() is true or on_record returns
+        False; then detach and drain the rest."""
         keep_going = True
         pending = Pending(self.window)
 
@@ -409,7 +409,7 @@ class Session:
                 if not keep_going:
                     break
                 self.stats.captured += 1
-                if sink(rec) is False:
+                if on_record(rec) is False:
                     keep_going = False
 
         timeout = 5 if self.cfg.immediate else poll_ms
