@@ -11,6 +11,7 @@ signal.signal(signal.SIGINT, signal.SIG_DFL)
 import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+from typing import Callable, NamedTuple  # noqa: E402
 
 from fcap import __version__  # noqa: E402
 from fcap.commands.console import PROG, fail, quiet_stdout  # noqa: E402
@@ -18,19 +19,23 @@ from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen  # noqa:
 from fcap.errors import FcapError, UsageError  # noqa: E402
 from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
 
-EPILOG = """capture points (-i): fentry/FUNC, fexit/FUNC, kprobe/FUNC, tp_btf/NAME (or tp/SUBSYS/NAME), raw_tp/NAME,
-or FUNC alone for the best hook this kernel allows; FUNC:ARG picks the skb argument by name.
-  fcap list-devices 'ip_*'          every point that takes a struct sk_buff *
-  fcap info ip_send_skb             a point's prototype
-  fcap features                     what this kernel lets fcap do, tried for real (needs root)
-  fcap -i tp_btf/net_dev_queue -w out.pcapng 'udp port 53'
-  fcap -i tp_btf/net_dev_queue -w out.pcapng -- ping -c 3 127.0.0.1"""
+class _Parser(argparse.ArgumentParser):
+    """fcap's parser; the help's epilog (points, commands, examples: fcap.commands.usage) is written only when help
+    is printed, as it reads the kinds' and the semantic points' tables, whose imports a capture need not wait for."""
+
+    def format_help(self) -> str:
+        if self.epilog is None:
+            from fcap.commands.usage import epilog
+            self.epilog = epilog(COMMANDS)
+        return super().format_help()
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="tcpdump for any point inside the Linux network stack",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-i", dest="points", action="append", metavar="POINT", help="capture point (repeatable)")
+    p = _Parser(prog=PROG, description="tcpdump for any point inside the Linux network stack",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", dest="points", action="append", metavar="POINT",
+                   help="capture point: fentry/FUNC, tp_btf/TP, a glob, skb:drop, ... (below); -i again for more "
+                        "points in the one capture")
     p.add_argument("-w", dest="write", metavar="FILE", help="write packets to FILE (- for stdout)")
     p.add_argument("-C", dest="file_size", metavar="SIZE",
                    help="with -w: a new file when the current one is larger than SIZE million bytes (FILE, FILE1, ...)")
@@ -477,9 +482,27 @@ def _run(session, args, out, count: int, command: list[str]) -> int:
     return status
 
 
-# fcap NAME ...: the commands beside capturing and reading
-SUBCOMMANDS = {"list-devices": cmd_list, "list": cmd_list, "info": cmd_info, "extcap": cmd_extcap,
-               "features": cmd_features, "path": cmd_path, "drops": cmd_drops}
+class Subcommand(NamedTuple):
+    """A command beside capturing and reading (fcap NAME ...): how it runs and what the help says of it."""
+
+    name: str
+    run: Callable[[list[str]], int]
+    args: str      # its arguments, as the help shows them
+    summary: str   # what it does, in one line
+
+
+COMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("list-devices", cmd_list, "[--semantic] [--json] [GLOB]",
+               "every capture point taking a struct sk_buff *, with its prototype (also: list, -D)"),
+    Subcommand("info", cmd_info, "POINT...", "a point's prototype and which argument is the skb"),
+    Subcommand("features", cmd_features, "[--json]", "what this kernel lets fcap do, tried for real (needs root)"),
+    Subcommand("path", cmd_path, "FILE", "each packet's points in order, the time between them, how it ended"),
+    Subcommand("drops", cmd_drops, "[-w FILE [FILTER]] [-- COMMAND]",
+               "drops counted per reason and location, a table on exit"),
+    Subcommand("extcap", cmd_extcap, "--install | --uninstall", "fcap as a Wireshark extcap interface"),
+)
+SUBCOMMANDS = {c.name: c.run for c in COMMANDS}
+SUBCOMMANDS["list"] = cmd_list   # (list-devices' short name)
 
 
 def run() -> None:

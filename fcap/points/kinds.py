@@ -72,6 +72,7 @@ class Kind:
     at_entry = False      # runs before the function's body: what the function sets is not set yet
     by_symbol = False     # attaches to a /proc/kallsyms symbol (not to a BTF id)
     family = ""           # how a refusal names the programs refused with it
+    summary = ""          # what a point of this kind is, in one line (fcap --help, man fcap)
 
     def __str__(self) -> str:
         return self.name
@@ -138,12 +139,14 @@ class _Trampoline(Kind):
 
 class _Fentry(_Trampoline):
     name = "fentry"
+    summary = "a BPF trampoline at FUNC's entry (vmlinux or a module), arguments typed"
     attach_type = AttachType.TRACE_FENTRY
     at_entry = True
 
 
 class _Fexit(_Trampoline):
     name = "fexit"
+    summary = "a BPF trampoline at FUNC's return: the skb after FUNC, and its return value ('return')"
     attach_type = AttachType.TRACE_FEXIT
     sees_return = True
 
@@ -152,6 +155,7 @@ class _TpBtf(Kind):
     """A BTF-typed raw tracepoint: the context is the tracepoint's arguments (after its void *) as u64s."""
 
     name = "tp_btf"
+    summary = "a BTF-typed tracepoint (also spelled tp/SUBSYS/TP): net_dev_queue, netif_receive_skb, ..."
     prog_type = ProgType.TRACING
     attach_type = AttachType.TRACE_RAW_TP
     typed = True
@@ -161,6 +165,7 @@ class _RawTp(Kind):
     """A raw tracepoint by name: the same u64 arguments, untyped (read through probe_read)."""
 
     name = "raw_tp"
+    summary = "a raw tracepoint, arguments untyped (linear bytes only)"
     prog_type = ProgType.RAW_TRACEPOINT
 
     def attach(self, prog_fd: int, point: Point) -> Link:
@@ -174,6 +179,7 @@ class _Kprobe(Kind):
     """A kprobe perf event on a kallsyms symbol: the context is the saved registers (see Arch), untyped."""
 
     name = "kprobe"
+    summary = "a kprobe at FUNC's entry, arguments from registers (linear bytes only)"
     prog_type = ProgType.KPROBE
     function = True
     at_entry = True
