@@ -7,69 +7,14 @@ import collections
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
 
 from fcap.defaults import BUFFER_KIB, SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.kernel.layout import COMMENT
-from fcap.live.output import Sink
+from fcap.live.output import _METADATA, PacketSink
+from fcap.text.packet import Packet
 
 POLL_MS = 100
-
-
-@dataclass
-class Packet:
-    """One packet at one point. From a capture: everything; from a file, what the file holds (pcap: no metadata,
-    the fields fcap's comment carries are None)."""
-
-    ts_ns: int                 # wall clock, nanoseconds since the epoch
-    point: str | None          # the capture point, e.g. "tp_btf/net_dev_queue" (the pcapng interface name)
-    data: bytes                # the captured bytes, from the link type's start
-    orig_len: int              # the packet's length from there
-    linktype: int              # LINKTYPE_* number: 1 EN10MB, 276 LINUX_SLL2, 101 RAW, ...
-    skb: int | None = None     # the skb's address (the same skb at several points: one packet followed)
-    pid: int | None = None     # thread group id of the task the point ran in
-    tid: int | None = None
-    comm: str | None = None
-    ifindex: int | None = None
-    netns: int | None = None   # the device's network namespace inode number
-    mark: int | None = None
-    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
-    packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
-    reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
-    location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
-    verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
-    comment: str | None = None     # the pcapng comment fcap writes for the packet
-
-    def scapy(self):
-        """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""
-        try:
-            from scapy import all as scapy
-        except ImportError as e:
-            raise FcapError(f"Packet.scapy() needs scapy: pip install 'fcap[decode]' ({e})") from None
-        from fcap.text.show import _SCAPY_LAYERS
-        if self.linktype == 101:
-            cls = scapy.IPv6 if self.data[:1] and self.data[0] >> 4 == 6 else scapy.IP
-        else:
-            cls = getattr(scapy, _SCAPY_LAYERS.get(self.linktype, ""), None) or scapy.conf.l2types.get(self.linktype)
-        return (cls or scapy.conf.raw_layer)(bytes(self.data))
-
-    def dpkt(self):
-        """The packet as a dpkt object of its link type (Ethernet, SLL2, SLL, IP, IP6)."""
-        import dpkt
-        kinds = {1: dpkt.ethernet.Ethernet, 113: dpkt.sll.SLL, 276: dpkt.sll2.SLL2, 228: dpkt.ip.IP,
-                 229: dpkt.ip6.IP6}
-        cls = kinds.get(self.linktype)
-        if cls is None and self.linktype == 101:
-            cls = dpkt.ip6.IP6 if self.data[:1] and self.data[0] >> 4 == 6 else dpkt.ip.IP
-        if cls is None:
-            raise FcapError(f"Packet.dpkt(): no dpkt class for link type {self.linktype}")
-        return cls(bytes(self.data))
-
-
-# the metadata a Packet takes by name from a capture's record (fcap.kernel.layout.Record) or, read from a file, from
-# fcap's comment (fcap.kernel.layout.COMMENT): the Packet attributes the comment shows
-_METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})
 
 
 class Capture:
@@ -180,27 +125,14 @@ class Capture:
             self._sink.write(r)
 
 
-class _Packets(Sink):
+class _Packets(PacketSink):
     """The API's output (fcap.live.output): each record a Packet, queued for the caller."""
 
     def __init__(self):
         self.queue: collections.deque = collections.deque()
 
-    def open(self, session) -> None:
-        super().open(session)
-        self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
-        self.linktype = session.linktype.number
-
     def write(self, rec) -> None:
         self.queue.append(self.packet(rec))
-
-    def packet(self, r) -> Packet:
-        opts = self.options(r)
-        reason, location = self.options.drop(r)
-        return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
-                      orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
-                      dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
-                      location=location, verdict=opts["verdict"], comment=opts["comment"])
 
 
 def _strings(items, what: str) -> list[str]:
@@ -272,4 +204,8 @@ def _packet_of(rec) -> Packet:
     found["skb"] = meta.get("skb", rec.packet_id)
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
                   linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
-                  location=meta.get("location"), verdict=rec.verdict, comment=rec.comment)
+                  location=meta.get("location"), verdict=rec.verdict, comment=rec.comment,
+                  direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+
+
+_DIRECTIONS = {1: "in", 2: "out"}   # epb_flags' direction bits (0: not known)

@@ -11,8 +11,12 @@ import os
 import sys
 from abc import ABC, abstractmethod
 
+from dataclasses import fields
+
 from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
+from fcap.kernel.layout import COMMENT
+from fcap.text.packet import Packet
 
 PCAP, PCAPNG = "pcap", "pcapng"
 
@@ -170,6 +174,31 @@ class PrintSink(Sink):
 
     def close(self, ok: bool = True) -> None:
         self.printer.flush()
+
+
+# the metadata a Packet takes by name from a capture's record (fcap.kernel.layout.Record) or, read from a file, from
+# fcap's comment (fcap.kernel.layout.COMMENT): the Packet attributes the comment shows
+_METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})
+
+
+class PacketSink(Sink):
+    """Records as fcap.Packets (wall-clock time, the point's pcapng interface name, metadata, dumps, drop reason and
+    location, direction, queue): the base of the outputs that hand out or print Packets (the API's, --json)."""
+
+    def open(self, session) -> None:
+        super().open(session)
+        self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
+        self.directions = {p.id: p.direction for p in session.points}
+        self.linktype = session.linktype.number
+
+    def packet(self, r) -> Packet:
+        opts = self.options(r)
+        reason, location = self.options.drop(r)
+        return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
+                      orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
+                      dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
+                      location=location, verdict=opts["verdict"], comment=opts["comment"],
+                      direction=self.directions.get(r.point), queue=r.queue)
 
 
 def file_format(path: str | None, fmt: str | None, to_stdout: bool, points: int) -> str | None:

@@ -1,0 +1,61 @@
+"""fcap.Packet: one packet at one point, as the API gives it (fcap.capture, fcap.read) and --json prints it. Its home
+is below the capture (text floor) so that every output, the API's and the command's, builds and reads the one
+type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fcap.errors import FcapError
+
+
+@dataclass
+class Packet:
+    """One packet at one point. From a capture: everything; from a file, what the file holds (pcap: no metadata,
+    the fields fcap's comment carries are None)."""
+
+    ts_ns: int                 # wall clock, nanoseconds since the epoch
+    point: str | None          # the capture point, e.g. "tp_btf/net_dev_queue" (the pcapng interface name)
+    data: bytes                # the captured bytes, from the link type's start
+    orig_len: int              # the packet's length from there
+    linktype: int              # LINKTYPE_* number: 1 EN10MB, 276 LINUX_SLL2, 101 RAW, ...
+    skb: int | None = None     # the skb's address (the same skb at several points: one packet followed)
+    pid: int | None = None     # thread group id of the task the point ran in
+    tid: int | None = None
+    comm: str | None = None
+    ifindex: int | None = None
+    netns: int | None = None   # the device's network namespace inode number
+    mark: int | None = None
+    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
+    packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
+    reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
+    location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
+    verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
+    comment: str | None = None     # the pcapng comment fcap writes for the packet
+    direction: str | None = None   # "in" or "out" where the point has one (epb_flags)
+    queue: int | None = None       # the device queue at device-layer points (epb_queue)
+
+    def scapy(self):
+        """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""
+        try:
+            from scapy import all as scapy
+        except ImportError as e:
+            raise FcapError(f"Packet.scapy() needs scapy: pip install 'fcap[decode]' ({e})") from None
+        from fcap.text.show import _SCAPY_LAYERS
+        if self.linktype == 101:
+            cls = scapy.IPv6 if self.data[:1] and self.data[0] >> 4 == 6 else scapy.IP
+        else:
+            cls = getattr(scapy, _SCAPY_LAYERS.get(self.linktype, ""), None) or scapy.conf.l2types.get(self.linktype)
+        return (cls or scapy.conf.raw_layer)(bytes(self.data))
+
+    def dpkt(self):
+        """The packet as a dpkt object of its link type (Ethernet, SLL2, SLL, IP, IP6)."""
+        import dpkt
+        kinds = {1: dpkt.ethernet.Ethernet, 113: dpkt.sll.SLL, 276: dpkt.sll2.SLL2, 228: dpkt.ip.IP,
+                 229: dpkt.ip6.IP6}
+        cls = kinds.get(self.linktype)
+        if cls is None and self.linktype == 101:
+            cls = dpkt.ip6.IP6 if self.data[:1] and self.data[0] >> 4 == 6 else dpkt.ip.IP
+        if cls is None:
+            raise FcapError(f"Packet.dpkt(): no dpkt class for link type {self.linktype}")
+        return cls(bytes(self.data))
