@@ -171,7 +171,7 @@ def read(path) -> Iterator[Packet]:
     try:
         records = read_records(path)
         for rec in records:
-            yield _packet_of(rec)
+            yield file_packet(rec)
     except OSError as e:
         raise FcapError(f"{path}: {e.strerror or e}") from None
 
@@ -193,7 +193,9 @@ def parse_comment(text: str) -> dict:
     return out
 
 
-def _packet_of(rec) -> Packet:
+def file_packet(rec) -> Packet:
+    """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the metadata and drop reason from fcap's
+    comment, the dumps from its custom options, direction and queue from epb_flags and epb_queue."""
     lines = (rec.comment or "").split("\n")
     meta = next((m for m in map(parse_comment, lines) if m), {})
     dumps = {}

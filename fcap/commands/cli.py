@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
     p.add_argument("-K", dest="no_checksums", action="store_true",
                    help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
+    p.add_argument("--json", action="store_true",
+                   help="print each packet as one line of JSON (time, point, metadata, drop reason, dumps, headers) "
+                        "for jq; live or with -r")
     p.add_argument("--count", dest="count_only", action="store_true",
                    help="count packets instead of printing them (with -r: print 'N packets')")
     p.add_argument("-L", dest="list_linktypes", action="store_true", help="list the link types of each -i point")
@@ -149,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             return SUBCOMMANDS[argv[0]](argv[1:])
         opts, command = _split_command(argv)
         args = _parser().parse_args(opts)
+        if args.json:
+            _check_json(args)
         if args.list:
             return cmd_list(args.expression)
         if args.list_linktypes:
@@ -231,14 +236,11 @@ def cmd_read(args) -> int:
     limit = _int(args.count, "packet count", 0, 1) if args.count is not None else 0
     printer = Printer(args, sys.stdout)
     try:
-        for rec in read(sys.stdin.buffer if args.read == "-" else args.read):
-            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
-            if rec.custom:   # fcap's --dump values travel as custom options
-                _print_dumps(printer, rec)
-            if printer.counted == limit:
-                break
-        if args.count_only:
-            sys.stdout.write(printer.count_line())
+        records = read(sys.stdin.buffer if args.read == "-" else args.read)
+        if args.json:
+            _read_json(records, limit, args.line_buffered)
+        else:
+            _read_print(records, limit, printer, args.count_only)
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -249,6 +251,45 @@ def cmd_read(args) -> int:
             quiet_stdout()
         return fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
     return 0
+
+
+def _read_print(records, limit: int, printer, count_only: bool) -> None:
+    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted."""
+    for rec in records:
+        printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+        if rec.custom:   # fcap's --dump values travel as custom options
+            _print_dumps(printer, rec)
+        if printer.counted == limit:
+            break
+    if count_only:
+        sys.stdout.write(printer.count_line())
+
+
+def _read_json(records, limit: int, line_buffered: bool) -> None:
+    """-r --json: the file's packets (up to `limit`; 0: all) as the live capture's JSON lines, each read back into a
+    fcap.Packet as fcap.read gives it (metadata, drop reason and dumps from fcap's comment and options)."""
+    from fcap.api import file_packet
+    from fcap.text.jsonout import packet_line
+    for n, rec in enumerate(records, 1):
+        sys.stdout.write(packet_line(file_packet(rec)))
+        if line_buffered:
+            sys.stdout.flush()
+        if n == limit:
+            break
+
+
+# flags that make no sense with --json (its lines have one shape): what they ask for instead, for the error line
+_NOT_WITH_JSON = (("write", "-w"), ("hex", "-x"), ("hexascii", "-X"), ("ascii", "-A"), ("link_header", "-e"),
+                  ("verbose", "-v"), ("count_only", "--count"), ("live_path", "--path"), ("format", "--format"),
+                  ("file_size", "-C"), ("seconds", "-G"), ("files", "-W"))
+
+
+def _check_json(args) -> None:
+    """--json prints JSON lines on stdout: a file (-w, -C/-G/-W, --format) or another way of printing is a usage
+    error. -t, --nano and -S change nothing (ts_ns is nanoseconds, sequence numbers are absolute)."""
+    for attr, flag in _NOT_WITH_JSON:
+        if getattr(args, attr):
+            raise UsageError(f"--json prints each packet as a JSON line on stdout; {flag} makes no sense with it")
 
 
 def _print_dumps(printer, rec) -> None:
@@ -430,7 +471,7 @@ def _output_format(args, session) -> str | None:
     """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
     from fcap.live.output import file_format
     to_stdout = _to_stdout(args)
-    if args.live_path:
+    if args.live_path or args.json:
         if args.write:
             raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
         return None
@@ -444,6 +485,9 @@ def _sink(args, fmt: str | None, rotation=None):
     if fmt is not None:
         from fcap.live.output import FileSink
         return FileSink(None if _to_stdout(args) else args.write, fmt, rotation)
+    if args.json:
+        from fcap.live.output import JsonSink
+        return JsonSink(sys.stdout, args.line_buffered)
     if args.live_path:
         from fcap.commands.path_report import PathSink
         return PathSink(Printer(args, sys.stdout))

@@ -1,8 +1,8 @@
 """Where a capture's records go, behind one interface (Sink): a capture file (-w FILE, -w - on stdout, -C/-G/-W's
-series of files), printed lines, --path's paths, the API's Packets. The command line, the API and extcap (which
-captures through the command line into Wireshark's FIFO) all open theirs with start(): the output opened (the
-file's header and interface description blocks), then the programs attached, and a file that a failed attach
-leaves behind removed. Records reach a sink in time order: the capture loop feeds it through the session's
+series of files), printed lines, --json's lines, --path's paths, the API's Packets. The command line, the API and
+extcap (which captures through the command line into Wireshark's FIFO) all open theirs with start(): the output
+opened (the file's header and interface description blocks), then the programs attached, and a file that a failed
+attach leaves behind removed. Records reach a sink in time order: the capture loop feeds it through the session's
 ordered drain (fcap.live.order), or a file sink's writer takes finished records straight from fcap.live.drain."""
 
 from __future__ import annotations
@@ -199,6 +199,28 @@ class PacketSink(Sink):
                       dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
                       location=location, verdict=opts["verdict"], comment=opts["comment"],
                       direction=self.directions.get(r.point), queue=r.queue)
+
+
+class JsonSink(PacketSink):
+    """--json: each record one line of JSON on `out` (fcap.text.jsonout, the encoder -r --json uses too), flushed per
+    packet with -l; a reader that left ends the capture quietly, as printed lines'."""
+
+    pipe = True
+    failures = (BrokenPipeError,)
+
+    def __init__(self, out, line_buffered: bool = False):
+        self.out = out
+        self.line_buffered = line_buffered
+        self.path = "stdout"
+
+    def write(self, rec) -> None:
+        from fcap.text.jsonout import packet_line
+        self.out.write(packet_line(self.packet(rec)))
+        if self.line_buffered:
+            self.out.flush()
+
+    def close(self, ok: bool = True) -> None:
+        self.out.flush()
 
 
 def file_format(path: str | None, fmt: str | None, to_stdout: bool, points: int) -> str | None:
