@@ -1,0 +1,238 @@
+"""fcap --json: one JSON object per packet and line, live and with -r. The lines are checked against what the same
+packets say elsewhere: a pcapng fcap wrote at the same time (read back with -r --json, and by tshark's fields), a
+drop point's reason, tcpdump's own test corpus; and the stream ends cleanly under | head -1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from netns import Stream, run_fcap, send_udp, start_fcap, tcp_bulk
+from test_capture import SETTLE
+from tsharkutil import tshark_rows
+
+CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus" / "tcpdump-tests"
+# what depends on the capturing session, not on the packet: left out when two sessions' lines are compared
+SESSION_KEYS = ("ts_ns", "packet_id")
+
+
+def _lines(text: str) -> list[dict]:
+    """Every line of --json's output parsed (a line that is not one JSON object fails the test); no null values."""
+    out = [json.loads(ln) for ln in text.splitlines()]
+    assert all(isinstance(o, dict) for o in out)
+    assert all(None not in list(_values(o)) for o in out), "a null value"
+    return out
+
+
+def _values(o):
+    if isinstance(o, dict):
+        for v in o.values():
+            yield from _values(v)
+    elif isinstance(o, list):
+        for v in o:
+            yield from _values(v)
+    else:
+        yield o
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _same_time(tmp_path, sink, args: list[str], traffic) -> tuple[list[dict], Path]:
+    """fcap --json ARGS and fcap ARGS -w FILE.pcapng running together over the same traffic: (the JSON lines,
+    the file)."""
+    path = tmp_path / "same.pcapng"
+    out = tmp_path / "live.json"
+    with open(out, "wb") as f:
+        js = start_fcap(["--json"] + args, stdout=f)
+        try:
+            wr = start_fcap(args[:-1] + ["-w", str(path), args[-1]])
+            try:
+                traffic()
+                time.sleep(SETTLE)
+                assert wr.stop() == 0, wr.stderr
+            finally:
+                wr.kill()
+            assert js.stop() == 0, js.stderr
+        finally:
+            js.kill()
+        assert "Traceback" not in js.stderr and "packets captured" in js.stderr, js.stderr
+    return _lines(out.read_text()), path
+
+
+def test_live_json_equals_the_file_written_at_the_same_time_and_tshark(root, tshark, sink, tmp_path):
+    """UDP datagrams and a TCP connection on lo: the live lines are the packets, in order, of a pcapng written at
+    the same time, as -r --json reads it back (but the time and packet id, each session's own); and their
+    addresses, ports, protocols and TCP flags are tshark's."""
+    holder = {}
+
+    def traffic():
+        send_udp("127.0.0.1", sink.port, [b"j" * n for n in (10, 300, 1400)])
+        holder["tcp"] = tcp_bulk("127.0.0.1", 20000)
+    # (the TCP server's port is not known before: capture the loopback's TCP and UDP, pick ours after)
+    live, path = _same_time(tmp_path, sink, ["-i", "dev:queue", "-i", "dev:receive", "udp or tcp"], traffic)
+    server, client = holder["tcp"]
+    ours = {sink.port, server, client}
+
+    def mine(objs):
+        return [o for o in objs if (o.get("udp") or o.get("tcp") or {}).get("dport") in ours]
+    r = run_fcap(["-r", str(path), "--json"])
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    back = _lines(r.stdout.decode())
+    live, back_mine = mine(live), mine(back)
+    assert len(live) > 6 and {o["point"] for o in live} == {"dev:queue", "dev:receive"}
+    strip = [{k: v for k, v in o.items() if k not in SESSION_KEYS} for o in live]
+    assert strip == [{k: v for k, v in o.items() if k not in SESSION_KEYS} for o in back_mine]
+    for o in live:
+        assert o["comm"] and o["ifindex"] == 1 and o["skb"].startswith("0x") and o["caplen"] == o["len"]
+        assert o["direction"] == ("out" if o["point"] == "dev:queue" else "in")
+    assert any(o["tcp"]["flags"] == ["SYN"] for o in live if "tcp" in o)
+    assert any(o["tcp"]["flags"] == ["SYN", "ACK"] for o in live if "tcp" in o)
+    # tshark's fields of every packet of the file, against the file's JSON lines, packet by packet
+    rows = tshark_rows(path, "ip.src", "ip.dst", "ip.proto", "udp.srcport", "udp.dstport", "tcp.srcport",
+                       "tcp.dstport", "tcp.flags", "frame.len", "frame.cap_len")
+    assert len(rows) == len(back)
+    for o, row in zip(back, rows):
+        t = o.get("tcp") or o.get("udp") or {}
+        want = [o["ip"]["src"], o["ip"]["dst"], str(o["ip"]["proto"])]
+        want += [str(t["sport"]), str(t["dport"]), "", "", ""] if "udp" in o else \
+            ["", "", str(t["sport"]), str(t["dport"]), f"0x{_flag_bits(t['flags']):04x}"]
+        assert row == want + [str(o["len"]), str(o["caplen"])], (o, row)
+
+
+def _flag_bits(names: list[str]) -> int:
+    from fcap.text.jsonout import _TCP_FLAGS
+    return sum(1 << _TCP_FLAGS.index(n) for n in names)
+
+
+def test_drop_point_gives_reason_and_location(root):
+    """A datagram to a closed port at skb:drop: the line says the point, why (NO_SOCKET) and where."""
+    port = _closed_port()
+    fc = start_fcap(["--json", "-i", "skb:drop", "-c", "1", f"udp and dst port {port}"], stdout=subprocess.PIPE)
+    try:
+        send_udp("127.0.0.1", port, [b"d" * 11])
+        assert fc.wait() == 0, fc.stderr
+        (o,) = _lines(fc.p.stdout.read().decode())
+    finally:
+        fc.kill()
+    assert o["point"] == "skb:drop" and "+0x" in o["location"]
+    assert o.get("reason", "NO_SOCKET") == "NO_SOCKET"   # (no reason before Linux 5.17)
+    assert o["udp"] == {"sport": o["udp"]["sport"], "dport": port} and o["ip"]["dst"] == "127.0.0.1"
+
+
+def test_count_and_line_buffered(root, sink):
+    """-c N: N lines, then exit 0; -l: each line is there as soon as it is written (the reader sees the first
+    before the capture ends)."""
+    fc = start_fcap(["--json", "-l", "-i", "dev:queue", "-c", "3", f"udp port {sink.port}"],
+                    stdout=subprocess.PIPE)
+    stream = Stream(sink.port, gap=0.3)
+    try:
+        first = fc.p.stdout.readline()
+        assert fc.p.poll() is None and json.loads(first)["udp"]["dport"] == sink.port
+        assert fc.wait() == 0, fc.stderr
+        rest = fc.p.stdout.read().decode()
+    finally:
+        stream.close()
+        fc.kill()
+    assert len(_lines(first.decode() + rest)) == 3
+
+
+def test_closed_pipe_ends_cleanly(root, sink):
+    """fcap --json | head -1 with traffic flowing: one line, then fcap ends with 0, no traceback, no error line."""
+    r, w = os.pipe()
+    head = subprocess.Popen(["head", "-1"], stdin=r, stdout=subprocess.PIPE)
+    os.close(r)
+    stream = fc = None
+    try:
+        try:
+            fc = start_fcap(["--json", "-i", "dev:queue", f"udp port {sink.port}"], stdout=w)
+        finally:
+            os.close(w)
+        stream = Stream(sink.port)
+        got = head.stdout.read()
+        head.wait(timeout=30)
+        rc = fc.wait()
+    finally:
+        if stream is not None:
+            stream.close()
+        if fc is not None:
+            fc.kill()
+    assert rc == 0 and len(_lines(got.decode())) == 1
+    assert "Traceback" not in fc.stderr and "rror" not in fc.stderr, fc.stderr
+
+
+@pytest.mark.parametrize("flags", [["-w", "x.pcapng"], ["-x"], ["-A"], ["-e"], ["-v"], ["--count"], ["--path"]])
+def test_usage_errors(flags):
+    """--json with a file or another way of printing: one line, exit 2 (nothing attached)."""
+    r = run_fcap(["--json", "-i", "dev:queue"] + flags)
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and "--json" in r.stderr.decode(), r.stderr
+    assert not os.path.exists("x.pcapng")
+
+
+# ---- -r on files others wrote ------------------------------------------------------------------------------------
+
+def _corpus(name: str) -> Path:
+    p = CORPUS / name
+    if not p.exists():
+        pytest.skip(f"{p} is not there")
+    return p
+
+
+@pytest.mark.parametrize("name", ["icmp6-rfc8335.pcap", "OSPFv2_Capture_FINAL.pcapng",
+                                  "802.1ad_QinQ.pcap", "LINKTYPE_RAW_ipv6.pcap", "bigtcp-ipv6-hbh.pcap"])
+def test_read_corpus_file(tshark, name):
+    """-r FILE --json on tcpdump's test captures: a line per packet (tshark's count) with their addresses."""
+    path = _corpus(name)
+    r = run_fcap(["-r", str(path), "--json"])
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    objs = _lines(r.stdout.decode())
+    rows = tshark_rows(path, "ip.src", "ipv6.src", "ip.dst", "ipv6.dst", "frame.len", "frame.cap_len")
+    assert len(objs) == len(rows)
+    for o, (s4, s6, d4, d6, flen, caplen) in zip(objs, rows):
+        assert (o["len"], o["caplen"]) == (int(flen), int(caplen))
+        if "ip" in o and (s4 or s6) and "," not in s4 + s6:
+            assert (o["ip"]["src"], o["ip"]["dst"]) == ((s4, d4) if s4 else (s6, d6))
+    r = run_fcap(["-r", str(path), "--json", "-c", "1"])
+    assert len(_lines(r.stdout.decode())) == min(1, len(rows))
+
+
+def test_encoder_never_raises_on_the_corpus():
+    """Every packet of every corpus file (many damaged on purpose) encodes to one JSON line without an exception
+    and without a null."""
+    from fcap.api import file_packet
+    from fcap.errors import PcapFormatError
+    from fcap.files.pcapread import read
+    from fcap.text.jsonout import packet_line
+    if not CORPUS.is_dir():
+        pytest.skip(f"{CORPUS} is not there")
+    n = 0
+    for path in sorted(CORPUS.iterdir()):
+        try:
+            for rec in read(path):
+                line = packet_line(file_packet(rec))
+                assert line.endswith("\n") and line.count("\n") == 1
+                _lines(line)
+                n += 1
+        except (PcapFormatError, OSError):
+            pass   # (a damaged file: the reader's error, not the encoder's)
+    assert n > 5000
+
+
+def test_absent_fields_are_left_out():
+    """A packet read from a pcap (no metadata) and cut short: only what is known."""
+    from fcap.text.jsonout import packet_object
+    from fcap.text.packet import Packet
+    ip = bytes.fromhex("4500003c000040004006") + b"\0\0" + bytes([10, 0, 0, 1, 10, 0, 0, 2])
+    p = Packet(ts_ns=5, point=None, data=ip + b"\x00\x50", orig_len=60, linktype=101)
+    o = packet_object(p)
+    assert o == {"ts_ns": 5, "len": 60, "caplen": 22, "linktype": 101,
+                 "ip": {"version": 4, "src": "10.0.0.1", "dst": "10.0.0.2", "proto": 6, "ttl": 64, "len": 60}}
