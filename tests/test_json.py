@@ -236,3 +236,23 @@ def test_absent_fields_are_left_out():
     o = packet_object(p)
     assert o == {"ts_ns": 5, "len": 60, "caplen": 22, "linktype": 101,
                  "ip": {"version": 4, "src": "10.0.0.1", "dst": "10.0.0.2", "proto": 6, "ttl": 64, "len": 60}}
+
+
+def test_dumps_are_typed_live_and_read_back(root, sink, tmp_path):
+    """--dump 'skb->dev' and 'skb->len': typed values (an object with the device's name, a number), the same in the
+    live line and in -r --json of the file written with them."""
+    args = ["-i", "dev:queue", "--dump", "skb->dev", "--dump", "skb->len", "-c", "1", f"udp port {sink.port}"]
+    fc = start_fcap(["--json"] + args, stdout=subprocess.PIPE)
+    path = tmp_path / "d.pcapng"
+    wr = start_fcap(args[:-1] + ["-w", str(path), args[-1]])
+    try:
+        send_udp("127.0.0.1", sink.port, [b"x" * 33])
+        assert fc.wait() == 0 and wr.wait() == 0, fc.stderr + wr.stderr
+        (o,) = _lines(fc.p.stdout.read().decode())
+    finally:
+        fc.kill()
+        wr.kill()
+    d = o["dumps"]
+    assert d["skb->dev"]["name"] == "lo" and d["skb->dev"]["ifindex"] == 1 and isinstance(d["skb->len"], int)
+    (back,) = _lines(run_fcap(["-r", str(path), "--json"]).stdout.decode())
+    assert back["dumps"] == d
