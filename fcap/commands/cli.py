@@ -189,6 +189,8 @@ def cmd_drops(argv: list[str]) -> int:
     args = _parser().parse_args(opts)
     if args.read:
         raise UsageError("fcap drops counts live drops; -r makes no sense here")
+    if args.json:   # (fcap --json -i skb:drop prints each drop as JSON)
+        raise UsageError("fcap drops prints a table; --json makes no sense here (fcap --json -i skb:drop does)")
     counter = dropscmd.Counter()
     counter.start()
     try:
