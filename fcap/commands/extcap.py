@@ -1,7 +1,8 @@
 """fcap as a Wireshark extcap: `fcap extcap` answers Wireshark's questions (--extcap-interfaces, --extcap-dlts,
 --extcap-config, --extcap-capture-filter) and captures into the FIFO Wireshark gives (--capture --fifo), one
 interface per capture point plus a configurable "any point" one; `fcap extcap --install` puts a launcher in the
-personal extcap folder of the installed Wireshark (`--uninstall` takes it away)."""
+personal extcap folder of the installed Wireshark and fcap's Lua dissector (fcap.* fields: fcap.kernel.wireshark) in
+its personal Lua plugins folder (`--uninstall` takes both away)."""
 
 from __future__ import annotations
 
@@ -71,9 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--snaplen", default="")
     p.add_argument("--where", action="append", default=[])
     p.add_argument("--dump", action="append", default=[])
-    p.add_argument("--install", action="store_true", help="put a launcher in Wireshark's personal extcap folder")
-    p.add_argument("--uninstall", action="store_true", help="remove it")
+    p.add_argument("--install", action="store_true",
+                   help="put a launcher in Wireshark's personal extcap folder and the fcap.* fields' Lua dissector "
+                        "in its personal Lua plugins folder")
+    p.add_argument("--uninstall", action="store_true", help="remove them")
     p.add_argument("--dir", default="", help="the extcap folder (default: asked from tshark -G folders)")
+    p.add_argument("--lua-dir", default="", help="the Lua plugins folder (default: asked from tshark -G folders)")
     return p
 
 
@@ -82,7 +86,7 @@ def main(argv: list[str], fcap_main) -> int:
     command's main). Errors are FcapErrors (the CLI's line)."""
     args, unknown = _parser().parse_known_args(argv)
     if args.install or args.uninstall:
-        return install(args.dir) if args.install else uninstall(args.dir)
+        return install(args.dir, args.lua_dir) if args.install else uninstall(args.dir, args.lua_dir)
     if args.extcap_interfaces:
         return _write(_list_interfaces())
     iface = args.extcap_interface
@@ -188,22 +192,40 @@ def capture(args, point: str, fcap_main) -> int:
 
 # ---- installing into Wireshark ---------------------------------------------------------------------------------
 
-def extcap_dir() -> str:
-    """The personal extcap folder of the installed Wireshark: `Personal Extcap path` where tshark -G folders
-    names one (newer Wireshark), else the personal configuration folder's extcap/ (Wireshark 4.0 looks there)."""
+def _folders() -> dict[str, str]:
+    """What the installed Wireshark's `tshark -G folders` names (name -> path)."""
     tool = shutil.which("tshark") or shutil.which("wireshark")
     if tool is None:
-        raise ExtcapError("no tshark or wireshark on PATH to ask for its extcap folder; give --dir DIR")
+        raise ExtcapError("no tshark or wireshark on PATH to ask for its folders; give --dir DIR and --lua-dir DIR")
     try:
         out = subprocess.run([tool, "-G", "folders"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise ExtcapError(f"{tool} -G folders: {e}") from None
-    folders = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in out.splitlines()) if v)
+    return dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in out.splitlines()) if v)
+
+
+def extcap_dir(folders: dict | None = None) -> str:
+    """The personal extcap folder of the installed Wireshark: `Personal Extcap path` where tshark -G folders
+    names one (newer Wireshark), else the personal configuration folder's extcap/ (Wireshark 4.0 looks there)."""
+    folders = _folders() if folders is None else folders
     if folders.get("Personal Extcap path"):
         return folders["Personal Extcap path"]
     if folders.get("Personal configuration"):
         return os.path.join(folders["Personal configuration"], "extcap")
-    raise ExtcapError(f"{tool} -G folders names no personal folder; give --dir DIR")
+    raise ExtcapError("tshark -G folders names no personal folder; give --dir DIR")
+
+
+def lua_dir(folders: dict | None = None) -> str:
+    """The personal Lua plugins folder of the installed Wireshark (`Personal Lua Plugins`)."""
+    folders = _folders() if folders is None else folders
+    if folders.get("Personal Lua Plugins"):
+        return folders["Personal Lua Plugins"]
+    raise ExtcapError("tshark -G folders names no personal Lua plugins folder; give --lua-dir DIR")
+
+
+def _dirs(directory: str, lua: str) -> tuple[str, str]:
+    folders = _folders() if not (directory and lua) else {}
+    return directory or extcap_dir(folders), lua or lua_dir(folders)
 
 
 def launcher_text() -> str:
@@ -218,39 +240,57 @@ def _sh_quote(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
 
 
-def install(directory: str = "") -> int:
-    directory = directory or extcap_dir()
-    path = os.path.join(directory, LAUNCHER)
+def _put(path: str, text: str, mode: int) -> None:
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(launcher_text())
-        os.chmod(tmp, 0o755)
+            f.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as e:
         raise ExtcapError(f"{path}: {e.strerror}") from None
-    sys.stdout.write(f"installed {path}: Wireshark lists {', '.join(_interfaces())} (tshark -D)\n")
+
+
+def install(directory: str = "", lua: str = "") -> int:
+    from fcap.kernel import wireshark
+    directory, lua = _dirs(directory, lua)
+    path, plugin = os.path.join(directory, LAUNCHER), os.path.join(lua, wireshark.FILE_NAME)
+    _put(path, launcher_text(), 0o755)
+    _put(plugin, wireshark.dissector_text(), 0o644)
+    sys.stdout.write(f"installed {path} (Wireshark lists {', '.join(_interfaces())}: tshark -D) and {plugin} "
+                     f"(fields fcap.point, fcap.comm, fcap.reason ...: tshark -G fields | grep fcap)\n")
     return 0
 
 
-def uninstall(directory: str = "") -> int:
-    directory = directory or extcap_dir()
-    path = os.path.join(directory, LAUNCHER)
+def uninstall(directory: str = "", lua: str = "") -> int:
+    from fcap.kernel import wireshark
+    directory, lua = _dirs(directory, lua)
+    done, foreign = [], []
+    for path, mark, what in ((os.path.join(directory, LAUNCHER), MARK, "launcher"),
+                             (os.path.join(lua, wireshark.FILE_NAME), wireshark.MARK, "dissector")):
+        ours = _ours(path, mark)
+        if ours is False:
+            foreign.append(f"{path} is not fcap's {what}: left in place")
+        elif ours:
+            try:
+                os.unlink(path)
+            except OSError as e:
+                raise ExtcapError(f"{path}: {e.strerror}") from None
+            done.append(path)
+    if done or not foreign:
+        sys.stdout.write(f"removed {' and '.join(done)}\n" if done else "fcap's extcap and dissector: not installed\n")
+    if foreign:
+        raise ExtcapError("; ".join(foreign))
+    return 0
+
+
+def _ours(path: str, mark: str) -> bool | None:
+    """Whether the file at path is fcap's (None: there is none)."""
     try:
         with open(path) as f:
-            ours = MARK in f.read(4096)
+            return mark in f.read(4096)
     except FileNotFoundError:
-        sys.stdout.write(f"{path}: not installed\n")
-        return 0
+        return None
     except OSError as e:
         raise ExtcapError(f"{path}: {e.strerror}") from None
-    if not ours:
-        raise ExtcapError(f"{path} is not fcap's launcher: left in place")
-    try:
-        os.unlink(path)
-    except OSError as e:
-        raise ExtcapError(f"{path}: {e.strerror}") from None
-    sys.stdout.write(f"removed {path}\n")
-    return 0
-

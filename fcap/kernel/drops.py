@@ -16,6 +16,9 @@ from fcap.points.spec import Point
 REASON_ENUM = "skb_drop_reason"
 PREFIXES = ("SKB_DROP_REASON_", "SKB_")   # stripped from the names users see: NO_SOCKET, CONSUMED
 KALLSYMS = "/proc/kallsyms"
+# What a drop point's comment adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text before, Record
+# attribute, style); the reason and the location as names (Names.text), read back by Wireshark's fcap fields.
+DROP_COMMENT = ((" reason=", "reason", "str"), (" at=", "location", "str"))
 
 
 def _arg(point: Point, name: str, enum: bool) -> int | None:
@@ -135,9 +138,10 @@ class Names:
         self._syms = [s for _, s in pairs]
 
     def text(self, rec, has_reason: bool = True) -> str:
-        """What a drop record's comment ends with: ' reason=NO_SOCKET at=FUNC+0xOFF'."""
-        out = f" reason={self.reason(rec.reason)}" if has_reason else ""
-        return out + f" at={self.location(rec.location)}"
+        """What a drop record's comment ends with: ' reason=NO_SOCKET at=FUNC+0xOFF' (DROP_COMMENT)."""
+        (reason_pre, _r, _s), (at_pre, _l, _s2) = DROP_COMMENT
+        out = f"{reason_pre}{self.reason(rec.reason)}" if has_reason else ""
+        return out + f"{at_pre}{self.location(rec.location)}"
 
     def describe(self, rec, has_reason: bool = True) -> str:
         """'NO_SOCKET at FUNC+0xOFF' (as fcap path says it)."""
