@@ -1,4 +1,4 @@
-"""fcap's metadata as Wireshark fields (fcap.kernel.wireshark): the Lua dissector `fcap extcap --install` puts into
+"""fcap's metadata as Wireshark fields (fcap.commands.wireshark): the Lua dissector `fcap extcap --install` puts into
 the personal Lua plugins folder of a HOME made for the test, read by the real tshark. Its fields are checked against
 fcap's own reading of the same file (`fcap -r FILE --json`) packet by packet, its display filters select exactly
 the packets fcap says have the value (and nothing for a value none has), and a --dump capture gives fcap.dump.*."""
@@ -83,7 +83,7 @@ def test_field_table_is_the_comments_declaration():
     """Every key the comment declares (layout.COMMENT, drops.DROP_COMMENT) has its field, named as fcap reads it."""
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.layout import COMMENT
-    from fcap.kernel.wireshark import comment_fields, dissector_text, field_names
+    from fcap.commands.wireshark import comment_fields, dissector_text, field_names
     assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + DROP_COMMENT]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()
     text = dissector_text()
@@ -95,7 +95,7 @@ def test_field_table_is_the_comments_declaration():
 
 def test_tshark_registers_every_field(home, tshark):
     """tshark -G fields in the test's HOME lists each field with its type: integers as integers, skb as hex."""
-    from fcap.kernel.wireshark import field_names
+    from fcap.commands.wireshark import field_names
     rows = {r[2]: r for r in (line.split("\t") for line in _tshark(tshark, home, "-G", "fields")) if len(r) > 4}
     assert set(field_names()) <= set(rows), set(field_names()) - set(rows)
     assert rows["fcap.pid"][3] == "FT_UINT32" and rows["fcap.comm"][3] == "FT_STRING"

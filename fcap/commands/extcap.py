@@ -1,7 +1,7 @@
 """fcap as a Wireshark extcap: `fcap extcap` answers Wireshark's questions (--extcap-interfaces, --extcap-dlts,
 --extcap-config, --extcap-capture-filter) and captures into the FIFO Wireshark gives (--capture --fifo), one
 interface per capture point plus a configurable "any point" one; `fcap extcap --install` puts a launcher in the
-personal extcap folder of the installed Wireshark and fcap's Lua dissector (fcap.* fields: fcap.kernel.wireshark) in
+personal extcap folder of the installed Wireshark and fcap's Lua dissector (fcap.* fields: fcap.commands.wireshark) in
 its personal Lua plugins folder (`--uninstall` takes both away)."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def _put(path: str, text: str, mode: int) -> None:
 
 
 def install(directory: str = "", lua: str = "") -> int:
-    from fcap.kernel import wireshark
+    from fcap.commands import wireshark
     directory, lua = _dirs(directory, lua)
     path, plugin = os.path.join(directory, LAUNCHER), os.path.join(lua, wireshark.FILE_NAME)
     _put(path, launcher_text(), 0o755)
@@ -264,7 +264,7 @@ def install(directory: str = "", lua: str = "") -> int:
 
 
 def uninstall(directory: str = "", lua: str = "") -> int:
-    from fcap.kernel import wireshark
+    from fcap.commands import wireshark
     directory, lua = _dirs(directory, lua)
     done, foreign = [], []
     for path, mark, what in ((os.path.join(directory, LAUNCHER), MARK, "launcher"),
