@@ -159,6 +159,15 @@ def atomic_add(size: int, dst: int, off: int, src: int) -> Insn:
     return Insn(STX | ATOMIC | size, dst, src, off, ADD)
 
 
+STORE_REL = 0x110   # BPF_STORE_REL (Linux 6.15+)
+
+
+def store_release(size: int, dst: int, off: int, src: int) -> Insn:
+    """*(size *)(dst + off) = src, ordered after every load and store before it (a release); no lock: on x86 the JIT
+    makes it a plain store (its stores are in order anyway), elsewhere the architecture's store-release."""
+    return Insn(STX | ATOMIC | size, dst, src, off, STORE_REL)
+
+
 def ld_imm64(dst: int, value: int) -> Insn:
     return Insn(LD | DW | IMM, dst, 0, 0, 0, imm64=value & 0xFFFFFFFFFFFFFFFF)
 
@@ -340,6 +349,8 @@ def _fmt_stx(ins: Insn) -> str:
         return f"*{mem} = {s}"
     if ins.imm == ADD | FETCH:
         return f"{s} = atomic_fetch_add({mem}, {s})"
+    if ins.imm == STORE_REL:
+        return f"store_release({mem}, {s})"
     return f"lock *{mem} += {s}"
 
 

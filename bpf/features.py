@@ -74,6 +74,19 @@ def atomic_fetch() -> NotSupported | None:
     return probe("atomic fetch", fn)
 
 
+def store_release() -> NotSupported | None:
+    """Does the verifier take store-release instructions (BPF_STORE_REL: Linux 6.15+)?"""
+    def fn():
+        insns = [asm.movi(asm.R1, 1), asm.store_release(asm.DW, asm.FP, -8, asm.R1), asm.movi(asm.R0, 0),
+                 asm.exit_()]
+        try:
+            load(ProgType.SOCKET_FILTER, insns, name="probe", what="probe store-release").close()
+        except VerifierError:
+            raise NotSupported("store-release", "the verifier takes no store-release instructions (Linux 6.15+)") \
+                from None
+    return probe("store-release", fn)
+
+
 def map_type(kind: MapType, key: int = 4, value: int = 4, entries: int = 1) -> NotSupported | None:
     """Can this kernel make a map of this type? (A ring buffer: one page, no key or value size.)"""
     size = os.sysconf("SC_PAGE_SIZE") if kind == MapType.RINGBUF else entries

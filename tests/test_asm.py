@@ -44,6 +44,7 @@ def test_other_encodings():
         (0xB7, 0x00, 0, -1), (0xBF, 0xA3, 0, 0), (0x07, 0x03, 0, -16)]
     assert enc(asm.stx(W, FP, -8, R1), asm.st(H, FP, -4, 7)) == [(0x63, 0x1A, -8, 0), (0x6A, 0x0A, -4, 7)]
     assert enc(asm.fetch_add(DW, R0, 8, R1)) == [(0xDB, 0x10, 8, 0x01)]
+    assert enc(asm.store_release(DW, R8, 0, R1)) == [(0xDB, 0x18, 0, 0x110)]   # BPF_STORE_REL
     assert enc(asm.ld_imm64(R1, 0x1122334455667788)) == [(0x18, 0x01, 0, 0x55667788), (0, 0, 0, 0x11223344)]
     assert enc(asm.ld_map_fd(R1, 5)) == [(0x18, 0x11, 0, 5), (0, 0, 0, 0)]
     assert enc(asm.be(R8, 16), asm.exit_()) == [(0xDC, 0x08, 0, 16), (0x95, 0, 0, 0)]
@@ -62,9 +63,11 @@ def test_labels():
 
 def test_decode_round_trip_and_listing():
     items = [asm.ldx(DW, R1, R1, 8), asm.kfunc_call(7), asm.ld_map_value(R1, 4, 16), asm.arshi(R8, 3),
-             asm.jmp32(asm.JNE, R0, 0, 1), asm.fetch_add(W, R1, 0, R0), asm.exit_()]
+             asm.jmp32(asm.JNE, R0, 0, 1), asm.fetch_add(W, R1, 0, R0),
+             asm.store_release(DW, R8, 0, R1), asm.exit_()]
     code = asm.assemble(items)
     assert asm.decode(code) == items
     assert asm.disassemble(code).splitlines() == [
         "    0: r1 = *(u64 *)(r1 +8)", "    1: call kfunc#7", "    2: r1 = map[fd:4][0]+16", "    4: r8 s>>= 0x3",
-        "    5: if w0 != 0x0 goto +1", "    6: r0 = atomic_fetch_add((u32 *)(r1 +0), r0)", "    7: exit"]
+        "    5: if w0 != 0x0 goto +1", "    6: r0 = atomic_fetch_add((u32 *)(r1 +0), r0)",
+        "    7: store_release((u64 *)(r8 +0), r1)", "    8: exit"]

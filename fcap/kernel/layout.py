@@ -224,8 +224,9 @@ _check_stack()
 
 # ---- the file ring (kernel.ringrec writes it, live.drain reads it) -------------------------------------------------
 # An mmapable array map, one element per possible CPU: RING_CTRL bytes of control words, then the ring, then
-# RING_SLACK bytes past its end. The program appends whole records at head and publishes them with one atomic add:
-# the low HEAD_BITS bits of head are the byte position, the high bits count records. User space writes
+# RING_SLACK bytes past its end. The program appends whole records at head and publishes them with one store-release
+# (an atomic add before 6.15): the low HEAD_BITS bits of head are the byte position, the high bits count records.
+# Only the program holding the ring (busy) writes head; user space writes
 # [tail, head) as it is and stores head's position in tail. A record that runs past the ring's end is written on
 # into the slack and its overflow copied to the ring's start, so the stream is contiguous modulo the ring's size.
 # When a record leaves a quarter of the ring or more in use and bell is 0, the program sets bell and rings user

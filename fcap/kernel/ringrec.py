@@ -8,6 +8,7 @@ from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
                      R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
                      lshi, rshi, st, stx)
+from bpf import features
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.kernel import epbopts
@@ -238,9 +239,21 @@ def _words(b) -> None:
            label("r_probe"))
 
 
+def _advance_head() -> list:
+    """head += R1, the record's bytes and count made visible to user space after them; R1 = the old head.
+    Only the program holding the ring (busy) writes head and user space only reads it, so a store-release does it
+    where the verifier takes one (6.15+): on x86 a plain store, where a locked add (the older kernels' way) waits
+    for every store of the record to reach the cache first (~20 ns for a pcap record here, ~40 for a pcapng one)."""
+    head = RING.off("head")
+    if features.store_release() is not None:
+        return [asm.fetch_add(DW, R9, head, R1)]
+    return [RING.load(R2, R9, "head"), alu64(ADD, R1, R2, reg=True), asm.store_release(DW, R9, head, R1),
+            mov(R1, R2)]
+
+
 def _publish(b) -> None:
-    """Copy a record's overflow past the ring's end to its start, publish it (position and count in one atomic
-    add), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
+    """Copy a record's overflow past the ring's end to its start, publish it (position and count in one store of
+    head), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
     through to the counting (seen and lost)."""
     m = b.maps
     ring = m.ring_size
@@ -261,7 +274,7 @@ def _publish(b) -> None:
            ld_imm64(R0, HEAD_POS), alu64(AND, R2, R0, reg=True), ldx(DW, R4, FP, STACK.ring_len),
            alu64(ADD, R2, R4, reg=True), alu64(AND, R2, R0, reg=True), RING_INDEX.store(R3, "end", R2),
            ldx(DW, R1, FP, STACK.ring_len), ld_imm64(R0, HEAD_ONE), alu64(ADD, R1, R0, reg=True),
-           asm.fetch_add(DW, R9, RING.off("head"), R1),
+           _advance_head(),
            # the doorbell: a quarter of the ring in use after this record, not rung since user space cleared it
            ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R1, R2, reg=True), RING.load(R3, R9, "tail"),
            alu64(SUB, R1, R3, reg=True), ld_imm64(R0, HEAD_POS), alu64(AND, R1, R0, reg=True),
