@@ -38,7 +38,7 @@ LEVERS = [
     ("ece7b38", "linear packets up to 256 bytes copied into the ring by direct 8-byte loads (no helper call)"),
     ("d8548c2", "pcap: ts_sec from the second cached in the ring's control words (one division per second)"),
     ("33c76c5", "a published record skips the counters; no device loads a pcap file does not need"),
-    ("bb71867", "file rings: a record published with a store-release of head, not a locked add (6.15+)"),
+    ("82dda1a", "file rings: a record published with a store-release of head, not a locked add (6.15+)"),
 ]
 
 
