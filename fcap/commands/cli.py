@@ -258,7 +258,7 @@ def cmd_read(args) -> int:
 def _read_print(records, limit: int, printer, count_only: bool) -> None:
     """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted."""
     for rec in records:
-        printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+        printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
         if rec.custom:   # fcap's --dump values travel as custom options
             _print_dumps(printer, rec)
         if printer.counted == limit:

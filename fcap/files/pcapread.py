@@ -57,6 +57,7 @@ class FileRecord(NamedTuple):
     custom: tuple = ()          # pcapng custom options of the packet: (code, value after the option header)
     queue: int | None = None    # epb_queue
     verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
+    stamp: tuple | None = None  # a pcap timestamp libpcap passes on as it is (see _odd_stamp): (sec, frac, per second)
 
 
 def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[FileRecord]:
@@ -154,7 +155,15 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[FileRecord]:
                           f"packet {number} at byte {at}")
         if caplen > snaplen:
             data = data[:snaplen]  # as libpcap does
-        yield FileRecord(ts_ns=sec * NS + frac * scale, data=data, orig_len=length, linktype=linktype)
+        yield FileRecord(ts_ns=sec * NS + frac * scale, data=data, orig_len=length, linktype=linktype,
+                         stamp=_odd_stamp(sec, frac, NS // scale))
+
+
+def _odd_stamp(sec: int, frac: int, per_second: int) -> tuple | None:
+    """The timestamp of a pcap record as its fields hold it when ts_ns cannot say how tcpdump prints it: a fraction
+    of a second of a second or more, or seconds with the sign bit set (libpcap reads both fields as int32 and passes
+    them on); else None."""
+    return (sec, frac, per_second) if frac >= per_second or sec & 0x80000000 else None
 
 
 def _damage(what: str, where: str) -> PcapFormatError:

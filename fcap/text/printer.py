@@ -27,12 +27,14 @@ class Printer:
         self.dump_compact = getattr(args, "dump_style", None) == "compact"
         self.dump_zeroes = getattr(args, "dump_zeroes", False)
 
-    def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None) -> None:
-        """One packet's line (point, when given, after the timestamp), then its dump or scapy's decode."""
+    def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None,
+               stamp: tuple | None = None) -> None:
+        """One packet's line (point, when given, after the timestamp), then its dump or scapy's decode. stamp: a
+        pcap file's odd timestamp as it holds it (fcap.files.pcapread.FileRecord.stamp), printed as tcpdump does."""
         self.counted += 1
         if self.count_only:
             return
-        shown = self.summarizer.line(ts_ns, data, linktype, orig_len, point)
+        shown = self.summarizer.line(ts_ns, data, linktype, orig_len, point, stamp)
         parts = [shown.line, shown.more]
         if shown.hdr is not None:
             dump = self._dump(data, shown.hdr)

@@ -42,6 +42,38 @@ def format_time(ts_ns: int, precision: str = "micro", style: str = "local") -> s
     return time.strftime("%Y-%m-%d %H:%M:%S" if style == "date" else "%H:%M:%S", tm) + "." + frac
 
 
+def _int32(v: int) -> int:
+    return (v & 0xFFFFFFFF) - ((v & 0x80000000) << 1)
+
+
+def _scaled(stamp: tuple, nano: bool) -> tuple[int, int]:
+    """A pcap file's stamp as libpcap hands it to tcpdump: int32 seconds, the fraction in the precision asked."""
+    sec, frac, per_second = _int32(stamp[0]), _int32(stamp[1]), stamp[2]
+    if per_second == 1_000_000 and nano:
+        frac *= 1000
+    elif per_second == NS and not nano:
+        frac = int(frac / 1000)
+    return sec, frac
+
+
+def format_stamp(stamp: tuple, precision: str = "micro", style: str = "local") -> str:
+    """A pcap record's timestamp as its fields hold it, (sec, frac, fractions per second), as tcpdump prints it
+    when the fraction is a second or more, or the seconds negative: libpcap reads both as int32, scales the fraction
+    to the precision asked for (in a C long: a micro fraction times 1000, a nano one divided, toward zero), and
+    tcpdump prints the fraction's low 32 bits unsigned, and "[Error converting time]" for negative seconds. For
+    the absolute styles (local, date, epoch); the relative ones are format_time's."""
+    if style == "none":
+        return ""
+    nano = precision == "nano"
+    sec, frac = _scaled(stamp, nano)
+    if sec < 0:
+        return "[Error converting time]"
+    text = "%0*d" % (9 if nano else 6, frac & 0xFFFFFFFF)
+    if style == "epoch":
+        return f"{sec}.{text}"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if style == "date" else "%H:%M:%S", time.localtime(sec)) + "." + text
+
+
 class Shown(NamedTuple):
     """What tcpdump prints for a packet: its line; the length of its link-level header as tcpdump counts it,
     which -x and -A leave out (None: an invalid header, after which tcpdump dumps nothing); and tcpdump's own
@@ -54,25 +86,32 @@ class Shown(NamedTuple):
 
 class _Clock:
     """Timestamps as tcpdump -ttt (since the packet before) or -ttttt (since the first) print them: a sign, then
-    the difference as HH:MM:SS.frac, in the printed precision."""
+    the difference as HH:MM:SS.frac, in the printed precision; worked out on seconds and fractions as tcpdump's
+    timevals (a pcap file's odd stamp too, as libpcap passed it on: see format_stamp)."""
 
     def __init__(self, precision: str, since_first: bool) -> None:
-        self.unit, self.digits = (1, 9) if precision == "nano" else (1000, 6)
-        self.since_first, self.ref = since_first, 0   # 0: not set (as tcpdump's timeval)
+        self.nano = precision == "nano"
+        self.per_second = NS if self.nano else 1_000_000
+        self.since_first, self.ref = since_first, (0, 0)   # (0, 0): not set (as tcpdump's timeval)
 
-    def __call__(self, ts_ns: int) -> str:
-        t = ts_ns // self.unit
-        if not self.ref:
-            self.ref = t
-        d = t - self.ref
+    def __call__(self, ts_ns: int, stamp: tuple | None = None) -> str:
+        now = _scaled(stamp, self.nano) if stamp else divmod(ts_ns // (NS // self.per_second), self.per_second)
+        if self.ref == (0, 0):
+            self.ref = now
+        later, earlier = (self.ref, now) if now < self.ref else (now, self.ref)
+        sec, frac = later[0] - earlier[0], later[1] - earlier[1]
+        if frac < 0:
+            sec, frac = sec - 1, frac + self.per_second
+        sign = "-" if now < self.ref else " "
         if not self.since_first:
-            self.ref = t
-        sec, frac = divmod(abs(d), 10 ** self.digits)
+            self.ref = now
+        if sec & 0x80000000:
+            return sign + "[Error converting time]"
         try:
             hms = time.strftime("%H:%M:%S", time.gmtime(sec))
         except (OverflowError, OSError, ValueError):
             hms = str(sec)
-        return ("-" if d < 0 else " ") + f"{hms}.{frac:0{self.digits}d}"
+        return sign + hms + "." + "%0*d" % (9 if self.nano else 6, frac & 0xFFFFFFFF)
 
 
 class Summarizer:
@@ -88,22 +127,29 @@ class Summarizer:
         self.clock = _Clock(precision, time_style == "since_first") if time_style in ("delta", "since_first") \
             else None
 
-    def __call__(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None) -> str:
-        return self.line(ts_ns, data, linktype, orig_len, prefix)[0]
+    def __call__(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,
+                 stamp: tuple | None = None) -> str:
+        return self.line(ts_ns, data, linktype, orig_len, prefix, stamp)[0]
 
     summary = __call__
 
-    def line(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None) -> Shown:
+    def line(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,
+             stamp: tuple | None = None) -> Shown:
         """The packet's line, the length of its link-level header as tcpdump counts it for -x and -A, and
-        tcpdump's own dump of bytes it does not decode."""
+        tcpdump's own dump of bytes it does not decode. stamp: see format_stamp()."""
         if self.seqs is not None and len(self.seqs) > 100_000:
             self.seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
         shown = _describe(data, linktype, orig_len, self.seqs, self.eflag, self.suppress)
         text = f"{prefix} {shown.line}" if prefix else shown.line
         if shown.hdr is None:  # tcpdump prints no timestamp for these
             return shown._replace(line=text)
-        stamp = self.clock(ts_ns) if self.clock else format_time(ts_ns, self.precision, self.time_style)
-        return shown._replace(line=f"{stamp} {text}" if stamp else text)
+        if self.clock:
+            when = self.clock(ts_ns, stamp)
+        elif stamp:
+            when = format_stamp(stamp, self.precision, self.time_style)
+        else:
+            when = format_time(ts_ns, self.precision, self.time_style)
+        return shown._replace(line=f"{when} {text}" if when else text)
 
 
 def summary(ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,

@@ -1,7 +1,8 @@
 """Protocol printers: what tcpdump -nn prints after the timestamp, from the link layer to TCP/UDP/ICMP/ARP.
 
-Layers, each importing only those below it: reader (the packet and its bounds-checked reads), transport (TCP,
-UDP) and icmp (ICMP, ICMPv6), ip (IPv4, IPv6 and its extension headers, the demux to what they carry), link
+Layers, each importing only those below it: reader (the packet and its bounds-checked reads), mptcp (the MPTCP
+option) and icmp6_info (ICMPv6 node information, router renumbering, RPL), transport (TCP with its options, UDP),
+icmp (ICMP) and icmp6 (ICMPv6), ip (IPv4, IPv6 and its extension headers, the demux to what they carry), link
 (Ethernet, cooked, loopback, raw IP, ARP). dissect() below is the one entry point.
 """
 

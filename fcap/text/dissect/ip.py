@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.icmp import icmp, icmp6
+from fcap.text.dissect.icmp import icmp
+from fcap.text.dissect.icmp6 import icmp6
 from fcap.text.dissect.reader import PrintState, Truncated
 from fcap.text.dissect.transport import tcp, udp
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from fcap.text.dissect.mptcp import mptcp_option
 from fcap.text.dissect.reader import M32, PrintState, Truncated
 
 # Names as tcpdump 4.99 prints them.
@@ -11,7 +14,7 @@ _TCP_OPTS = {0: "eol", 1: "nop", 2: "mss", 3: "wscale", 4: "sackOK", 5: "sack", 
              254: "exp"}
 _EOL, _NOP = 0, 1
 # Data bytes of the options tcpdump reads with a fixed size; any other option's length field counts its data.
-_TCP_OPT_DATALEN = {0: 0, 1: 0, 4: 0, 2: 2, 3: 1, 6: 4, 7: 4, 11: 4, 12: 4, 13: 4, 8: 8}
+_TCP_OPT_DATALEN = {0: 0, 1: 0, 4: 0, 2: 2, 3: 1, 6: 4, 7: 4, 11: 4, 12: 4, 13: 4, 8: 8, 19: 16, 20: 2, 28: 2}
 _TFO_MAGIC = 0xF989
 
 
@@ -62,7 +65,7 @@ def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     p.add((f", ack {ack}" if flags & 0x10 else "") + f", win {win}" + (f", urg {urp}" if flags & 0x20 else ""))
     if hlen > 20:
         p.add(", options [")
-        if not _tcp_options(p, off + 20, hlen - 20, thseq if rev else thack):
+        if not _tcp_options(p, off + 20, hlen - 20, _Segment(thseq if rev else thack, flags, off + hlen + length)):
             return
         p.add("]")
     p.add(f", length {length}")
@@ -78,14 +81,22 @@ class _BadOpt(Exception):
     """A TCP option longer than the options area."""
 
 
+class _Segment(NamedTuple):
+    """What a TCP option's printer needs of its segment: the base of relative SACK numbers, the TCP flags, and
+    where the segment's payload ends (past the capture: an MD5 signature cannot be checked)."""
+
+    sack_base: int
+    flags: int
+    payload_end: int
+
+
 class _Opt:
     """One TCP option's data being printed: where it starts, its size, what is left of the options area."""
 
-    __slots__ = ("p", "kind", "at", "size", "left", "later", "sack_base")
+    __slots__ = ("p", "kind", "at", "size", "left", "later", "seg")
 
-    def __init__(self, p: PrintState, kind: int, at: int, size: int, left: int, later: bool, sack_base: int) -> None:
-        self.p, self.kind, self.at, self.size, self.left, self.later = p, kind, at, size, left, later
-        self.sack_base = sack_base
+    def __init__(self, p: PrintState, kind: int, at: int, size: int, left: int, later: bool, seg: _Segment) -> None:
+        self.p, self.kind, self.at, self.size, self.left, self.later, self.seg = p, kind, at, size, left, later, seg
 
     def check(self, n: int) -> None:
         """tcpdump's LENCHECK: past the option is bad, past the capture truncated."""
@@ -109,7 +120,7 @@ def _opt_sack(o: _Opt) -> None:
         o.check(i + 4)
         start = p.u32(at + i)
         o.check(i + 8)
-        p.add(f"{{{(start - o.sack_base) & M32}:{(p.u32(at + i + 4) - o.sack_base) & M32}}}")
+        p.add(f"{{{(start - o.seg.sack_base) & M32}:{(p.u32(at + i + 4) - o.seg.sack_base) & M32}}}")
 
 
 def _opt_fastopen(o: _Opt) -> None:
@@ -135,19 +146,70 @@ def _opt_number(o: _Opt) -> None:
     o.p.add(f" val {value >> 32} ecr {value & M32}" if o.kind == 8 else f" {value}")
 
 
+def _opt_md5(o: _Opt) -> None:
+    """TCP-MD5 (RFC 2385): tcpdump built with libcrypto can check it only with -M SECRET, which fcap has not."""
+    o.check(o.size)
+    why = "snaplen too short" if o.seg.payload_end > o.p.end else "shared secret not supplied with -M"
+    o.p.add(f" {why}, can't check - " + o.p.b[o.at:o.at + o.size].hex())
+
+
+def _opt_scps(o: _Opt) -> None:
+    o.check(o.size)
+    o.p.add(f" cap {o.p.b[o.at]:02x} id {o.p.b[o.at + 1]}")
+
+
+def _opt_uto(o: _Opt) -> None:
+    """User timeout (RFC 5482): the field in hex, then the timeout in seconds (the low bit: it counts minutes)."""
+    o.check(o.size)
+    value = o.p.u16(o.at)
+    o.p.add(f" 0x{value:x} {(value >> 1) * 60 if value & 1 else value >> 1}")
+
+
+def _opt_tcp_ao(o: _Opt) -> None:
+    """TCP-AO (RFC 5925): key id, receive-next key id, the MAC."""
+    p = o.p
+    if o.size < 2:
+        p.add(" (invalid)")
+        return
+    o.check(1)
+    p.add(f" keyid {p.b[o.at]}")
+    o.check(2)
+    p.add(f" rnextkeyid {p.b[o.at + 1]}")
+    if o.size > 2:
+        p.add(" mac 0x")
+        for i in range(2, o.size):
+            o.check(i + 1)
+            p.add(f"{p.b[o.at + i]:02x}")
+
+
+def _opt_mptcp(o: _Opt) -> None:
+    """MPTCP (fcap.text.dissect.mptcp), read no further than the option, as tcpdump."""
+    o.check(o.size)
+    p, end = o.p, o.p.end
+    p.proto = "mptcp"   # (tcpdump's name for a truncation from here on, in this option or a later one)
+    p.end = min(end, o.at + o.size)
+    try:
+        ok = mptcp_option(p, o.at - 2, o.size + 2, o.seg.flags)
+    finally:
+        p.end = end
+    if not ok:
+        raise _BadOpt
+
+
 def _opt_bytes(o: _Opt) -> None:
-    """The rest as bytes (tcpdump's own printers for md5, mptcp, tcp-ao... are not copied)."""
+    """An option tcpdump has no printer for: its bytes in hex."""
     o.p.add(" 0x" if o.size else "")
     for i in range(o.size):
         o.check(i + 1)
         o.p.add(f"{o.p.b[o.at + i]:02x}")
 
 
-_OPT_PRINTERS = {0: _opt_none, 1: _opt_none, 4: _opt_none, 5: _opt_sack, 34: _opt_fastopen, 254: _opt_fastopen,
+_OPT_PRINTERS = {0: _opt_none, 1: _opt_none, 4: _opt_none, 5: _opt_sack, 19: _opt_md5, 20: _opt_scps, 28: _opt_uto,
+                 29: _opt_tcp_ao, 30: _opt_mptcp, 34: _opt_fastopen, 254: _opt_fastopen,
                  **dict.fromkeys((2, 3, 6, 7, 8, 11, 12, 13), _opt_number)}
 
 
-def _tcp_options(p: PrintState, cp: int, hl: int, sack_base: int) -> bool:
+def _tcp_options(p: PrintState, cp: int, hl: int, seg: _Segment) -> bool:
     """tcpdump's option list; False when it stopped at a bad option (it then prints no length)."""
     later = False
     while hl > 0:
@@ -163,7 +225,7 @@ def _tcp_options(p: PrintState, cp: int, hl: int, sack_base: int) -> bool:
         p.add(_TCP_OPTS.get(kind, f"unknown-{kind}"))
         size = _TCP_OPT_DATALEN.get(kind, ln - 2)
         try:
-            _OPT_PRINTERS.get(kind, _opt_bytes)(_Opt(p, kind, cp, size, hl, later, sack_base))
+            _OPT_PRINTERS.get(kind, _opt_bytes)(_Opt(p, kind, cp, size, hl, later, seg))
         except _BadOpt:
             p.add("[bad opt]" + ("]" if later else ""))
             return False
