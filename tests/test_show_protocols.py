@@ -116,7 +116,8 @@ def node_information_packets():
         ni_query(0, 0), ni_query(0, 1, 1), ni_query(0, 1, 2), ni_query(0, 1, 0, v6), ni_query(0, 2),
         ni_query(0, 3, 0x3E, v6), ni_query(0, 3, 0x7F, v6[:10]), ni_query(2, 3, 0x02, b"\xc0\x00\x02\x01"),
         ni_query(2, 3, 0, b"\xc0\x00\x02\x01\x00"), ni_query(1, 2, 0, NAME), ni_query(1, 2, 0, NAME[:-1]),
-        ni_query(1, 2, 0, NAME + b"\x00"), ni_query(1, 2, 0, b"\x05abcde"), ni_query(1, 2, 0, b"\x09ab\x01\x7f\x80\xff"),
+        ni_query(1, 2, 0, NAME + b"\x00"), ni_query(1, 2, 0, b"\x05abcde"),
+        ni_query(1, 2, 0, b"\x09ab\x01\x7f\x80\xff"),
         ni_query(1, 2, 0, b"\x03abc\x00\x01x"), ni_query(1, 2, 0, b"\x00"), ni_query(1, 2, 0, b"\x20ab"),
         ni_query(7, 4, 0, v6), ni_query(0, 9, 0, v6),
         ni_reply(0, 0), ni_reply(1, 0), ni_reply(2, 3, 0, b"x"), ni_reply(9, 3), ni_reply(0, 1, 1), ni_reply(0, 1, 0),
@@ -222,7 +223,7 @@ def test_odd_pcap_timestamps_like_tcpdump(tmp_path, nano, flags):
                           for sec, frac in STAMPS])
     theirs = subprocess.run([TCPDUMP, "-nn", *flags, "-r", str(path)], capture_output=True, text=True, timeout=60,
                             check=False)
-    ours = subprocess.run([sys.executable, "-m", "fcap", "-nn", *flags, "-r", str(path)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    ours = subprocess.run([sys.executable, "-m", "fcap", "-nn", *flags, "-r", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
     assert theirs.returncode == ours.returncode == 0, ours.stderr
     assert ours.stdout == theirs.stdout

@@ -161,8 +161,8 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[FileRecord]:
 
 def _odd_stamp(sec: int, frac: int, per_second: int) -> tuple | None:
     """The timestamp of a pcap record as its fields hold it when ts_ns cannot say how tcpdump prints it: a fraction
-    of a second of a second or more, or seconds with the sign bit set (libpcap reads both fields as int32 and passes
-    them on); else None."""
+    field of one second or more, or seconds with the sign bit set (libpcap reads both fields as int32 and passes
+    them on as they are); else None."""
     return (sec, frac, per_second) if frac >= per_second or sec & 0x80000000 else None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.reader import PrintState, Truncated
+from fcap.text.dissect.reader import PrintState
 
 _ICMP = {0: "echo reply", 4: "source quench", 8: "echo request", 9: "router advertisement", 10: "router solicitation",
          13: "time stamp request", 14: "time stamp reply", 15: "information request", 16: "information reply",

@@ -30,9 +30,7 @@ def node_information(p: PrintState, off: int, kind: int, code: int, length: int)
     siz = p.end - off
     if kind == _NI_QUERY:
         _ni_query(p, off, code, siz)
-    elif length > siz:
-        p.add(_TRUNC)
-    elif siz < _NI_DATA:
+    elif length > siz or siz < _NI_DATA:   # (a reply must be captured whole)
         p.add(_TRUNC)
     else:
         _ni_reply(p, off, code, siz)
@@ -74,8 +72,12 @@ def _qtype_text(qtype: int, flags: int, names: tuple) -> str:
     if qtype == _QTYPE_SUPTYPES:
         return "supported qtypes" + (f" [{'C' if flags & 1 else ''}]" if flags else "")
     if qtype == _QTYPE_NODEADDR:
-        return "node addresses" + (" [" + "".join(c for bit, c in names if flags & bit) + "]" if flags else "")
+        return "node addresses" + _nodeaddr_flags(flags, names)
     return {_QTYPE_NOOP: "noop", _QTYPE_FQDN: "DNS name"}.get(qtype, "unknown")
+
+
+def _nodeaddr_flags(flags: int, names: tuple) -> str:
+    return " [" + "".join(c for bit, c in names if flags & bit) + "]" if flags else ""
 
 
 def _ni_reply(p: PrintState, off: int, code: int, siz: int) -> None:
@@ -93,7 +95,7 @@ def _ni_reply(p: PrintState, off: int, code: int, siz: int) -> None:
         p.add("node addresses")
         for i in range(_NI_DATA, siz - _ADDR_TTL_LEN + 1, _ADDR_TTL_LEN):
             p.add(f" {p.ip6(off + i + 4)}({p.u32(off + i)})")
-        p.add(_qtype_text(qtype, flags, _NODEADDR_REPLY_FLAGS)[len("node addresses"):])
+        p.add(_nodeaddr_flags(flags, _NODEADDR_REPLY_FLAGS))
     else:
         p.add(_qtype_text(qtype, flags, _NODEADDR_REPLY_FLAGS))
     p.add(")")
