@@ -207,7 +207,7 @@ def odd_pcap(path: Path, nano: bool, stamps) -> None:
 
 
 STAMPS = [(1418145369, None), (1418145370, 1), (1418145370, "one"), (1418145370, 2**31), (1418145370, 2**32 - 1),
-          (1418145371, 5), (1418145372, "one"), (2**31 + 5, 7), (1418145373, 3), (1418145373, 2**31 - 1)]
+          (1418145371, 5), (1418145372, "one"), (2**31 + 5, "one"), (1418145373, 3), (1418145373, 2**31 - 1)]
 
 
 @need_tcpdump
@@ -215,8 +215,8 @@ STAMPS = [(1418145369, None), (1418145370, 1), (1418145370, "one"), (1418145370,
 @pytest.mark.parametrize("flags", [(), ("-tt",), ("--nano",), ("-tt", "--nano"), ("-tttt",), ("-ttt",),
                                    ("-ttttt",), ("-ttt", "--nano"), ("-ttttt", "--nano"), ("-t",)])
 def test_odd_pcap_timestamps_like_tcpdump(tmp_path, nano, flags):
-    """fcap -r prints a pcap record's fraction of a second of a second or more, and seconds with the sign bit,
-    as tcpdump 4.99 does (libpcap passes them on; the relative styles subtract them as they are)."""
+    """fcap -r prints a pcap record whose fraction of a second is a second or more as tcpdump 4.99 does (libpcap
+    passes it on; the relative styles subtract it as it is; with the seconds' sign bit: "[Error converting time]")."""
     per_second = 10**9 if nano else 10**6
     path = tmp_path / "odd.pcap"
     odd_pcap(path, nano, [(sec, per_second - 1 if frac is None else per_second if frac == "one" else frac)

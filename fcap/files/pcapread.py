@@ -57,7 +57,7 @@ class FileRecord(NamedTuple):
     custom: tuple = ()          # pcapng custom options of the packet: (code, value after the option header)
     queue: int | None = None    # epb_queue
     verdict: tuple | None = None   # epb_verdict: (type, value): an int for TC/XDP, bytes otherwise
-    stamp: tuple | None = None  # a pcap timestamp libpcap passes on as it is (see _odd_stamp): (sec, frac, per second)
+    stamp: tuple | None = None  # an odd pcap timestamp as the file holds it (_odd_stamp): (sec, frac, per second)
 
 
 def read(source: BinaryIO | str | os.PathLike, stats: bool = False) -> Iterator[FileRecord]:
@@ -160,10 +160,10 @@ def _read_pcap(inp: _Input, e: str, magic: int) -> Iterator[FileRecord]:
 
 
 def _odd_stamp(sec: int, frac: int, per_second: int) -> tuple | None:
-    """The timestamp of a pcap record as its fields hold it when ts_ns cannot say how tcpdump prints it: a fraction
-    field of one second or more, or seconds with the sign bit set (libpcap reads both fields as int32 and passes
-    them on as they are); else None."""
-    return (sec, frac, per_second) if frac >= per_second or sec & 0x80000000 else None
+    """The timestamp of a pcap record as its fields hold it when ts_ns cannot say how tcpdump prints it, a fraction
+    field of one second or more (libpcap passes it on as it is); else None. (Seconds past 2**31 are a time after
+    2038 in ts_ns, where tcpdump, reading them as int32, prints "[Error converting time]".)"""
+    return (sec, frac, per_second) if frac >= per_second else None
 
 
 def _damage(what: str, where: str) -> PcapFormatError:

@@ -58,10 +58,10 @@ def _scaled(stamp: tuple, nano: bool) -> tuple[int, int]:
 
 def format_stamp(stamp: tuple, precision: str = "micro", style: str = "local") -> str:
     """A pcap record's timestamp as its fields hold it, (sec, frac, fractions per second), as tcpdump prints it
-    when the fraction is a second or more, or the seconds negative: libpcap reads both as int32, scales the fraction
-    to the precision asked for (in a C long: a micro fraction times 1000, a nano one divided, toward zero), and
-    tcpdump prints the fraction's low 32 bits unsigned, and "[Error converting time]" for negative seconds. For
-    the absolute styles (local, date, epoch); the relative ones are format_time's."""
+    when the fraction is a second or more: libpcap reads both as int32, scales the fraction to the precision asked
+    for (in a C long: a micro fraction times 1000, a nano one divided, toward zero), and tcpdump prints the
+    fraction's low 32 bits unsigned, and "[Error converting time]" for negative seconds. For the absolute styles
+    (local, date, epoch); the relative ones are _Clock's."""
     if style == "none":
         return ""
     nano = precision == "nano"
