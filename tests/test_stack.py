@@ -1,8 +1,8 @@
 """--stack (fcap.kernel.kstack): the kernel stack of each record, on the real kernel. A datagram's stack at
 net_dev_queue is the one the kernel's own stacktrace trigger records for the same datagram (tracefs, an instance of
 the test's own); identical paths share one stack id; a TCP connection's and UDP's stacks, recorded at once, never mix;
-a stack the map could not keep is unknown, never another packet's; the pcapng comment, fcap.read, --json, tshark's fcap.stack and
-fcap path show the same frames."""
+a stack the map could not keep is unknown, never another packet's; the pcapng comment, fcap.read, --json, tshark's
+fcap.stack, fcap -r --stack and fcap path --stack show the same frames."""
 
 from __future__ import annotations
 
@@ -244,6 +244,16 @@ def test_fcap_path_shows_the_stack_where_asked(stack_file):
     assert b"udp_send_skb" not in plain.stdout
     text = with_stack.stdout.decode()
     assert text.count("udp_send_skb+0x") >= 3 * n and "__udp4_lib_rcv+0x" in text, text
+
+
+
+def test_reading_a_file_prints_its_stacks_where_asked(stack_file):
+    import fcap
+    path, n = stack_file
+    plain, asked = run_fcap(["-r", str(path)]), run_fcap(["-r", str(path), "--stack"])
+    assert plain.returncode == asked.returncode == 0 and b"udp_send_skb" not in plain.stdout
+    printed = [ln.strip() for ln in asked.stdout.decode().splitlines() if ln.startswith("  ")]
+    assert printed == [f for p in fcap.read(path) for f in p.stack]
 
 
 def test_live_json_and_printing_carry_the_stack(root):

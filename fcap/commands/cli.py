@@ -247,7 +247,7 @@ def cmd_read(args) -> int:
         if args.json:
             _read_json(records, limit, args.line_buffered)
         else:
-            _read_print(records, limit, printer, args.count_only)
+            _read_print(records, limit, printer, args.count_only, args.stack)
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -260,12 +260,17 @@ def cmd_read(args) -> int:
     return 0
 
 
-def _read_print(records, limit: int, printer, count_only: bool) -> None:
-    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted."""
+def _read_print(records, limit: int, printer, count_only: bool, stacks: bool = False) -> None:
+    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted;
+    `stacks`: the kernel stacks fcap's comments carry (--stack) under them."""
+    from fcap.kernel.kstack import split_text
     for rec in records:
         printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
         if rec.custom:   # fcap's --dump values travel as custom options
             _print_dumps(printer, rec)
+        stack = split_text(rec.comment or "")[1] if stacks else None
+        if stack is not None:
+            printer.stack(stack)
         if printer.counted == limit:
             break
     if count_only:

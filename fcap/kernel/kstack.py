@@ -122,9 +122,11 @@ def text(stack: tuple | None) -> str:
 
 
 def split_text(comment: str) -> tuple[str, tuple | None]:
-    """A comment fcap wrote as (the text before ' stack=', the stack's frames: () unknown, None without one)."""
+    """A comment fcap wrote (its comments, one a line) as (the text less ' stack=...', the stack's frames: () unknown,
+    None without one)."""
     key = STACK_COMMENT[0][0]
     if key not in comment:
         return comment, None
     before, _k, value = comment.rpartition(key)
-    return before, () if value == UNKNOWN else tuple(value.split(SEPARATOR))
+    value, nl, after = value.partition("\n")   # (the comments after fcap's: --dump's)
+    return before + nl + after, () if value == UNKNOWN else tuple(value.split(SEPARATOR))
