@@ -91,8 +91,8 @@ def test_field_table_is_the_comments_declaration():
     text = dissector_text()
     for key, name, style in comment_fields():
         assert f'{{"{key}", "{name}", "{style}"}},' in text
-    assert {"fcap.point", "fcap.pid", "fcap.comm", "fcap.reason", "fcap.location", "fcap.dump.member", "fcap.stack"} <= \
-        set(field_names())
+    assert {"fcap.point", "fcap.pid", "fcap.comm", "fcap.reason", "fcap.location", "fcap.dump.member",
+            "fcap.stack"} <= set(field_names())
 
 
 def test_tshark_registers_every_field(home, tshark):

@@ -354,9 +354,9 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        for flag, asked in (("--dump", args.dump), ("--stack", args.stack)):
+        for flag, asked, what in (("--dump", args.dump, "dumps"), ("--stack", args.stack, "stack")):
             if fmt == "pcap" and asked:
-                raise UsageError(f"{flag}: a pcap file has no room for the {flag[2:]}; write pcapng (-w FILE.pcapng)")
+                raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
             session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:

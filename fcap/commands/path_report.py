@@ -1,7 +1,8 @@
 """`fcap path FILE` and `fcap ... --path`: each packet's points in time order with the time between them, the device
 and network namespace at each (with --stack the kernel stack there), and how it ended (dropped, with the reason and
-where; consumed; or still in flight), then per-hop latency percentiles. Streams: records are put in time order within a window, a packet's path is
-printed when it ends, and memory is what the packets in flight hold (and at most HOLD_MAX records waiting)."""
+where; consumed; or still in flight), then per-hop latency percentiles. Streams: records are put in time order
+within a window, a packet's path is printed when it ends, and memory is what the packets in flight hold (and at
+most HOLD_MAX records waiting)."""
 
 from __future__ import annotations
 

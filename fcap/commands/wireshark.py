@@ -1,7 +1,7 @@
 """fcap's metadata as Wireshark fields: the Lua postdissector `fcap extcap --install` puts into Wireshark's personal
 Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.kernel.layout.COMMENT,
-fcap.kernel.drops.DROP_COMMENT, fcap.kernel.kstack.STACK_COMMENT), so a key the comment gains gets its field with the next install; the Lua
-(wireshark.lua beside this file) holds only how to read the text."""
+fcap.kernel.drops.DROP_COMMENT, fcap.kernel.kstack.STACK_COMMENT), so a key the comment gains gets its field with the
+next install; the Lua (wireshark.lua beside this file) holds only how to read the text."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ class Config(NamedTuple):
     dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     track_max: int = TRACK_MAX
-    stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack; records through the perf buffer
+    stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
 
 
 class Stats:
