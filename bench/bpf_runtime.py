@@ -113,7 +113,7 @@ def measure_floor(n: int, port: int, point: str) -> tuple[float, int, float]:
     if not pt.typed:
         raise SystemExit(f"{point}: the floor is measured at BTF-typed points only")
     prog = load(ProgType.TRACING, [asm.movi(asm.R0, 0), asm.exit_()], name="fcap_floor",
-                expected_attach_type=AttachType.TRACE_RAW_TP if pt.kind == "tp_btf" else AttachType.TRACE_FENTRY,
+                expected_attach_type=AttachType.TRACE_RAW_TP if str(pt.kind) == "tp_btf" else AttachType.TRACE_FENTRY,
                 attach_btf_id=pt.btf_id, what="an empty program")
     try:
         with attach_tracing(prog.fileno(), point), enable_stats():

@@ -1,10 +1,12 @@
-"""BPF maps: array, per-CPU array, hash (plain or LRU) and perf event array (their fds and element access)."""
+"""BPF maps: array, per-CPU array, hash (plain or LRU), stack trace and perf event array (their fds and element
+access)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import os
+import struct
 
 from .errors import SyscallError
 from .sys import FD, FDOwner, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
@@ -146,6 +148,24 @@ class PerCPUArrayMap(Map):
     def sum_u64(self, key, offset: int = 0) -> int:
         """Sum over CPUs of the u64 at `offset` in this key's value."""
         return sum(int.from_bytes(v[offset: offset + 8], "little") for v in self.lookup_percpu(key))
+
+
+class StackTraceMap(Map):
+    """Kernel or user stacks that bpf_get_stackid stores, deduplicated by the kernel: key a u32 stack id, value up to
+    `depth` u64 addresses, innermost first (0 past the stack's last frame)."""
+
+    def __init__(self, depth: int, max_entries: int, name: str = ""):
+        super().__init__(MapType.STACK_TRACE, 4, 8 * depth, max_entries, 0, name)
+        self.depth = depth
+
+    def addresses(self, stack_id: int) -> tuple[int, ...] | None:
+        """The stack's addresses, innermost first; None when the map holds no stack of that id."""
+        raw = self.lookup(stack_id)
+        if raw is None:
+            return None
+        addrs = struct.unpack_from(f"<{self.depth}Q", raw)
+        n = addrs.index(0) if 0 in addrs else self.depth
+        return addrs[:n]
 
 
 class PerfEventArrayMap(Map):

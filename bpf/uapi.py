@@ -46,6 +46,7 @@ class MapType(IntEnum):
     PERF_EVENT_ARRAY = 4
     PERCPU_HASH = 5
     PERCPU_ARRAY = 6
+    STACK_TRACE = 7
     LRU_HASH = 9
     RINGBUF = 27
 
@@ -82,6 +83,7 @@ class Helper(IntEnum):
     get_current_uid_gid = 15
     get_current_comm = 16
     perf_event_output = 25
+    get_stackid = 27
     skb_load_bytes = 26
     get_current_task = 35
     probe_read_str = 45
@@ -125,6 +127,13 @@ class UpdateFlags(IntEnum):
 # bpf_perf_event_output / bpf_skb_output flags
 F_INDEX_MASK = 0xFFFFFFFF
 F_CURRENT_CPU = F_INDEX_MASK
+
+# bpf_get_stackid flags: frames to skip (the low 8 bits), user stack, compare stacks by hash only, replace a bucket's
+# stack with another that hashes alike (the old id then names the new stack)
+F_SKIP_FIELD_MASK = 0xFF
+F_USER_STACK = 1 << 8
+F_FAST_STACK_CMP = 1 << 9
+F_REUSE_STACKID = 1 << 10
 
 # src_reg of ld_imm64 (what imm is) and of call (what is called)
 PSEUDO_MAP_FD = 1

@@ -24,7 +24,7 @@ class Capture:
     def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
-                 track_max: int | None = None):
+                 track_max: int | None = None, stack: bool = False):
         from fcap.live.session import Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
@@ -38,7 +38,8 @@ class Capture:
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True,
                      predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
-                     dumps=dump, track=bool(track), **({"track_max": track_max} if track_max else {}))
+                     dumps=dump, track=bool(track), stack=bool(stack),
+                     **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
         try:
@@ -144,15 +145,16 @@ def _strings(items, what: str) -> list[str]:
 
 def capture(points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
             linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
-            dump: Iterable[str] = (), **kw) -> Capture:
+            dump: Iterable[str] = (), stack: bool = False, **kw) -> Capture:
     """Capture at `points` (a name or a list: "tp_btf/net_dev_queue", "fentry/ip_rcv", ...). `filter`: tcpdump's
     expression; `count`: stop after that many packets; `linktype`: "EN10MB", "LINUX_SLL2", "RAW", ... (default as
     the fcap command); `where`: --where tests ('skb->len > 1000'); `dump`: --dump paths ('skb->dev'), found in
     each Packet's `dumps`; `track`: as --track, the filter decides where a packet is first seen, then its skb is
-    followed to every point under one packet id (`track_max`: the tracking map's entries). The programs are
+    followed to every point under one packet id (`track_max`: the tracking map's entries); `stack`: each Packet's
+    `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first). The programs are
     attached when this returns. Errors are fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
-                   dump=dump, **kw)
+                   dump=dump, stack=stack, **kw)
 
 
 # ---- files -----------------------------------------------------------------------------------------------------
@@ -180,8 +182,11 @@ _DROP_RX = re.compile(r"(?: reason=(\S+))? at=(\S+)$")
 
 
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.kernel.layout's COMMENT, then at drop points ' reason=R at=L') back as {attribute:
-    value} (reason and location as text); {} when it is not one."""
+    """fcap's metadata comment (fcap.kernel.layout's COMMENT, then at drop points ' reason=R at=L', then with --stack
+    ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {} when it is not
+    one."""
+    from fcap.kernel import kstack
+    text, stack = kstack.split_text(text)
     drop = _DROP_RX.search(text)
     m = _COMMENT_RX.match(text[:drop.start()] if drop else text)
     if not m:
@@ -190,6 +195,8 @@ def parse_comment(text: str) -> dict:
            for (_pre, attr, style), value in zip(COMMENT, m.groups())}
     if drop:
         out["reason"], out["location"] = drop.groups()
+    if stack is not None:
+        out["stack"] = stack
     return out
 
 
@@ -207,7 +214,7 @@ def file_packet(rec) -> Packet:
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
                   linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
                   location=meta.get("location"), verdict=rec.verdict, comment=rec.comment,
-                  direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+                  direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue, stack=meta.get("stack"))
 
 
 _DIRECTIONS = {1: "in", 2: "out"}   # epb_flags' direction bits (0: not known)

@@ -68,6 +68,8 @@ def _maps(point, opts, ring: bool = False, track: bool = False) -> cprog.Maps:
         maps.track, maps.track_counters = -5, -6
     if ring:
         maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, 1 << 20, 1
+    if opts.stack:
+        maps.stack = -7
     return maps
 
 
@@ -87,6 +89,8 @@ def _configurations():
         yield f"{kind} en10mb", [kind], dict(start=cprog.START_MAC, snaplen=100, filter=ACCEPT), False
         yield f"{kind} no meta", [kind], dict(start=cprog.START_NETWORK, snaplen=100, meta=False), False
         yield f"{kind} dump", [kind], dict(start=cprog.START_SLL2, snaplen=100, dumps=["skb->dev", "skb->len"]), False
+        yield f"{kind} stack", [kind], dict(start=cprog.START_SLL2, snaplen=100, record=layout.RECORD_PCAPNG,
+                                            stack=True), False
     yield "drop point", ["tp_btf/kfree_skb", "raw_tp/kfree_skb"], dict(start=cprog.START_SLL2, snaplen=100), False
     yield "several points", list(KINDS), dict(start=cprog.START_SLL2, snaplen=100, ident="map", points=5,
                                               filter=ACCEPT, predicates=preds), False
@@ -120,6 +124,7 @@ def test_the_builder_assembles_a_program_from_the_features(name, specs, kw, ring
         assert ("track" in on) == (opts.ident == "track") and ("packet ids" in on) == (opts.ident != "none")
         assert ("filter" in on) == (opts.filter is not None) and ("dumps" in on) == (opts.dumps is not None)
         assert ("predicates" in on) == bool(opts.predicates) and ("counts" in on)
+        assert ("stack" in on) == opts.stack
 
 
 def test_every_feature_is_on_in_some_configuration():

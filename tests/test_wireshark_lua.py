@@ -80,17 +80,19 @@ def capture(root, tmp_path) -> tuple:
 
 
 def test_field_table_is_the_comments_declaration():
-    """Every key the comment declares (layout.COMMENT, drops.DROP_COMMENT) has its field, named as fcap reads it."""
+    """Every key the comment declares (layout.COMMENT, drops.DROP_COMMENT, kstack.STACK_COMMENT) has its field, named
+    as fcap reads it."""
     from fcap.kernel.drops import DROP_COMMENT
+    from fcap.kernel.kstack import STACK_COMMENT
     from fcap.kernel.layout import COMMENT
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
-    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + DROP_COMMENT]
+    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + DROP_COMMENT + STACK_COMMENT]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()
     text = dissector_text()
     for key, name, style in comment_fields():
         assert f'{{"{key}", "{name}", "{style}"}},' in text
-    assert {"fcap.point", "fcap.pid", "fcap.comm", "fcap.reason", "fcap.location", "fcap.dump.member"} <= \
-        set(field_names())
+    assert {"fcap.point", "fcap.pid", "fcap.comm", "fcap.reason", "fcap.location", "fcap.dump.member",
+            "fcap.stack"} <= set(field_names())
 
 
 def test_tshark_registers_every_field(home, tshark):

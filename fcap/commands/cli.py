@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
                    help="one member per line (default) or all on one line")
     g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
+    g.add_argument("--stack", action="store_true",
+                   help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from "
+                        "/proc/kallsyms)")
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
@@ -220,9 +223,11 @@ def cmd_path(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog=f"{PROG} path", description="each packet's path through the points of a "
                                  "pcapng file fcap wrote (several points, e.g. -i skb:drop -i dev:queue --track)")
     ap.add_argument("file")
+    ap.add_argument("--stack", action="store_true", help="the kernel stack at each point, where the file has it "
+                    "(captured with --stack)")
     a = ap.parse_args(argv)
     try:
-        report(hops_of_file(a.file), sys.stdout.write)
+        report(hops_of_file(a.file, a.stack), sys.stdout.write)
         sys.stdout.flush()
     except PcapFormatError as e:
         return fail(f"{a.file}: {e}; fcap path needs a pcapng file fcap wrote")
@@ -242,7 +247,7 @@ def cmd_read(args) -> int:
         if args.json:
             _read_json(records, limit, args.line_buffered)
         else:
-            _read_print(records, limit, printer, args.count_only)
+            _read_print(records, limit, printer, args.count_only, args.stack)
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -255,12 +260,17 @@ def cmd_read(args) -> int:
     return 0
 
 
-def _read_print(records, limit: int, printer, count_only: bool) -> None:
-    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted."""
+def _read_print(records, limit: int, printer, count_only: bool, stacks: bool = False) -> None:
+    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted;
+    `stacks`: the kernel stacks fcap's comments carry (--stack) under them."""
+    from fcap.kernel.kstack import split_text
     for rec in records:
         printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
         if rec.custom:   # fcap's --dump values travel as custom options
             _print_dumps(printer, rec)
+        stack = split_text(rec.comment or "")[1] if stacks else None
+        if stack is not None:
+            printer.stack(stack)
         if printer.counted == limit:
             break
     if count_only:
@@ -344,8 +354,9 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        if fmt == "pcap" and args.dump:
-            raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+        for flag, asked, what in (("--dump", args.dump, "dumps"), ("--stack", args.stack, "stack")):
+            if fmt == "pcap" and asked:
+                raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
             session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
@@ -385,7 +396,7 @@ def _config(args):
     track_max = _int(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
-                  track_max=track_max), count
+                  track_max=track_max, stack=args.stack), count
 
 
 def _rotation(args):

@@ -1,7 +1,8 @@
 """`fcap path FILE` and `fcap ... --path`: each packet's points in time order with the time between them, the device
-and network namespace at each, and how it ended (dropped, with the reason and where; consumed; or still in flight),
-then per-hop latency percentiles. Streams: records are put in time order within a window, a packet's path is
-printed when it ends, and memory is what the packets in flight hold (and at most HOLD_MAX records waiting)."""
+and network namespace at each (with --stack the kernel stack there), and how it ended (dropped, with the reason and
+where; consumed; or still in flight), then per-hop latency percentiles. Streams: records are put in time order
+within a window, a packet's path is printed when it ends, and memory is what the packets in flight hold (and at
+most HOLD_MAX records waiting)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
+from fcap.kernel import kstack
 from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
 
@@ -39,6 +41,7 @@ class Hop:
     netns: int | None = None
     drop: str | None = None    # "NO_SOCKET at __udp4_lib_rcv+0x4bc" at drop points
     line: str = ""             # the packet as tcpdump prints it (first hop only is used)
+    stack: tuple | None = None   # --stack: the kernel stack's frames there, innermost first (() unknown)
 
 
 def end_of(h: Hop) -> str | None:
@@ -138,6 +141,8 @@ class Tracker:
             when = format_time(h.ts_ns, "nano") if prev is None else f"+{h.ts_ns - prev.ts_ns} ns"
             where = "".join(f"  {k} {v}" for k, v in (("ifindex", h.ifindex), ("netns", h.netns)) if v is not None)
             out.append(f"  {when:>18}  {h.point}{where}")
+            if h.stack is not None:
+                out += [f"{'':>22}{frame}" for frame in h.stack or ("(stack unknown)",)]
             if prev is not None:
                 self.hops.setdefault((prev.point, h.point), Reservoir()).add(h.ts_ns - prev.ts_ns)
             prev = h
@@ -186,7 +191,7 @@ class PathSink(PrintSink):
         p = self.points[rec.point]
         drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
         hop = Hop(rec.ts_ns + session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
-                  describe(rec.data, session.linktype.number, rec.orig_len))
+                  describe(rec.data, session.linktype.number, rec.orig_len), rec.stack)
         for text in self.tracker.feed(hop):
             self.printer.out.write(text)
 
@@ -201,8 +206,9 @@ _COMMENT_INT = re.compile(r"\b(ifindex|netns)=(\d+)")
 _DROP = re.compile(r"\breason=(\S+)(?: at=(\S+))?|\bat=(\S+)")
 
 
-def hops_of_file(path: str) -> Iterator[Hop]:
-    """The hops in a pcapng file fcap wrote (PathInputError, one line, for anything else)."""
+def hops_of_file(path: str, stacks: bool = False) -> Iterator[Hop]:
+    """The hops in a pcapng file fcap wrote (PathInputError, one line, for anything else); `stacks`: with the
+    kernel stacks the file carries (fcap --stack)."""
     from fcap.files.pcapfile import PCAP_MAGIC_KUZNETZOV, PCAP_MAGIC_NS, PCAP_MAGIC_US
     from fcap.files.pcapread import read
     try:
@@ -222,17 +228,18 @@ def hops_of_file(path: str) -> Iterator[Hop]:
                                 f"pcapng file fcap wrote (fcap -i POINT ... -w FILE.pcapng)")
             continue
         fcap_records += 1
-        yield _hop_of_record(rec)
+        yield _hop_of_record(rec, stacks)
 
 
-def _hop_of_record(rec) -> Hop:
-    ints = {k: int(v) for k, v in _COMMENT_INT.findall(rec.comment)}
+def _hop_of_record(rec, stacks: bool = False) -> Hop:
+    comment, stack = kstack.split_text(rec.comment)
+    ints = {k: int(v) for k, v in _COMMENT_INT.findall(comment)}
     drop = None
-    m = _DROP.search(rec.comment)
+    m = _DROP.search(comment)
     if m:
         drop = f"{m.group(1)} at {m.group(2)}" if m.group(1) else f"at {m.group(3)}"
     return Hop(rec.ts_ns, rec.packet_id, rec.iface_name or f"interface {rec.iface}", ints.get("ifindex"),
-               ints.get("netns"), drop, describe(rec.data, rec.linktype, rec.orig_len))
+               ints.get("netns"), drop, describe(rec.data, rec.linktype, rec.orig_len), stack if stacks else None)
 
 
 def report(hops: Iterable[Hop], write) -> None:

@@ -4,18 +4,16 @@
 
 from __future__ import annotations
 
-import bisect
-
 from bpf.asm import DW, FP, R0, R1, R7, ldx
 from bpf.btf import BTF, BTFError, Enum, Enum64, Type
 
+from fcap.kernel import kallsyms
 from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
 from fcap.points.spec import Point
 
 REASON_ENUM = "skb_drop_reason"
 PREFIXES = ("SKB_DROP_REASON_", "SKB_")   # stripped from the names users see: NO_SOCKET, CONSUMED
-KALLSYMS = "/proc/kallsyms"
 # What a drop point's comment adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text before, Record
 # attribute, style); the reason and the location as names (Names.text), read back by Wireshark's fcap fields.
 DROP_COMMENT = ((" reason=", "reason", "str"), (" at=", "location", "str"))
@@ -99,14 +97,12 @@ def close_names(leaf: Type, text: str, n: int = 4) -> list[str]:
 
 
 class Names:
-    """Names for drop records: reasons from this kernel's BTF, locations from /proc/kallsyms (read at first
-    use; unreadable or hidden addresses leave the location as a number)."""
+    """Names for drop records: reasons from this kernel's BTF, locations from /proc/kallsyms (fcap.kernel.kallsyms:
+    unreadable or hidden addresses leave the location as a number)."""
 
     def __init__(self, btf: BTF | None = None):
         enum = reason_enum(btf)
         self.reasons = {v: short(k) for k, v in enum.values.items()} if enum is not None else {}
-        self._addrs: list[int] | None = None
-        self._syms: list[str] = []
 
     def reason(self, value: int) -> str:
         return self.reasons.get(value, str(value))
@@ -114,28 +110,7 @@ class Names:
     def location(self, addr: int) -> str:
         if not addr:
             return "?"
-        if self._addrs is None:
-            self._load_kallsyms()
-        i = bisect.bisect_right(self._addrs, addr) - 1
-        if i < 0:
-            return f"{addr:#x}"
-        return f"{self._syms[i]}+{addr - self._addrs[i]:#x}"
-
-    def _load_kallsyms(self) -> None:
-        pairs = []
-        try:
-            with open(KALLSYMS) as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) >= 3 and parts[1] in "tT":
-                        a = int(parts[0], 16)
-                        if a:
-                            pairs.append((a, parts[2]))
-        except (OSError, ValueError):
-            pairs = []
-        pairs.sort()
-        self._addrs = [a for a, _ in pairs]
-        self._syms = [s for _, s in pairs]
+        return kallsyms.shared().name(addr, module=False)
 
     def text(self, rec, has_reason: bool = True) -> str:
         """What a drop record's comment ends with: ' reason=NO_SOCKET at=FUNC+0xOFF' (DROP_COMMENT)."""

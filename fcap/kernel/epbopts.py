@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
+from fcap.kernel import kstack
 from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
 from fcap.files.pcapfile import VERDICT_TC
@@ -59,7 +60,7 @@ QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and queue_
 class EpbOptions:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also
-    says why and where the packet was dropped."""
+    says why and where the packet was dropped; with --stack it ends with the kernel stack (fcap.kernel.kstack)."""
 
     def __init__(self, points: list[Point]):
         from fcap.kernel import drops
@@ -69,7 +70,8 @@ class EpbOptions:
         self.drop_names = drops.Names() if self.drop_points else None
 
     def __call__(self, rec) -> dict:
-        return {"flags": self.flags.get(rec.point), "comment": format_comment(rec) + self.drop_text(rec),
+        comment = format_comment(rec) + self.drop_text(rec) + kstack.text(rec.stack)
+        return {"flags": self.flags.get(rec.point), "comment": comment,
                 "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
 
     def drop_text(self, rec) -> str:

@@ -102,7 +102,7 @@ META = Layout("Meta", (
     ("point", "H"),        # the point's id (the pcapng interface)
     ("hatype", "H"),       # the device's ARPHRD type
     ("queue", "H"),        # FLAG_QUEUE: the device queue the packet was given (transmit) or came from (receive)
-    ("", "2x"),
+    ("stack", "H"),        # --stack: the kernel stack's id in the stack map (fcap.kernel.kstack), STACK_NONE: none
     ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
     ("btype", "I"),
     ("total", "I"),
@@ -124,6 +124,7 @@ START_MAC, START_NETWORK, START_DATA, START_SLL2 = "mac", "network", "data", "sl
 FLAG_MAC_SYNTH = 1      # no MAC header: a zero Ethernet header was made up
 FLAG_LINEAR_ONLY = 2    # the filter saw only the linear part (no skb dynptr on this kernel)
 FLAG_QUEUE = 4          # queue holds the packet's device queue (pcapng: epb_queue)
+STACK_NONE = 0xFFFF     # META's stack: the kernel could not store the stack (its ids are below this)
 
 # pcapng as the program writes it (the writer's if_tsresol is 9: nanoseconds)
 PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_PACKETID, PCAPNG_COMMENT = BT_EPB, EPB_FLAGS, EPB_PACKETID, OPT_COMMENT
@@ -340,6 +341,7 @@ class Record(NamedTuple):
     reason: int = 0     # drop points: enum skb_drop_reason
     location: int = 0   # drop points: where the skb was freed
     id: int = 0         # the packet id (fcap.kernel.track)
+    stack: tuple | None = None   # --stack: the kernel stack's frames, innermost first (() unknown; fcap.kernel.kstack)
 
 
 def parse_record(raw) -> Record:

@@ -53,7 +53,7 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import ancillary, drops, dumps, epbopts, predicates, ringrec, stats, track
+from fcap.kernel import ancillary, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
 from fcap.kernel.layout import (CAREA, COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP,
@@ -69,7 +69,7 @@ class Maps:
     """The maps a capture's programs use (fds), filled in as the session makes them."""
 
     __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "track",
-                 "track_counters")
+                 "track_counters", "stack")
 
     def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
         self.events = events              # PERF_EVENT_ARRAY fd
@@ -81,6 +81,7 @@ class Maps:
         self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
         self.track = 0          # the identity map (LRU hash, fcap.kernel.track), 0: none
         self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
+        self.stack = 0          # --stack: the STACK_TRACE map (fcap.kernel.kstack), 0: none
 
 
 class ProgramOptions(NamedTuple):
@@ -99,6 +100,7 @@ class ProgramOptions(NamedTuple):
     count_seen: bool = False         # file rings: count each record in the counters too (fcap.kernel.stats: ISBs)
     ident: str = "none"              # how records get their packet ids (fcap.kernel.track.mode)
     points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
+    stack: bool = False              # --stack: each record's kernel stack id (fcap.kernel.kstack)
 
 
 def scratch_size(point: Point, opts: ProgramOptions) -> int:
@@ -572,8 +574,8 @@ PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: Builder.per
                       reads="fcap.live.drain.FileDrain")
 # Every per-packet feature of the capture program, in the order the builder runs each stage's
 FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
-                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, dumps.DUMPS, ringrec.FILE_RING,
-                                 ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT, stats.COUNTS)
+                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, kstack.STACKS, dumps.DUMPS,
+                                 ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT, stats.COUNTS)
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

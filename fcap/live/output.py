@@ -171,6 +171,8 @@ class PrintSink(Sink):
                             name)
         if rec.dumps:
             self.printer.dumps(rec.dumps)
+        if rec.stack is not None:
+            self.printer.stack(rec.stack)
 
     def close(self, ok: bool = True) -> None:
         self.printer.flush()
@@ -198,7 +200,7 @@ class PacketSink(Sink):
                       orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
                       dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
                       location=location, verdict=opts["verdict"], comment=opts["comment"],
-                      direction=self.directions.get(r.point), queue=r.queue)
+                      direction=self.directions.get(r.point), queue=r.queue, stack=r.stack)
 
 
 class JsonSink(PacketSink):

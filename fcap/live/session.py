@@ -52,6 +52,7 @@ class Config(NamedTuple):
     dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     track_max: int = TRACK_MAX
+    stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
 
 
 class Stats:
@@ -111,6 +112,7 @@ class Session:
         self.track_map = self.track_counters = None   # --track
         self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
         self.track_report: dict = {}
+        self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
 
     # -- set-up --------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class Session:
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
-                             ident=self.ident(), points=len(self.points),
+                             ident=self.ident(), points=len(self.points), stack=self.cfg.stack,
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:
@@ -228,6 +230,11 @@ class Session:
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), size)
             if self.ident() != track.IDENT_NONE:
                 self._make_track_maps(maps)
+            if self.cfg.stack:
+                from fcap.kernel.kstack import Stacks
+                self.stacks = Stacks.create(self.maps)
+                maps.stack = self.stacks.map.fileno()
+                self.parse = self.stacks.parser(self.parse, self.dump_area.size if self.dump_area is not None else 0)
             cpus = online_cpus()
             pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
@@ -330,7 +337,7 @@ class Session:
     def _file_ring_kfunc(self) -> int:
         """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
         skb dynptrs allowed there), else 0."""
-        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None:
+        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None or self.cfg.stack:
             return 0
         if not all(p.typed for p in self.points):
             return 0
@@ -504,6 +511,8 @@ class Session:
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
         if self.ident() != track.IDENT_NONE:
             maps.track, maps.track_counters = -5, -6
+        if self.cfg.stack:
+            maps.stack = -7
         kfunc = self._file_ring_kfunc()
         if kfunc:   # what open() would load: the programs that write the file rings (map fd -4)
             maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)

@@ -34,6 +34,7 @@ class Packet:
     comment: str | None = None     # the pcapng comment fcap writes for the packet
     direction: str | None = None   # "in" or "out" where the point has one (epb_flags)
     queue: int | None = None       # the device queue at device-layer points (epb_queue)
+    stack: tuple | None = None     # --stack: the kernel stack, FUNC+0xOFF per frame, innermost first (() unknown)
 
     def scapy(self):
         """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""

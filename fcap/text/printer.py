@@ -79,5 +79,11 @@ class Printer:
         text = "\n".join(d.line(self.dump_compact, self.dump_zeroes) for d in dumps)
         self.out.write("  " + text.replace("\n", "\n  ") + "\n")
 
+    def stack(self, frames: tuple) -> None:
+        """A packet's --stack frames under its line, innermost first, each indented by two spaces."""
+        if self.count_only:
+            return
+        self.out.write("".join(f"  {f}\n" for f in frames) if frames else "  (stack unknown)\n")
+
     def flush(self) -> None:
         self.out.flush()
