@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ifname", metavar="NAME", help="only packets on the device called NAME")
     g.add_argument("--ifindex", metavar="N", help="only packets on the device with index N")
     g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
+    g.add_argument("--cgroup", metavar="PATH",
+                   help="only packets of sockets (else tasks) in cgroup2 cgroup PATH or under it (relative to the "
+                        "cgroup2 mount, e.g. /system.slice/ssh.service)")
+    g.add_argument("--container", metavar="NAME",
+                   help="only packets of the container (docker, containerd, cri-o, podman; its id or a prefix) or "
+                        "Kubernetes pod (its uid) NAME: its cgroup, as --cgroup")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
     g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
@@ -100,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
                    help="one member per line (default) or all on one line")
     g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
+    g.add_argument("--context", action="store_true",
+                   help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, "
+                        "container, pod and network namespace name in the comment, --json and the API")
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
@@ -385,7 +394,7 @@ def _config(args):
     track_max = _int(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
-                  track_max=track_max), count
+                  track_max=track_max, context=args.context), count
 
 
 def _rotation(args):
@@ -411,7 +420,7 @@ def _filter_note(session, args) -> None:
             sys.stderr.write(f"{PROG}: {note}\n")
 
 
-_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction")
+_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction", "cgroup", "container")
 
 
 def _predicates(args) -> list:
@@ -436,6 +445,12 @@ def _predicates(args) -> list:
             out.append(const(pr.ifname(args.ifname)))
         if args.netns is not None:
             out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+        if args.cgroup is not None or args.container is not None:
+            from fcap.kernel import context, ctxnames
+            names = ctxnames.CgroupNames()
+            for target in ([names.target(args.cgroup)] if args.cgroup is not None else []) + \
+                    ([names.container(args.container)] if args.container is not None else []):
+                out.append(const(context.under(target[0], target[1])))
     except pr.PredicateError as e:
         raise UsageError(str(e)) from None
     for text in args.where:

@@ -52,6 +52,7 @@ class Config(NamedTuple):
     dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     track_max: int = TRACK_MAX
+    context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
 
 
 class Stats:
@@ -184,7 +185,7 @@ class Session:
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
-                             ident=self.ident(), points=len(self.points),
+                             ident=self.ident(), points=len(self.points), context=self.cfg.context,
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:
@@ -335,6 +336,8 @@ class Session:
         if not all(p.typed for p in self.points):
             return 0
         if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
+            return 0
+        if self.cfg.context:   # the comment names the cgroup, container and netns: user space's
             return 0
         ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
