@@ -145,6 +145,7 @@ def under(cgroup_id: int, level: int):
         else:
             _probe(b, W, R8, R9, o.level)
         b.emit(jmp(JSLT, R8, level, "out"))
+        # ancestors[] lies past the struct's BTF size (a flexible array): the verifier refuses a plain load there
         if o.ancestors is not None:
             _probe(b, DW, R9, R9, o.ancestors + 8 * level)
             b.emit(jmp(JEQ, R9, 0, "out"))
