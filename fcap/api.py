@@ -174,13 +174,13 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
 
 # ---- files -----------------------------------------------------------------------------------------------------
 
-_STYLE_RX = {"dec": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})", "hex16": r"([0-9a-f]{16})",
-             "str": r"(.*?)"}
+_STYLE_RX = {"dec": r"(\d+)", "dec64": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})",
+             "hex16": r"([0-9a-f]{16})", "str": r"(.*?)"}
 # fcap's comment: COMMENT's keys, then --context's (CONTEXT_COMMENT, each there when known), then a drop point's
 _COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT)
                          + "".join(f"(?:{re.escape(pre)}{_STYLE_RX[style]})?" for pre, _a, style in CONTEXT_COMMENT)
                          + "(?:(?:{}(\\S+))?{}(\\S+))?$".format(*(re.escape(pre) for pre, _a, _s in DROP_COMMENT)))
-_BASE = {"dec": 10, "hex": 16, "hex4": 16, "hex16": 16}
+_BASE = {"dec": 10, "dec64": 10, "hex": 16, "hex4": 16, "hex16": 16}
 
 
 def read(path) -> Iterator[Packet]:

@@ -132,7 +132,7 @@ def test_context_keys_give_fields(home, tshark, tmp_path):
     path = tmp_path / "ctx.pcapng"
     cid = "ab" * 32
     comment = ("skb=0xffff888100000001 pid=7 tid=8 comm=curl ifindex=3 mark=0x0 netns=4026531840 proto=0x0800 "
-               f"pkt_type=0 len=20 cgroup=4242 cgroup_path=/kubepods.slice/my pod/cri-containerd-{cid}.scope "
+               f"pkt_type=0 len=20 cgroup=4294967342 cgroup_path=/kubepods.slice/my pod/cri-containerd-{cid}.scope "
                f"container=containerd:{cid} pod=0f2c3b1e-aaaa-bbbb-cccc-0123456789ab netns_name=red")
     with open(path, "wb") as f:
         w = PcapngWriter(f, closefd=False)
@@ -142,8 +142,8 @@ def test_context_keys_give_fields(home, tshark, tmp_path):
                  "fcap.netns_name", "fcap.len")
     (p,) = list(fcap.read(str(path)))
     assert rows == [[str(p.cgroup), p.cgroup_path, p.container, p.pod, p.netns_name, "20"]]
-    assert p.cgroup == 4242 and p.cgroup_path == f"/kubepods.slice/my pod/cri-containerd-{cid}.scope"
-    assert _numbers(tshark, home, path, f'fcap.container == "containerd:{cid}" && fcap.cgroup == 4242') == [1]
+    assert p.cgroup == 4294967342 and p.cgroup_path == f"/kubepods.slice/my pod/cri-containerd-{cid}.scope"
+    assert _numbers(tshark, home, path, f'fcap.container == "containerd:{cid}" && fcap.cgroup == 4294967342') == [1]
 
 
 def test_fields_are_fcaps_reading_packet_by_packet(home, tshark, capture):

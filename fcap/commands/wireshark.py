@@ -14,7 +14,7 @@ from fcap.kernel.layout import COMMENT
 MARK = "fcap Wireshark dissector"          # the line uninstall looks for before removing a file
 FILE_NAME = "fcap.lua"
 # how the comment shows a value -> how the Lua declares its field (wireshark.lua's MAKE)
-STYLES = ("dec", "hex", "hex4", "hex16", "str")
+STYLES = ("dec", "dec64", "hex", "hex4", "hex16", "str")
 
 
 def comment_fields() -> list[tuple[str, str, str]]:

@@ -16,7 +16,7 @@ NETNS_DIRS = (("/run/netns", ""), ("/run/docker/netns", "docker:"))
 REFRESH_NS = 1_000_000_000      # an id a walk did not find makes the next walk no sooner than this
 # What the comment of a --context capture adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text
 # before, Packet attribute, style); a key whose value is unknown is left out. Read back by Wireshark's fcap fields.
-CONTEXT_COMMENT = ((" cgroup=", "cgroup", "dec"), (" cgroup_path=", "cgroup_path", "str"),
+CONTEXT_COMMENT = ((" cgroup=", "cgroup", "dec64"), (" cgroup_path=", "cgroup_path", "str"),
                    (" container=", "container", "str"), (" pod=", "pod", "str"),
                    (" netns_name=", "netns_name", "str"))
 
