@@ -261,6 +261,13 @@ def test_a_cgroup_that_is_not_there_is_one_line(root, args, message):
     assert r.returncode != 0 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+def test_context_into_a_pcap_file_is_one_line(root, tmp_path):
+    r = run_fcap(["-i", "tp_btf/net_dev_queue", "--context", "-c", "1", "-w", str(tmp_path / "x.pcap")])
+    err = r.stderr.decode()
+    assert r.returncode != 0 and "--context: a pcap file has no room" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x.pcap").exists()
+
+
 def test_netns_names(root, tmp_path):
     """A packet sent inside an `ip netns add` namespace: its record's netns is that namespace's inode, and
     --context names it (netns_name=)."""

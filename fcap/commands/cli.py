@@ -355,6 +355,8 @@ def cmd_capture(args, command: list[str]) -> int:
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
         if fmt == "pcap" and args.dump:
             raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+        if fmt == "pcap" and args.context:
+            raise UsageError("--context: a pcap file has no room for the context; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
             session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
