@@ -293,3 +293,26 @@ def test_netns_names(root, tmp_path):
         assert (p.netns, p.netns_name) == (inum, name) and f"netns_name={name}" in p.comment
     finally:
         sh("ip", "netns", "del", name, check=False)
+
+
+def test_the_api_and_printed_lines_carry_the_context(tree):
+    """fcap.capture(context=True, container=...): the Packet's context; `fcap --context -l`: the printed line
+    names the container after the point."""
+    import fcap
+    port = free_port()
+    with fcap.capture("tp_btf/net_dev_queue", filter=f"udp dst port {port}", count=1, context=True,
+                      container=ID[:8], timeout=30) as cap:
+        send(tree, port, "", "", "own")          # not the container's: the kernel turns it away
+        send(tree, port, "docker", "docker", "in")
+        (p,) = list(cap)
+    assert bytes(p.data[-2:]) == b"in" and (p.cgroup, p.container) == (tree.ids["docker"], f"docker:{ID}")
+    assert p.cgroup_path == tree.rel["docker"] and f"cgroup_path={tree.rel['docker']}" in p.comment
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--context", "-l", "-c", "1", f"udp dst port {port}"],
+                    stdout=subprocess.PIPE)
+    try:
+        send(tree, port, "docker", "docker", "in")
+        assert fc.wait() == 0, fc.stderr
+        line = fc.p.stdout.read().decode()
+    finally:
+        fc.kill()
+    assert f"container=docker:{ID}" in line and f"cgroup={tree.ids['docker']}" in line, line
