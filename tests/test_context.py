@@ -8,6 +8,7 @@ names."""
 from __future__ import annotations
 
 import json
+import socket
 import os
 import shutil
 import subprocess
@@ -316,3 +317,66 @@ def test_the_api_and_printed_lines_carry_the_context(tree):
     finally:
         fc.kill()
     assert f"container=docker:{ID}" in line and f"cgroup={tree.ids['docker']}" in line, line
+
+
+IPS_DST_NAT = 0x20   # enum ip_conntrack_status
+
+
+def _ip(u3: dict) -> str:
+    return socket.inet_ntoa(u3["in"]["s_addr"].to_bytes(4, "big"))   # (fcap decodes a __be32 as network order)
+
+
+def _port(u: dict) -> int:
+    return u["udp"]["port"]
+
+
+def test_ct_shows_the_nat_of_each_packet(root, tmp_path, tcpdump):
+    """--ct over a real nftables DNAT rule: datagrams sent to an address that is rewritten to the veth peer's;
+    at net_dev_queue the bytes are tcpdump's (to the peer) and each record's conntrack entry holds the original
+    tuple (to the address sent to), the reply tuple (from the peer) and DST_NAT in its status."""
+    if shutil.which("nft") is None:
+        pytest.skip("no nft command (Debian: nftables)")
+    from bpf.btf import BTF
+    if BTF.vmlinux().find("nf_conn", "struct") is None:
+        pytest.skip("struct nf_conn is not in vmlinux's BTF (conntrack is a module here)")
+    from netns import make_veth_ns, remove_veth_ns
+    v = make_veth_ns()
+    table = f"fcapct{v.a}"
+    try:
+        base = int.from_bytes(socket.inet_aton(v.local), "big") - 1
+        sent_to = socket.inet_ntoa(((base ^ 0x4000) + 2).to_bytes(4, "big"))   # another /30: routed to the pair
+        port = free_port()
+        sh("ip", "route", "add", f"{sent_to}/32", "dev", v.a)
+        sh("nft", f"add table ip {table}; add chain ip {table} out {{ type nat hook output priority -100; }}; "
+                  f"add rule ip {table} out ip daddr {sent_to} udp dport {port} dnat to {v.peer}")
+        fpath, tpath = tmp_path / "ct.pcapng", tmp_path / "t.pcap"
+        td = start_tcpdump(v.a, tpath, f"udp dst port {port}")
+        fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--ifname", v.a, "--ct", "-c", "3", "-w", str(fpath),
+                         f"udp dst port {port}"])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                for i in range(3):
+                    s.sendto(b"nat%d" % i, (sent_to, port))
+                sport = s.getsockname()[1]
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+            td.stop()
+        got, seen = packets(fpath), read_packets(tpath)
+        assert [bytes(p.data[14:]) for p in got] == [p.l3 for p in seen] and len(got) == 3
+        for p in got:
+            ct = p.dumps["ct"]
+            assert ct.error is None and ct.ctype == "struct nf_conn", ct.error
+            c = ct.value
+            orig, reply = (c["tuplehash"][d]["tuple"] for d in (0, 1))
+            assert (_ip(orig["src"]["u3"]), _port(orig["src"]["u"])) == (v.local, sport)
+            assert (_ip(orig["dst"]["u3"]), _port(orig["dst"]["u"])) == (sent_to, port)
+            assert (_ip(reply["src"]["u3"]), _port(reply["src"]["u"])) == (v.peer, port)
+            assert orig["dst"]["protonum"] == 17 and c["status"] & IPS_DST_NAT and c["zone"]["id"] == 0
+            assert socket.inet_ntoa(bytes(p.data[30:34])) == v.peer     # the bytes: after the rewrite
+        r = run_fcap(["-r", str(fpath), "--json"])
+        objs = [json.loads(line) for line in r.stdout.decode().splitlines()]
+        assert [o["dumps"]["ct"]["status"] for o in objs] == [p.dumps["ct"].value["status"] for p in got]
+    finally:
+        sh("nft", f"delete table ip {table}", check=False)
+        remove_veth_ns(v)

@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
                    help="one member per line (default) or all on one line")
     g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
+    g.add_argument("--ct", action="store_true",
+                   help="copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
+                        "original and reply tuples: NAT per packet) as a dump named ct")
     g.add_argument("--context", action="store_true",
                    help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, "
                         "container, pod and network namespace name in the comment, --json and the API")
@@ -353,7 +356,7 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        if fmt == "pcap" and args.dump:
+        if fmt == "pcap" and _dumps(args):
             raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         if fmt == "pcap" and args.context:
             raise UsageError("--context: a pcap file has no room for the context; write pcapng (-w FILE.pcapng)")
@@ -395,8 +398,14 @@ def _config(args):
         raise UsageError(f"unknown capture direction `{args.direction}'")
     track_max = _int(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
+                  immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
                   track_max=track_max, context=args.context), count
+
+
+def _dumps(args) -> list:
+    """The --dump paths, and --ct's dump (fcap.kernel.dumps.CT_PATH)."""
+    from fcap.kernel.dumps import CT_PATH
+    return args.dump + ([CT_PATH] if args.ct and CT_PATH not in args.dump else [])
 
 
 def _rotation(args):
