@@ -357,7 +357,8 @@ def cmd_capture(args, command: list[str]) -> int:
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
         if fmt == "pcap" and _dumps(args):
-            raise UsageError("--dump: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+            flag = "--dump" if args.dump else "--ct"
+            raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         if fmt == "pcap" and args.context:
             raise UsageError("--context: a pcap file has no room for the context; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
