@@ -10,6 +10,8 @@ from collections.abc import Iterable, Iterator
 
 from fcap.defaults import BUFFER_KIB, SNAPLEN
 from fcap.errors import FcapError, UsageError
+from fcap.kernel.ctxnames import CONTEXT_COMMENT
+from fcap.kernel.drops import DROP_COMMENT
 from fcap.kernel.layout import COMMENT
 from fcap.live.output import _METADATA, PacketSink
 from fcap.text.packet import Packet
@@ -24,7 +26,8 @@ class Capture:
     def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
-                 track_max: int | None = None, stack: bool = False):
+                 track_max: int | None = None, stack: bool = False, context: bool = False,
+                 cgroup: str | None = None, container: str | None = None):
         from fcap.live.session import Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
@@ -35,10 +38,11 @@ class Capture:
         self.count, self.timeout = count, timeout
         self.session = None
         from fcap.kernel import predicates
+        preds = [lambda point, text=text: predicates.where(point, text) for text in where] + \
+            _cgroup_predicates(cgroup, container)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
-                     filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True,
-                     predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
-                     dumps=dump, track=bool(track), stack=bool(stack),
+                     filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True, predicates=preds,
+                     dumps=dump, track=bool(track), stack=bool(stack), context=bool(context),
                      **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
@@ -136,6 +140,17 @@ class _Packets(PacketSink):
         self.queue.append(self.packet(rec))
 
 
+def _cgroup_predicates(cgroup: str | None, container: str | None) -> list:
+    """The --cgroup/--container predicates (fcap.kernel.context.under) of the targets named."""
+    if cgroup is None and container is None:
+        return []
+    from fcap.kernel import context, ctxnames
+    names = ctxnames.CgroupNames()
+    targets = ([names.target(cgroup)] if cgroup is not None else []) + \
+        ([names.container(container)] if container is not None else [])
+    return [lambda point, t=t: context.under(t[0], t[1]) for t in targets]
+
+
 def _strings(items, what: str) -> list[str]:
     items = [items] if isinstance(items, str) else list(items or ())
     if not all(isinstance(i, str) for i in items):
@@ -151,18 +166,22 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     the fcap command); `where`: --where tests ('skb->len > 1000'); `dump`: --dump paths ('skb->dev'), found in
     each Packet's `dumps`; `track`: as --track, the filter decides where a packet is first seen, then its skb is
     followed to every point under one packet id (`track_max`: the tracking map's entries); `stack`: each Packet's
-    `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first). The programs are
-    attached when this returns. Errors are fcap.FcapError types."""
+    `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first); `context`: as --context,
+    each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
+    --container. The programs are attached when this returns. Errors are fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
                    dump=dump, stack=stack, **kw)
 
 
 # ---- files -----------------------------------------------------------------------------------------------------
 
-_STYLE_RX = {"dec": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})", "hex16": r"([0-9a-f]{16})",
-             "str": r"(.*?)"}
-_COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT) + "$")
-_BASE = {"dec": 10, "hex": 16, "hex4": 16, "hex16": 16}
+_STYLE_RX = {"dec": r"(\d+)", "dec64": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})",
+             "hex16": r"([0-9a-f]{16})", "str": r"(.*?)"}
+# fcap's comment: COMMENT's keys, then --context's (CONTEXT_COMMENT, each there when known), then a drop point's
+_COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT)
+                         + "".join(f"(?:{re.escape(pre)}{_STYLE_RX[style]})?" for pre, _a, style in CONTEXT_COMMENT)
+                         + "(?:(?:{}(\\S+))?{}(\\S+))?$".format(*(re.escape(pre) for pre, _a, _s in DROP_COMMENT)))
+_BASE = {"dec": 10, "dec64": 10, "hex": 16, "hex4": 16, "hex16": 16}
 
 
 def read(path) -> Iterator[Packet]:
@@ -178,23 +197,18 @@ def read(path) -> Iterator[Packet]:
         raise FcapError(f"{path}: {e.strerror or e}") from None
 
 
-_DROP_RX = re.compile(r"(?: reason=(\S+))? at=(\S+)$")
-
-
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.kernel.layout's COMMENT, then at drop points ' reason=R at=L', then with --stack
-    ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {} when it is not
-    one."""
+    """fcap's metadata comment (fcap.kernel.layout's COMMENT, --context's keys, at drop points ' reason=R at=L', then
+    with --stack ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {}
+    when it is not one."""
     from fcap.kernel import kstack
     text, stack = kstack.split_text(text)
-    drop = _DROP_RX.search(text)
-    m = _COMMENT_RX.match(text[:drop.start()] if drop else text)
+    m = _COMMENT_RX.match(text)
     if not m:
         return {}
+    keys = COMMENT + CONTEXT_COMMENT + DROP_COMMENT
     out = {attr: (value if style == "str" else int(value, _BASE[style]))
-           for (_pre, attr, style), value in zip(COMMENT, m.groups())}
-    if drop:
-        out["reason"], out["location"] = drop.groups()
+           for (_pre, attr, style), value in zip(keys, m.groups()) if value is not None}
     if stack is not None:
         out["stack"] = stack
     return out
@@ -214,6 +228,7 @@ def file_packet(rec) -> Packet:
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
                   linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
                   location=meta.get("location"), verdict=rec.verdict, comment=rec.comment,
+                  **{attr: meta.get(attr) for _pre, attr, _s in CONTEXT_COMMENT},
                   direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue, stack=meta.get("stack"))
 
 

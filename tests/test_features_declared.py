@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from fcap.kernel import dumps, feature, layout, predicates
+from fcap.kernel import context, dumps, feature, layout, predicates
 from fcap.kernel import program as cprog
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/sys/kernel/btf/vmlinux"), reason="this kernel has no BTF")
@@ -88,6 +88,9 @@ def _configurations():
             yield f"{kind} {record} file ring", [kind], dict(base, count_seen=True), True
         yield f"{kind} en10mb", [kind], dict(start=cprog.START_MAC, snaplen=100, filter=ACCEPT), False
         yield f"{kind} no meta", [kind], dict(start=cprog.START_NETWORK, snaplen=100, meta=False), False
+        yield f"{kind} context", [kind], dict(start=cprog.START_SLL2, snaplen=100, context=True, record="pcapng",
+                                              predicates=[lambda p: context.under(1, 0),
+                                                          lambda p: context.under(77, 2)]), False
         yield f"{kind} dump", [kind], dict(start=cprog.START_SLL2, snaplen=100, dumps=["skb->dev", "skb->len"]), False
         yield f"{kind} stack", [kind], dict(start=cprog.START_SLL2, snaplen=100, record=layout.RECORD_PCAPNG,
                                             stack=True), False

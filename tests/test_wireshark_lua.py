@@ -80,13 +80,15 @@ def capture(root, tmp_path) -> tuple:
 
 
 def test_field_table_is_the_comments_declaration():
-    """Every key the comment declares (layout.COMMENT, drops.DROP_COMMENT, kstack.STACK_COMMENT) has its field, named
-    as fcap reads it."""
+    """Every key the comment declares (layout.COMMENT, ctxnames.CONTEXT_COMMENT, drops.DROP_COMMENT,
+    kstack.STACK_COMMENT) has its field, named as fcap reads it."""
+    from fcap.kernel.ctxnames import CONTEXT_COMMENT
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.kstack import STACK_COMMENT
     from fcap.kernel.layout import COMMENT
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
-    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + DROP_COMMENT + STACK_COMMENT]
+    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in
+                                                     COMMENT + CONTEXT_COMMENT + DROP_COMMENT + STACK_COMMENT]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()
     text = dissector_text()
     for key, name, style in comment_fields():
@@ -121,6 +123,29 @@ def test_comment_parsing_without_a_capture(home, tshark, tmp_path):
                      "newkey=5", "NO_SOCKET", "f+0x1"]]
     assert _numbers(tshark, home, path, 'fcap.comm == "Web Content" && fcap.mark == 31') == [1]
     assert _numbers(tshark, home, path, 'fcap.comm == "Web"') == []
+
+
+def test_context_keys_give_fields(home, tshark, tmp_path):
+    """A --context comment (a cgroup path with a space, a container, a pod, a netns name): each key its fcap.* field,
+    as fcap.read() reads the same comment back."""
+    import fcap
+    from fcap.files.linktypes import lookup
+    from fcap.files.pcapfile import PcapngWriter
+    path = tmp_path / "ctx.pcapng"
+    cid = "ab" * 32
+    comment = ("skb=0xffff888100000001 pid=7 tid=8 comm=curl ifindex=3 mark=0x0 netns=4026531840 proto=0x0800 "
+               f"pkt_type=0 len=20 cgroup=4294967342 cgroup_path=/kubepods.slice/my pod/cri-containerd-{cid}.scope "
+               f"container=containerd:{cid} pod=0f2c3b1e-aaaa-bbbb-cccc-0123456789ab netns_name=red")
+    with open(path, "wb") as f:
+        w = PcapngWriter(f, closefd=False)
+        iface = w.add_interface("tp_btf/net_dev_queue", lookup("LINUX_SLL2").number)
+        w.write(1, bytes(20), 20, iface, comment=comment)
+    rows = _rows(tshark, home, path, "fcap.cgroup", "fcap.cgroup_path", "fcap.container", "fcap.pod",
+                 "fcap.netns_name", "fcap.len")
+    (p,) = list(fcap.read(str(path)))
+    assert rows == [[str(p.cgroup), p.cgroup_path, p.container, p.pod, p.netns_name, "20"]]
+    assert p.cgroup == 4294967342 and p.cgroup_path == f"/kubepods.slice/my pod/cri-containerd-{cid}.scope"
+    assert _numbers(tshark, home, path, f'fcap.container == "containerd:{cid}" && fcap.cgroup == 4294967342') == [1]
 
 
 def test_fields_are_fcaps_reading_packet_by_packet(home, tshark, capture):

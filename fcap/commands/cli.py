@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ifname", metavar="NAME", help="only packets on the device called NAME")
     g.add_argument("--ifindex", metavar="N", help="only packets on the device with index N")
     g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
+    g.add_argument("--cgroup", metavar="PATH",
+                   help="only packets of sockets (else tasks) in cgroup2 cgroup PATH or under it (relative to the "
+                        "cgroup2 mount, e.g. /system.slice/ssh.service)")
+    g.add_argument("--container", metavar="NAME",
+                   help="only packets of the container (docker, containerd, cri-o, podman; its id or a prefix) or "
+                        "Kubernetes pod (its uid) NAME: its cgroup, as --cgroup")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
     g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
@@ -103,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stack", action="store_true",
                    help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from "
                         "/proc/kallsyms)")
+    g.add_argument("--ct", action="store_true",
+                   help="copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
+                        "original and reply tuples: NAT per packet) as a dump named ct")
+    g.add_argument("--context", action="store_true",
+                   help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, "
+                        "container, pod and network namespace name in the comment, --json and the API")
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
@@ -354,7 +366,10 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        for flag, asked, what in (("--dump", args.dump, "dumps"), ("--stack", args.stack, "stack")):
+        if fmt == "pcap" and _dumps(args):
+            flag = "--dump" if args.dump else "--ct"
+            raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+        for flag, asked, what in (("--stack", args.stack, "stack"), ("--context", args.context, "context")):
             if fmt == "pcap" and asked:
                 raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
@@ -395,8 +410,14 @@ def _config(args):
         raise UsageError(f"unknown capture direction `{args.direction}'")
     track_max = _int(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args), dumps=args.dump, track=args.track,
-                  track_max=track_max, stack=args.stack), count
+                  immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
+                  track_max=track_max, stack=args.stack, context=args.context), count
+
+
+def _dumps(args) -> list:
+    """The --dump paths, and --ct's dump (fcap.kernel.dumps.CT_PATH)."""
+    from fcap.kernel.dumps import CT_PATH
+    return args.dump + ([CT_PATH] if args.ct and CT_PATH not in args.dump else [])
 
 
 def _rotation(args):
@@ -422,7 +443,7 @@ def _filter_note(session, args) -> None:
             sys.stderr.write(f"{PROG}: {note}\n")
 
 
-_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction")
+_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction", "cgroup", "container")
 
 
 def _predicates(args) -> list:
@@ -447,6 +468,12 @@ def _predicates(args) -> list:
             out.append(const(pr.ifname(args.ifname)))
         if args.netns is not None:
             out.append(const(pr.netns(_int(args.netns, "netns", 0, 1))))
+        if args.cgroup is not None or args.container is not None:
+            from fcap.kernel import context, ctxnames
+            names = ctxnames.CgroupNames()
+            for target in ([names.target(args.cgroup)] if args.cgroup is not None else []) + \
+                    ([names.container(args.container)] if args.container is not None else []):
+                out.append(const(context.under(target[0], target[1])))
     except pr.PredicateError as e:
         raise UsageError(str(e)) from None
     for text in args.where:

@@ -16,6 +16,7 @@ local fcap = Proto("fcap", "fcap metadata")
 
 local MAKE = {
     dec = function(abbr, name) return ProtoField.uint32(abbr, name, base.DEC) end,
+    dec64 = function(abbr, name) return ProtoField.uint64(abbr, name, base.DEC) end,
     hex = function(abbr, name) return ProtoField.uint32(abbr, name, base.HEX) end,
     hex4 = function(abbr, name) return ProtoField.uint16(abbr, name, base.HEX) end,
     hex16 = function(abbr, name) return ProtoField.uint64(abbr, name, base.HEX) end,
@@ -53,6 +54,12 @@ local function typed(style, text)
     if style == "str" then return text end
     local digits = text:gsub("^0x", "")
     if style == "dec" then return tonumber(text) end
+    if style == "dec64" then   -- beyond a Lua number's 53 bits: built digit by digit
+        if not text:match("^%d+$") or #text > 20 then return nil end
+        local v = UInt64.new(0)
+        for i = 1, #text do v = v * 10 + tonumber(text:sub(i, i)) end
+        return v
+    end
     if style == "hex16" then
         if not digits:match("^%x+$") or #digits > 16 then return nil end
         return UInt64.fromhex(digits)

@@ -11,7 +11,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from bpf.asm import DW, FP, JEQ, JNE, R0, R1, R2, R3, R7, R8, R9, addi, call, ja, jmp, label, ldx, mov, movi, stx
+from bpf.asm import (AND, DW, FP, JEQ, JNE, R0, R1, R2, R3, R7, R8, R9, addi, alu64, call, ja, jmp, label, ldx, mov,
+                     movi, stx)
 from bpf.btf import BTF, BTFError, Composite, Ptr, Type
 from bpf.btf_dump import decode, dump_type_data, format_node, type_name
 from bpf.uapi import Helper
@@ -43,14 +44,34 @@ class DumpPlan:
     value: bool = False       # the bytes are the argument's value itself (nothing is read)
     bit_offset: int = 0       # a bitfield: its bits within the bytes copied
     bits: int = 0
+    mask: int = 0             # ANDed into the last pointer loaded (--ct: skb->_nfct's low bits are ctinfo)
 
     @property
     def ctype(self) -> str:
         return type_name(self.type)
 
 
+CT_PATH = "ct"            # --ct: the skb's conntrack entry, a dump of its own
+NFCT_PTRMASK = -8         # skb->_nfct & ~7: the struct nf_conn (the low bits: enum ip_conntrack_info)
+
+
+def ct_plan(point: Point) -> DumpPlan:
+    """--ct: the struct nf_conn at skb->_nfct & ~7 (state, zone, mark, original and reply tuples: NAT shows)."""
+    vm = point.btf if point.btf.base is None else point.btf.base
+    conn, skb = vm.find("nf_conn", "struct"), vm.find("sk_buff", "struct")
+    try:
+        off = skb.member("_nfct")[1] // 8
+    except BTFError:
+        off = None
+    if conn is None or off is None:
+        raise PathError("--ct: this kernel's BTF has no struct nf_conn or sk_buff._nfct (conntrack not built in)")
+    return DumpPlan(CT_PATH, point.skb_index, [off], 0, min(conn.size, DUMP_MAX), conn, mask=NFCT_PTRMASK)
+
+
 def plan(point: Point, path: str) -> DumpPlan:
     """Resolve PATH at the point (PathError with one line when it does not resolve)."""
+    if path == CT_PATH:
+        return ct_plan(point)
     if not PATH.match(path):
         raise PathError(f"{FLAG} {path!r}: expected an argument or a member chain, e.g. skb, 'skb->dev', "
                         f"'skb->sk->__sk_common', return")
@@ -175,7 +196,8 @@ def _emit_one(b, p: DumpPlan, at: int) -> None:
         b.emit(movi(R8, k), jmp(JEQ, R9, 0, null),
                mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 8), mov(R3, R9), addi(R3, off),
                call(Helper.probe_read_kernel), jmp(JNE, R0, 0, fail), ldx(DW, R9, FP, STACK.tmp))
-    b.emit(movi(R8, len(p.chain)), jmp(JEQ, R9, 0, null), [addi(R9, p.off)] if p.off else [],
+    b.emit([alu64(AND, R9, p.mask)] if p.mask else [],
+           movi(R8, len(p.chain)), jmp(JEQ, R9, 0, null), [addi(R9, p.off)] if p.off else [],
            DUMP.store(R7, "addr", R9, at),
            mov(R1, R7), addi(R1, data), movi(R2, p.size), mov(R3, R9), call(Helper.probe_read_kernel),
            jmp(JNE, R0, 0, fail), DUMP.store_imm(R7, "size", p.size, at),

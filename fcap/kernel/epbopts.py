@@ -62,17 +62,27 @@ class EpbOptions:
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also
     says why and where the packet was dropped; with --stack it ends with the kernel stack (fcap.kernel.kstack)."""
 
-    def __init__(self, points: list[Point]):
+    def __init__(self, points: list[Point], context: bool = False):
         from fcap.kernel import drops
+        from fcap.kernel.ctxnames import Context
+        self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
         self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
         self.drop_names = drops.Names() if self.drop_points else None
 
     def __call__(self, rec) -> dict:
-        comment = format_comment(rec) + self.drop_text(rec) + kstack.text(rec.stack)
+        comment = format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + kstack.text(rec.stack)
         return {"flags": self.flags.get(rec.point), "comment": comment,
                 "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+
+    def context_text(self, rec) -> str:
+        """' cgroup=ID cgroup_path=P ...' (fcap.kernel.ctxnames.CONTEXT_COMMENT) with --context, else ''."""
+        return self.context.text(rec) if self.context is not None else ""
+
+    def context_values(self, rec) -> dict:
+        """{Packet attribute: value} of the context with --context, else {}."""
+        return self.context.values(rec) if self.context is not None else {}
 
     def drop_text(self, rec) -> str:
         """' reason=NO_SOCKET at=FUNC+0xOFF' for a record of a drop point, else ''."""

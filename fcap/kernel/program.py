@@ -53,7 +53,7 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import ancillary, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track
+from fcap.kernel import ancillary, context, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
 from fcap.kernel.layout import (CAREA, COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP,
@@ -101,6 +101,7 @@ class ProgramOptions(NamedTuple):
     ident: str = "none"              # how records get their packet ids (fcap.kernel.track.mode)
     points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
     stack: bool = False              # --stack: each record's kernel stack id (fcap.kernel.kstack)
+    context: bool = False            # --context: record the packet's cgroup (fcap.kernel.context)
 
 
 def scratch_size(point: Point, opts: ProgramOptions) -> int:
@@ -574,8 +575,9 @@ PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: Builder.per
                       reads="fcap.live.drain.FileDrain")
 # Every per-packet feature of the capture program, in the order the builder runs each stage's
 FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
-                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, kstack.STACKS, dumps.DUMPS,
-                                 ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT, stats.COUNTS)
+                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, kstack.STACKS,
+                                 dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT,
+                                 stats.COUNTS)
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

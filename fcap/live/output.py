@@ -37,7 +37,8 @@ class Sink(ABC):
         """Take the session's points (and, for a file, write its header and interfaces)."""
         from fcap.kernel.epbopts import EpbOptions
         self.session = session
-        self.options = EpbOptions(session.points)   # (pcapng options, and what a drop point's records say)
+        # (pcapng options, what a drop point's records say, --context's names)
+        self.options = EpbOptions(session.points, session.cfg.context)
 
     @abstractmethod
     def write(self, rec) -> None:
@@ -148,7 +149,7 @@ class FileSink(Sink):
 
 class PrintSink(Sink):
     """Printed lines, tcpdump's (a fcap.text.printer.Printer): each record's, with its dumps; several points: the
-    point's name on each line, a drop point's reason and location after it."""
+    point's name on each line, --context's cgroup and names and a drop point's reason and location after it."""
 
     pipe = True
     failures = (BrokenPipeError,)
@@ -164,8 +165,8 @@ class PrintSink(Sink):
     def write(self, rec) -> None:
         session = self.session
         name = self.names.get(rec.point)
-        why = self.options.drop_text(rec).strip()
-        if why:   # the point's name, then why and where it dropped the packet
+        why = (self.options.context_text(rec) + self.options.drop_text(rec)).strip()
+        if why:   # the point's name, then --context's names, why and where it dropped the packet
             name = f"{name or session.points[0].if_name} [{why}]"
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)
@@ -200,7 +201,8 @@ class PacketSink(Sink):
                       orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
                       dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
                       location=location, verdict=opts["verdict"], comment=opts["comment"],
-                      direction=self.directions.get(r.point), queue=r.queue, stack=r.stack)
+                      direction=self.directions.get(r.point), queue=r.queue, stack=r.stack,
+                      **self.options.context_values(r))
 
 
 class JsonSink(PacketSink):

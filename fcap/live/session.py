@@ -53,6 +53,7 @@ class Config(NamedTuple):
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     track_max: int = TRACK_MAX
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
+    context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
 
 
 class Stats:
@@ -187,6 +188,7 @@ class Session:
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
                              ident=self.ident(), points=len(self.points), stack=self.cfg.stack,
+                             context=self.cfg.context,
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:
@@ -342,6 +344,8 @@ class Session:
         if not all(p.typed for p in self.points):
             return 0
         if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
+            return 0
+        if self.cfg.context:   # the comment names the cgroup, container and netns: user space's
             return 0
         ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0

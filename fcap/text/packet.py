@@ -35,6 +35,11 @@ class Packet:
     direction: str | None = None   # "in" or "out" where the point has one (epb_flags)
     queue: int | None = None       # the device queue at device-layer points (epb_queue)
     stack: tuple | None = None     # --stack: the kernel stack, FUNC+0xOFF per frame, innermost first (() unknown)
+    cgroup: int | None = None      # --context: the cgroup id of the packet's socket, else of the task
+    cgroup_path: str | None = None   # its path in the cgroup2 hierarchy ("/system.slice/x.scope")
+    container: str | None = None   # the container that path names, runtime:id ("docker:<64 hex>")
+    pod: str | None = None         # the Kubernetes pod uid it names
+    netns_name: str | None = None  # the name of the device's network namespace (`ip netns`; docker:NAME)
 
     def scapy(self):
         """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""
