@@ -37,7 +37,7 @@ class Capture:
         from fcap.kernel import predicates
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True,
-                     predicates=[lambda point, text=text: predicates.where(point, text) for text in where],
+                     predicates=[predicates.where_factory(text) for text in where],
                      dumps=dump, track=bool(track), **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
