@@ -98,14 +98,15 @@ def kprobe_multi() -> NotSupported | None:
         except VerifierError:
             raise NotSupported("kprobe-multi", "kprobe programs may not read an attach cookie on this kernel "
                                                "(bpf_get_attach_cookie: Linux 5.15+)") from None
+        except SyscallError as e:
+            raise NotSupported("kprobe-multi", f"the kernel refused a kprobe-multi program ({e.errname}; "
+                                               "BPF_TRACE_KPROBE_MULTI: Linux 5.18+)", e.errno) from None
         with prog:
             try:
                 attach_kprobe_multi(prog.fileno(), [PROBE_FUNCTION], [1]).close()
             except SyscallError as e:
-                if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
-                    raise NotSupported("kprobe-multi", "this kernel has no kprobe-multi links "
-                                       "(BPF_TRACE_KPROBE_MULTI, Linux 5.18+, CONFIG_FPROBE)", e.errno) from None
-                raise
+                raise NotSupported("kprobe-multi", f"this kernel has no kprobe-multi links ({e.errname}; "
+                                   "BPF_TRACE_KPROBE_MULTI, Linux 5.18+, CONFIG_FPROBE)", e.errno) from None
     return probe("kprobe-multi", fn)
 
 
@@ -125,9 +126,13 @@ def tracing_multi(name: str = "TRACE_FENTRY_MULTI") -> NotSupported | None:
         func = BTF.vmlinux().find(PROBE_FUNCTION, "func")
         if func is None:
             raise NotSupported(label, f"this kernel has no {PROBE_FUNCTION} to try a tracing-multi link at")
-        with load(ProgType.TRACING, _cookie_program(True), name="probe", expected_attach_type=value,
-                  what=f"probe {label}") as prog:
-            attach_tracing_multi(prog.fileno(), value, [func.id], [1]).close()
+        try:
+            with load(ProgType.TRACING, _cookie_program(True), name="probe", expected_attach_type=value,
+                      what=f"probe {label}") as prog:
+                attach_tracing_multi(prog.fileno(), value, [func.id], [1]).close()
+        except SyscallError as e:   # (VerifierError too)
+            raise NotSupported(label, f"the kernel refused a {label} program or link ({e.errname}; "
+                                      f"BPF_{name}: Linux 7.2+, the first seen here)", e.errno) from None
     return probe(label, fn)
 
 
