@@ -1,8 +1,9 @@
 """Many functions, one program (fcap.live.multi): a glob over the skb functions attaches through one multi-attach
 link per group (tracing-multi where the kernel has it, else kprobe-multi), the records equal what a program per
 point writes for the same packets, each function keeps its interface, and nothing stays in the kernel after exit or
-after a Ctrl-C in the middle of the attach. Runs where the kernel has a multi-attach link (the guests: 6.1 for
-kprobe-multi, newest for tracing-multi); elsewhere each test skips with the probe's reason."""
+after a Ctrl-C in the middle of the attach. Runs where the kernel has a multi-attach link (the guests: 6.12 for
+kprobe-multi, newest for tracing-multi; Debian's 6.1 is built without CONFIG_FPROBE); elsewhere each test skips
+with the probe's reason."""
 
 from __future__ import annotations
 
