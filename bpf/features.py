@@ -60,6 +60,82 @@ def kprobe_program() -> NotSupported | None:
     return probe("kprobe", fn)
 
 
+PROBE_FUNCTION = "bpf_fentry_test1"   # the function the kernel keeps for BPF's own attach tests (net/bpf/test_run.c)
+
+
+def attach_type(name: str) -> int:
+    """The value this kernel gives enum bpf_attach_type's BPF_`name` (e.g. "TRACE_FENTRY_MULTI"), read from its BTF;
+    -1 where its BTF has no such member."""
+    from .btf import BTF, BTFError
+    try:
+        enum = BTF.vmlinux().find("bpf_attach_type", "enum")
+    except (BTFError, OSError):
+        enum = None
+    if enum is None:
+        return int(AttachType[name]) if name in AttachType.__members__ else -1
+    return enum.values.get(f"BPF_{name}", -1)
+
+
+def _cookie_program(get_arg: bool) -> list:
+    """A program that reads its attach cookie (and, for tracing-multi, argument 0 through bpf_get_func_arg)."""
+    insns = [asm.mov(asm.R6, asm.R1)]
+    if get_arg:
+        insns += [asm.st(asm.DW, asm.FP, -8, 0), asm.movi(asm.R2, 0), asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, -8),
+                  asm.call(Helper.get_func_arg)]
+    return insns + [asm.mov(asm.R1, asm.R6), asm.call(Helper.get_attach_cookie), asm.movi(asm.R0, 0), asm.exit_()]
+
+
+def kprobe_multi() -> NotSupported | None:
+    """Can a kprobe program that reads its attach cookie run at many functions through one kprobe-multi link
+    (BPF_TRACE_KPROBE_MULTI, Linux 5.18+)? Tried for real: loaded, and attached at PROBE_FUNCTION."""
+    def fn():
+        from .link import attach_kprobe_multi
+        if kprobe_pmu_type() is None:
+            raise NotSupported("kprobe-multi", "this kernel has no kprobes (CONFIG_KPROBES is off)")
+        try:
+            prog = load(ProgType.KPROBE, _cookie_program(False), name="probe",
+                        expected_attach_type=AttachType.TRACE_KPROBE_MULTI, what="probe kprobe-multi")
+        except VerifierError:
+            raise NotSupported("kprobe-multi", "kprobe programs may not read an attach cookie on this kernel "
+                                               "(bpf_get_attach_cookie: Linux 5.15+)") from None
+        except SyscallError as e:
+            raise NotSupported("kprobe-multi", f"the kernel refused a kprobe-multi program ({e.errname}; "
+                                               "BPF_TRACE_KPROBE_MULTI: Linux 5.18+)", e.errno) from None
+        with prog:
+            try:
+                attach_kprobe_multi(prog.fileno(), [PROBE_FUNCTION], [1]).close()
+            except SyscallError as e:
+                raise NotSupported("kprobe-multi", f"this kernel has no kprobe-multi links ({e.errname}; "
+                                   "BPF_TRACE_KPROBE_MULTI, Linux 5.18+, CONFIG_FPROBE)", e.errno) from None
+    return probe("kprobe-multi", fn)
+
+
+def tracing_multi(name: str = "TRACE_FENTRY_MULTI") -> NotSupported | None:
+    """Can one fentry (or fexit: `name` "TRACE_FEXIT_MULTI") program reading its attach cookie and its arguments
+    (bpf_get_func_arg) run at many functions through one tracing-multi link? The attach type is read from the
+    kernel's BTF (BPF_TRACE_FENTRY_MULTI, in Debian's 7.2 kernel); tried for real at PROBE_FUNCTION."""
+    label = name.removeprefix("TRACE_").lower().replace("_", "-")
+
+    def fn():
+        from .btf import BTF
+        from .link import attach_tracing_multi
+        value = attach_type(name)
+        if value < 0:
+            raise NotSupported(label, f"this kernel has no tracing-multi links (BPF_{name} is not in its BTF; "
+                                      f"Linux 7.2+, the first seen here)")
+        func = BTF.vmlinux().find(PROBE_FUNCTION, "func")
+        if func is None:
+            raise NotSupported(label, f"this kernel has no {PROBE_FUNCTION} to try a tracing-multi link at")
+        try:
+            with load(ProgType.TRACING, _cookie_program(True), name="probe", expected_attach_type=value,
+                      what=f"probe {label}") as prog:
+                attach_tracing_multi(prog.fileno(), value, [func.id], [1]).close()
+        except SyscallError as e:   # (VerifierError too)
+            raise NotSupported(label, f"the kernel refused a {label} program or link ({e.errname}; "
+                                      f"BPF_{name}: Linux 7.2+, the first seen here)", e.errno) from None
+    return probe(label, fn)
+
+
 def atomic_fetch() -> NotSupported | None:
     """Does the verifier take atomic operations that fetch (BPF_ATOMIC | BPF_FETCH: Linux 5.12+)? Before them only
     the old XADD (an add that returns nothing)."""

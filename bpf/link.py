@@ -1,4 +1,5 @@
-"""Attaching programs: tp_btf/fentry/fexit/raw_tp through raw_tracepoint_open, kprobes through perf events."""
+"""Attaching programs: tp_btf/fentry/fexit/raw_tp through raw_tracepoint_open, kprobes through perf events, one
+program on many functions through kprobe-multi and tracing-multi links (a cookie per function)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import ctypes
 import errno
 import fcntl
 import os
+from typing import Sequence
 
 from .errors import SyscallError
-from .sys import FD, LinkCreateAttr, PerfEventAttr, RawTracepointAttr, addr, bpf, bpf_errno, perf_event_open
+from .sys import (FD, KprobeMultiAttr, LinkCreateAttr, PerfEventAttr, RawTracepointAttr, TracingMultiAttr, addr, bpf,
+                  bpf_errno, perf_event_open)
 from .uapi import PERF_FLAG_FD_CLOEXEC, AttachType, Cmd, PerfIoctl
 
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe"
@@ -82,3 +85,33 @@ def attach_kprobe(prog_fd: int, func: str, retprobe: bool = False) -> Link:
     except BaseException:
         pfd.close()
         raise
+
+
+def attach_kprobe_multi(prog_fd: int, symbols: Sequence[str], cookies: Sequence[int], what: str = "") -> Link:
+    """One kprobe-multi link (BPF_TRACE_KPROBE_MULTI, 5.18) running the program at every kallsyms symbol in
+    `symbols`, bpf_get_attach_cookie() giving the cookie at the same index. The kernel takes all or none: one symbol
+    it cannot probe fails the whole link (its errno)."""
+    if len(cookies) != len(symbols):
+        raise ValueError("one cookie per symbol")
+    names = [ctypes.create_string_buffer(s.encode()) for s in symbols]
+    syms = (ctypes.c_uint64 * len(names))(*(addr(n) for n in names))
+    cooks = (ctypes.c_uint64 * len(cookies))(*cookies)
+    attr = KprobeMultiAttr(prog_fd=prog_fd, attach_type=AttachType.TRACE_KPROBE_MULTI, cnt=len(names),
+                           syms=addr(syms), cookies=addr(cooks))
+    what = what or f"kprobe-multi ({len(names)} functions)"
+    return Link([FD(bpf(Cmd.LINK_CREATE, attr, f"attach {what}"))], what)
+
+
+def attach_tracing_multi(prog_fd: int, attach_type: int, btf_ids: Sequence[int], cookies: Sequence[int],
+                         what: str = "") -> Link:
+    """One tracing-multi link (BPF_TRACE_FENTRY_MULTI / FEXIT_MULTI: `attach_type` as the kernel numbers it) running
+    the program at every function in `btf_ids` (of the BTF object the program was loaded against), the cookie at
+    the same index for each. All or none, as kprobe-multi."""
+    if len(cookies) != len(btf_ids):
+        raise ValueError("one cookie per function")
+    ids = (ctypes.c_uint32 * len(btf_ids))(*btf_ids)
+    cooks = (ctypes.c_uint64 * len(cookies))(*cookies)
+    attr = TracingMultiAttr(prog_fd=prog_fd, attach_type=attach_type, ids=addr(ids), cookies=addr(cooks),
+                            cnt=len(btf_ids))
+    what = what or f"tracing-multi ({len(btf_ids)} functions)"
+    return Link([FD(bpf(Cmd.LINK_CREATE, attr, f"attach {what}"))], what)

@@ -55,6 +55,19 @@ class LinkCreateAttr(ctypes.Structure):
                 ("target_btf_id", u32), ("_pad", u32), ("cookie", u64), ("_rest", u64 * 4)]
 
 
+class KprobeMultiAttr(ctypes.Structure):
+    """BPF_LINK_CREATE for BPF_TRACE_KPROBE_MULTI: link_create's kprobe_multi arm (5.18)."""
+    _fields_ = [("prog_fd", u32), ("target_fd", u32), ("attach_type", u32), ("flags", u32),
+                ("kprobe_flags", u32), ("cnt", u32), ("syms", u64), ("addrs", u64), ("cookies", u64)]
+
+
+class TracingMultiAttr(ctypes.Structure):
+    """BPF_LINK_CREATE for BPF_TRACE_FENTRY_MULTI / FEXIT_MULTI: link_create's tracing_multi arm (u32 BTF ids,
+    u64 cookies, their count), as the kernels that have it lay it out (read from Debian 7.2's BTF)."""
+    _fields_ = [("prog_fd", u32), ("target_fd", u32), ("attach_type", u32), ("flags", u32),
+                ("ids", u64), ("cookies", u64), ("cnt", u32), ("_pad", u32)]
+
+
 class InfoByFdAttr(ctypes.Structure):
     _fields_ = [("bpf_fd", u32), ("info_len", u32), ("info", u64)]
 

@@ -68,6 +68,16 @@ class AttachType(IntEnum):
     TRACE_FEXIT = 25
     MODIFY_RETURN = 26
     PERF_EVENT = 41
+    TRACE_KPROBE_MULTI = 42    # 5.18
+    # tracing-multi links (one fentry/fexit program on many BTF functions): the values in Debian's 7.2 kernel's
+    # BTF; bpf.features.attach_type reads the running kernel's own from its BTF, and only falls back to these
+    TRACE_FENTRY_MULTI = 59
+    TRACE_FEXIT_MULTI = 60
+
+
+class LinkType(IntEnum):
+    KPROBE_MULTI = 8
+    TRACING_MULTI = 15
 
 
 class Helper(IntEnum):

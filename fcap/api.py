@@ -38,8 +38,7 @@ class Capture:
         self.count, self.timeout = count, timeout
         self.session = None
         from fcap.kernel import predicates
-        preds = [lambda point, text=text: predicates.where(point, text) for text in where] + \
-            _cgroup_predicates(cgroup, container)
+        preds = [predicates.where_factory(text) for text in where] + _cgroup_predicates(cgroup, container)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True, predicates=preds,
                      dumps=dump, track=bool(track), stack=bool(stack), context=bool(context),

@@ -443,7 +443,9 @@ def test_fentry_glob_follows_a_ping(tmp_path):
     attached = int(m.group(1)) if m else line.count("fentry/ip_")
     skipped = re.search(r"^fcap: skipped (\d+) of (\d+) points", f.stderr, re.M)
     assert attached + (int(skipped.group(1)) if skipped else 0) == len(want), (line, f.stderr)
-    assert links >= attached, (links, attached)
+    # a link per point, or per group where the kernel runs many functions through one (fcap.live.multi), and the
+    # packet ids' helpers
+    assert 0 < links <= attached + 8, (links, attached)
     pkts = [p for p in read_packets(path) if b"\xfc\x0f\xfe\xe0" in p.l3 and p.l3[20:21] == b"\x08"]
     by_id: dict[int, list] = {}
     for p in sorted(pkts, key=lambda p: p.ts_ns):

@@ -477,7 +477,7 @@ def _predicates(args) -> list:
     except pr.PredicateError as e:
         raise UsageError(str(e)) from None
     for text in args.where:
-        out.append(lambda point, text=text: pr.where(point, text))
+        out.append(pr.where_factory(text))
     if args.direction is not None and args.direction.lower() != "inout":
         out.insert(0, pr.direction(args.direction.lower()))
     return out

@@ -25,6 +25,10 @@ ROWS = [
     ("filter_frags", "filter reads page frags", "6.12: bpf_dynptr_from_skb kfunc for tracing programs"),
     ("file_rings", "program writes pcap records itself (file rings)", "the same kfunc, mmapable arrays (5.5)"),
     ("ringbuf", "BPF ring buffer maps", "5.8"),
+    ("tracing_multi", "many fentry/fexit points, one program and link (`-i 'fentry/*'`)",
+     "7.2 (the first seen here): tracing-multi links, BPF_TRACE_FENTRY_MULTI"),
+    ("kprobe_multi", "many kprobe points, one program and link (`-i 'kprobe/*'`)",
+     "5.18: kprobe-multi links with attach cookies"),
 ]
 FIRST = {"filter_frags": "6.12", "file_rings": "6.12"}   # (commit ffc83860d8c0, Sept. 2024)
 
@@ -155,6 +159,36 @@ def check_ringbuf() -> Result:
     return Result("ringbuf", False, f"no BPF_MAP_TYPE_RINGBUF: {err.reason} (Linux 5.8+)")
 
 
+# Two functions of one group (same skb argument and direction: fcap.live.multi) for the multi-attach rows
+MULTI_PAIR = ("ip_output", "ip_finish_output")
+
+
+def check_multi(key: str, kind_name: str) -> Result:
+    """Two points of `kind_name` (fentry or kprobe) captured through one multi-attach program and link, where the
+    probe of the multi kind says the kernel has it; else why not."""
+    from fcap.live.session import Config, Session
+    from fcap.points import kinds
+    single = kinds.get(kind_name)
+    m = kinds.multi_for(single)[0]
+    why = m.probe()
+    if why is not None:
+        return Result(key, False, f"{why.reason}; a program per point instead")
+
+    def fn():
+        s = Session(Config(points=[f"{kind_name}/{f}" for f in MULTI_PAIR]))
+        try:
+            s.open()
+            s.attach()
+            groups = [u for u in s.units if u.kind is m]
+            if not groups or len(s.links) != 1:
+                raise CaptureError(f"{m.name}: the points were not attached through one link")
+            return f"yes ({m.name}: {len(groups[0].points)} functions, one program, one link)"
+        finally:
+            s.close()
+    from fcap.live.session import CaptureError
+    return _try(key, fn)
+
+
 def report() -> list[Result]:
     """Every row of ROWS, tried on this kernel (as root)."""
     from fcap.kernel import predicates as pr
@@ -174,6 +208,8 @@ def report() -> list[Result]:
         "filter_frags": lambda: check_filter_frags("filter_frags"),
         "file_rings": lambda: check_filter_frags("file_rings"),
         "ringbuf": check_ringbuf,
+        "tracing_multi": lambda: check_multi("tracing_multi", "fentry"),
+        "kprobe_multi": lambda: check_multi("kprobe_multi", "kprobe"),
     }
     return [checks[key]() for key, _f, _n in ROWS]
 

@@ -150,6 +150,15 @@ _OPS_UNSIGNED = {"==": JNE, "!=": JEQ, "<": JGE, "<=": JGT, ">": JLE, ">=": JLT}
 _OPS_SIGNED = {"==": JNE, "!=": JEQ, "<": JSGE, "<=": JSGT, ">": JSLE, ">=": JSLT}
 
 
+def where_factory(text: str) -> Callable[[Point], Predicate]:
+    """--where TEXT as a factory of per-point predicates; it reads the point's own arguments (reads_args: a program
+    shared by many functions cannot run it)."""
+    def make(point: Point) -> Predicate:
+        return where(point, text)
+    make.reads_args = True
+    return make
+
+
 def where(point: Point, text: str) -> Predicate:
     """Compile `PATH OP VALUE` over the point's arguments (by name; `skb` always) and, for fexit, `return`."""
     m = _WHERE.match(text)

@@ -191,6 +191,18 @@ class Builder:
             else:
                 self.items.append(it)
 
+    def point_id(self, dst: int) -> list:
+        """dst = this point's id: a constant, or (a multi-attach program) the attach cookie the prologue kept."""
+        if self.point.kind.multi:
+            return [ldx(W, dst, FP, STACK.key)]
+        return [movi(dst, self.point.id)]
+
+    def store_point_id(self, base: int, field: str, tmp: int, at: int = 0) -> list:
+        """META's `field` (at `at` past `base`) = this point's id; a multi-attach program's goes through `tmp`."""
+        if self.point.kind.multi:
+            return [ldx(W, tmp, FP, STACK.key), META.store(base, field, tmp, at)]
+        return [META.store_imm(base, field, self.point.id, at)]
+
     # -- reading kernel memory: direct loads where the verifier knows the types, probe_read elsewhere
     def read(self, size: int, dst: int, base: int, off: int) -> None:
         """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped."""
@@ -234,12 +246,16 @@ class Builder:
         p, o = self.point, self.options
         if not p.kind.has_arg(p.skb_index):
             raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
-        self.emit(ldx(DW, R6, R1, p.kind.arg_offset(p.skb_index)))
-        self.emit(stx(DW, FP, STACK.ctx, R1), jmp(JEQ, R6, 0, "out"))
+        self.emit(stx(DW, FP, STACK.ctx, R1), p.kind.load_arg(R6, p.skb_index, STACK.tmp), jmp(JEQ, R6, 0, "out"))
         # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
-        # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten
-        self.emit(st(W, FP, STACK.key, p.id), ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),
+        # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten.
+        # A multi-attach program runs at many points: the attach cookie is the point id.
+        if p.kind.multi:
+            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), stx(W, FP, STACK.key, R0))
+        else:
+            self.emit(st(W, FP, STACK.key, p.id))
+        self.emit(ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         if dump_area(o):
             self.emit(addi(R7, dump_area(o)))
@@ -260,7 +276,7 @@ class Builder:
         self.emit(andi(R8, f.pkt_type_mask))
         if self.point.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
             self.emit(movi(R8, PACKET_OUTGOING))
-        self.emit(META.store(R7, "pkt_type", R8), META.store_imm(R7, "point", self.point.id),
+        self.emit(META.store(R7, "pkt_type", R8), self.store_point_id(R7, "point", R0),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),
                   META.store_imm(R7, "netns", 0))
         # the device: ifindex, ARPHRD type (for LINUX_SLL2 and the records that show them; not for a pcap file of
@@ -493,7 +509,7 @@ class Builder:
         if self.options.record == RECORD_PCAPNG:
             # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
             self.emit(META.store(R7, "ts2", R0), rshi(R0, 32), META.store(R7, "ts1", R0),
-                      META.store_imm(R7, "btype", PCAPNG_EPB), META.store_imm(R7, "iface", self.point.id),
+                      META.store_imm(R7, "btype", PCAPNG_EPB), self.store_point_id(R7, "iface", R1),
                       mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), META.store(R7, "total", R1))
         else:
             self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),

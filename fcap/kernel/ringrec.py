@@ -122,7 +122,7 @@ def _pcapng(b) -> None:
     _reserve(b, SPILL)
     # the block's header in place (R1 + RING_CTRL), laid out as META's
     b.emit(META.store_imm(R1, "btype", PCAPNG_EPB, EPB_AT), ldx(DW, R0, FP, STACK.ring_len),
-           META.store(R1, "total", R0, EPB_AT), META.store_imm(R1, "iface", b.point.id, EPB_AT),
+           META.store(R1, "total", R0, EPB_AT), b.store_point_id(R1, "iface", R3, EPB_AT),
            META.load(R0, R7, "ts"), ld_imm64(R3, b.options.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
            META.store(R1, "ts2", R0, EPB_AT), rshi(R0, 32), META.store(R1, "ts1", R0, EPB_AT),
            META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, EPB_AT))

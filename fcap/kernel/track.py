@@ -27,7 +27,7 @@ give the entries the LRU evicted."""
 from __future__ import annotations
 
 from bpf import asm, features
-from bpf.asm import (AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
+from bpf.asm import (ADD, AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
                      call, exit_, jmp, label, ld_map_fd, ldx, mov, movi, st, stx)
 from bpf.btf import BTFError
 from bpf.uapi import Helper
@@ -143,8 +143,12 @@ def _seen_bit(b) -> None:
     b.read(DW, R8, R6, b.offsets.dev)
     b.emit(jmp(JNE, R8, 0, dev), movi(R8, 0), asm.ja(done), label(dev))
     b.read(W, R8, R8, b.offsets.ifindex)
-    b.emit(label(done), andi(R8, slots - 1), addi(R8, b.point.id * slots % SEEN_BITS), andi(R8, SEEN_BITS - 1),
-           movi(R0, 1), alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
+    b.emit(label(done), andi(R8, slots - 1))
+    if b.point.kind.multi:   # (the point id is the attach cookie: known only when the program runs)
+        b.emit(b.point_id(R0), asm.lshi(R0, slots.bit_length() - 1), alu64(ADD, R8, R0, reg=True))
+    else:
+        b.emit(addi(R8, b.point.id * slots % SEEN_BITS))
+    b.emit(andi(R8, SEEN_BITS - 1), movi(R0, 1), alu64(LSH, R0, R8, reg=True), stx(DW, FP, STACK.track_bit, R0))
 
 
 def _find(b, found: str) -> None:

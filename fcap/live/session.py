@@ -28,6 +28,7 @@ from fcap.kernel.filter import compile_filter
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve, suggestion
 from fcap.kernel.drops import is_drop_point
+from fcap.live import multi
 from fcap.live.order import Pending, Window
 from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
@@ -94,6 +95,8 @@ class Session:
         self.linktype: LinkType | None = None
         self.cbpf: list | None = None
         self.programs: list[Program] = []
+        self.units: list[multi.Unit] = []   # the points by program: one each, or a multi-attach group
+        self.loaded: list[tuple[multi.Unit, Program]] = []   # each unit's program, in the order loaded
         self.links: list[Link] = []
         self.maps: list = []
         self.buffer: PerfBuffer | None = None
@@ -224,7 +227,8 @@ class Session:
             events = PerfEventArrayMap(possible_cpus(), name="fcap_events")
             self.maps.append(events)
             self._skip_unbuildable()
-            size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+            self.units = self.plan()
+            size = max(cprog.scratch_size(p, self.options(p)) for p in self._program_points())
             scratch = PerCPUArrayMap(size, len(self.points), name="fcap_scratch")
             counters = PerCPUArrayMap(8 * layout.COUNTERS, len(self.points), name="fcap_counters")
             self.maps += [scratch, counters]
@@ -274,27 +278,54 @@ class Session:
             raise CaptureError(self.skipped[0][1])
         self.points = kept
 
+    def plan(self) -> list[multi.Unit]:
+        """The points by program (fcap.live.multi): many functions of one kind share a program and a link where the
+        kernel has a multi-attach link for them and the program does nothing per point but name it."""
+        # --stack keeps a program per point too: its frames to skip are known per single kind (fcap.kernel.kstack)
+        per_point_args = self.dump_area is not None or self.cfg.stack or any(getattr(m, "reads_args", False)
+                                                                             for m in self.cfg.predicates)
+        return multi.plan(self.points, allowed=not per_point_args)
+
+    def _program_points(self) -> list[Point]:
+        """The points the programs are built for: each unit's point, or a group's stand-in."""
+        return [u.points[0] if u.kind is None else multi.stand_in(u.kind, u.points) for u in self.units]
+
     def _load_all(self, maps: cprog.Maps) -> None:
-        """A program per point. A glob's match that the kernel (or a predicate) refuses is skipped and noted in
-        self.skipped; the points kept are numbered again in order. A refusal of every match is the error."""
+        """A program per unit (a point, or a multi-attach group whose program takes the point id from the attach
+        cookie). A glob's match that the kernel (or a predicate) refuses is skipped and noted in self.skipped; a
+        group the kernel refuses falls back to a program per point. The points kept are numbered again in the
+        order loaded. A refusal of every match is the error."""
         kept: list[Point] = []
         first_error: CaptureError | None = None
-        for p in self.points:
-            p.id = len(kept)
+        todo = list(self.units)
+        loaded: list[tuple[multi.Unit, Program]] = []
+        while todo:
+            unit = todo.pop(0)
+            start = len(kept)
+            for i, p in enumerate(unit.points):
+                p.id = start + i
             try:
-                self.programs.append(self._load(p, self.build(p, maps)))
+                target = unit.points[0] if unit.kind is None else multi.stand_in(unit.kind, unit.points)
+                prog = self._load(target, self.build(target, maps))
             except KernelRefusal:
                 raise
             except CaptureError as e:
+                if unit.kind is not None:   # a program per point, then
+                    todo[:0] = [multi.Unit(None, [p]) for p in unit.points]
+                    continue
+                p = unit.points[0]
                 if not p.origin:
                     raise
                 first_error = first_error or e
                 self.skipped.append((p.spec, str(e)))
                 continue
-            kept.append(p)
+            self.programs.append(prog)
+            loaded.append((unit, prog))
+            kept += unit.points
         if not kept and first_error is not None:
             raise first_error
         self.points = kept
+        self.loaded = loaded
 
     def _make_track_maps(self, maps: cprog.Maps) -> None:
         from bpf.maps import HashMap
@@ -341,7 +372,7 @@ class Session:
         skb dynptrs allowed there), else 0."""
         if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None or self.cfg.stack:
             return 0
-        if not all(p.typed for p in self.points):
+        if not all(p.typed for p in self.points) or any(u.kind is not None for u in self.units):
             return 0
         if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
             return 0
@@ -368,7 +399,8 @@ class Session:
                 with pointcaps.btf_obj_fd(p) as obj_fd:
                     return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.attach_type,
                                 attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
-            return load(p.kind.prog_type, items, name=name, what=p.spec)
+            return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.load_attach_type(),
+                        what=p.spec)
         except VerifierError as e:
             raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
                                f"(--dump-ebpf shows the program)") from None
@@ -380,17 +412,22 @@ class Session:
         kernel attaches none of a glob's matches."""
         attached: set[str] = set()
         refused: dict[str, str] = {}   # glob -> why its first match was refused
-        for p, prog in zip(self.points, self.programs):
-            try:
-                self.links.append(self._attach_one(p, prog))
-                attached.add(p.origin)
-            except BPFError as e:
-                if not p.origin:
-                    self.close()
-                    raise CaptureError(_explain_refusal(p, e)) from None
-                self.skipped.append((p.spec, _explain_refusal(p, e)))
-                self.unattached.add(p.id)
-                refused.setdefault(p.origin, self.skipped[-1][1])
+        try:
+            for unit, prog in self.loaded:
+                if unit.kind is not None:
+                    self._attach_group(unit, prog, attached, refused)
+                    continue
+                p = unit.points[0]
+                try:
+                    self.links.append(self._attach_one(p, prog))
+                    attached.add(p.origin)
+                except BPFError as e:
+                    if not p.origin:
+                        raise CaptureError(_explain_refusal(p, e)) from None
+                    self._refused(p, _explain_refusal(p, e), refused)
+        except BaseException:   # (an interrupt in a long attach too: nothing stays in the kernel)
+            self.close()
+            raise
         for origin, why in refused.items():
             if origin not in attached:
                 self.close()
@@ -402,6 +439,22 @@ class Session:
                 self.close()
                 raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
         self.attached_ns = time.time_ns()
+
+    def _attach_group(self, unit: multi.Unit, prog: Program, attached: set, refused: dict) -> None:
+        """One program at a group's functions (fcap.live.multi.attach): the functions the kernel refuses are
+        skipped, each glob's only where it refuses all of them."""
+        dropped = multi.attach(unit.kind, prog.fileno(), unit.points, self.links)
+        out = {p.id for p, _why in dropped}
+        for p, why in dropped:
+            if not p.origin:
+                raise CaptureError(f"{p.spec}: {why}")
+            self._refused(p, f"{p.spec}: {why}", refused)
+        attached.update(p.origin for p in unit.points if p.id not in out)
+
+    def _refused(self, p: Point, why: str, refused: dict) -> None:
+        self.skipped.append((p.spec, why))
+        self.unattached.add(p.id)
+        refused.setdefault(p.origin, why)
 
     @staticmethod
     def _attach_one(p: Point, prog: Program) -> Link:
@@ -511,7 +564,8 @@ class Session:
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf)."""
         from bpf import asm
-        size = max(cprog.scratch_size(p, self.options(p)) for p in self.points)
+        self.units = self.units or self.plan()
+        size = max(cprog.scratch_size(p, self.options(p)) for p in self._program_points())
         maps = cprog.Maps(events=-1, scratch=-2, counters=-3, scratch_size=size)
         if self.ident() != track.IDENT_NONE:
             maps.track, maps.track_counters = -5, -6
@@ -522,8 +576,12 @@ class Session:
             maps.ring, maps.ring_size = -4, min(self._pages(len(online_cpus())) * PAGE, layout.RING_MAX)
             maps.dynptr_kfunc = kfunc
         out = []
-        for p in self.points:
-            out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
+        for unit, p in zip(self.units, self._program_points()):
+            if unit.kind is None:
+                out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
+            else:
+                out.append(f"; {unit.kind}: {len(unit.points)} functions ({unit.points[0].name}, ...) in one link, "
+                           f"the attach cookie the point id  (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
         if track.uses_map(self.ident()):
             for p, items in self._helper_programs(maps):

@@ -1,5 +1,5 @@
-"""One object per kind of capture point (fentry, fexit, tp_btf, raw_tp, kprobe): the program type the kernel loads
-there, how the program's context holds the arguments on each architecture, how it attaches, which kernel feature it
+"""One object per kind of capture point (fentry, fexit, tp_btf, raw_tp, kprobe, and the multi-attach kinds that run
+one program at many functions: fentry.multi, fexit.multi, kprobe.multi): the program type the kernel loads there, how the program's context holds the arguments on each architecture, how it attaches, which kernel feature it
 needs and how a refusal reads. A Point holds its kind (point.kind); everything else asks the kind's attributes, so
 no module but this one knows a kind by its name (the -i grammar maps text to a kind with get())."""
 
@@ -9,10 +9,10 @@ import errno
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
-from bpf import features
+from bpf import asm, features
 from bpf.errors import BPFError, NotSupported
-from bpf.link import Link, attach_kprobe, attach_raw_tracepoint, attach_tracing
-from bpf.uapi import AttachType, ProgType
+from bpf.link import Link, attach_kprobe, attach_kprobe_multi, attach_raw_tracepoint, attach_tracing, attach_tracing_multi
+from bpf.uapi import AttachType, Helper, ProgType
 
 from fcap.errors import PointError
 
@@ -73,6 +73,8 @@ class Kind:
     by_symbol = False     # attaches to a /proc/kallsyms symbol (not to a BTF id)
     family = ""           # how a refusal names the programs refused with it
     summary = ""          # what a point of this kind is, in one line (fcap --help, man fcap)
+    multi = False         # one program at many functions: the point id is the attach cookie, not a constant
+    single: Kind | None = None   # a multi kind: the kind of the points it runs at (fentry, fexit, kprobe)
 
     def __str__(self) -> str:
         return self.name
@@ -94,7 +96,16 @@ class Kind:
         slot each, whatever the architecture."""
         return 8 * index
 
+    def load_arg(self, dst: int, index: int, tmp: int) -> list:
+        """Instructions that put argument `index` in register `dst` from the context in R1 (may use R1-R5 and the
+        8-byte stack slot at `tmp`)."""
+        return [asm.ldx(asm.DW, dst, asm.R1, self.arg_offset(index))]
+
     # -- the kernel
+    def load_attach_type(self) -> int:
+        """The load's expected_attach_type as this kernel numbers it."""
+        return self.attach_type
+
     def attach(self, prog_fd: int, point: Point) -> Link:
         """Attach the loaded program at `point` (a BTF-typed program's target was fixed at load time)."""
         return attach_tracing(prog_fd, point.spec)
@@ -214,11 +225,89 @@ class _Kprobe(Kind):
 
 FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE = _Fentry(), _Fexit(), _TpBtf(), _RawTp(), _Kprobe()
 
-# Every kind, in the order the grammar lists them. Room for kinds not built yet, each one more Kind here (nothing
-# else names kinds):
-#   - multi-attach kinds, "fentry.multi" and "kprobe.multi": one program on many functions (BPF_TRACE_KPROBE_MULTI
-#     with a symbol list, 5.18; a tracing multi-link for fentry), attach() taking the points' symbols at once. Their
-#     context is no one function's, so arguments come through bpf_get_func_arg (fentry) or the Arch registers.
+
+# ---- multi-attach kinds: one program at many functions, the attach cookie naming the point --------------------
+
+class _TracingMulti(Kind):
+    """fentry/fexit through a tracing-multi link (BPF_TRACE_FENTRY_MULTI / FEXIT_MULTI): the program is loaded
+    against no one function, so the verifier types nothing in its context (the skb is read through probe_read, as
+    at a kprobe) and reads the arguments through bpf_get_func_arg."""
+
+    prog_type = ProgType.TRACING
+    function = True
+    multi = True
+    family = "fentry/fexit"
+
+    def load_arg(self, dst: int, index: int, tmp: int) -> list:
+        return [asm.st(asm.DW, asm.FP, tmp, 0), asm.movi(asm.R2, index), asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, tmp),
+                asm.call(Helper.get_func_arg), asm.ldx(asm.DW, dst, asm.FP, tmp)]
+
+    def arg_offset(self, index: int, machine_name: str | None = None) -> int:
+        raise PointError(f"{self.name} points: arguments other than the skb are not read at a multi-attach point")
+
+    def load_attach_type(self) -> int:
+        """The attach type as this kernel numbers it (read from its BTF)."""
+        return features.attach_type(self.attach_type.name)
+
+    def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
+        return features.tracing_multi(self.attach_type.name)
+
+    def attach_many(self, prog_fd: int, points: list[Point]) -> Link:
+        return attach_tracing_multi(prog_fd, self.load_attach_type(), [p.btf_id for p in points],
+                                    [p.id for p in points], what=f"{self.name} ({len(points)} functions)")
+
+
+class _FentryMulti(_TracingMulti):
+    name = "fentry.multi"
+    summary = "fentry at many functions through one tracing-multi link (chosen by fcap for globs)"
+    attach_type = AttachType.TRACE_FENTRY_MULTI
+    at_entry = True
+    single = FENTRY
+
+
+class _FexitMulti(_TracingMulti):
+    name = "fexit.multi"
+    summary = "fexit at many functions through one tracing-multi link (chosen by fcap for globs)"
+    attach_type = AttachType.TRACE_FEXIT_MULTI
+    single = FEXIT
+
+
+class _KprobeMulti(_Kprobe):
+    """Kprobes at many kallsyms symbols through one kprobe-multi link (BPF_TRACE_KPROBE_MULTI, 5.18): the context
+    is the saved registers, as at a kprobe."""
+
+    name = "kprobe.multi"
+    summary = "kprobes at many functions through one kprobe-multi link (chosen by fcap for globs)"
+    attach_type = AttachType.TRACE_KPROBE_MULTI
+    multi = True
+    single = KPROBE
+
+    def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
+        return features.kprobe_multi()
+
+    def attach_many(self, prog_fd: int, points: list[Point]) -> Link:
+        return attach_kprobe_multi(prog_fd, [p.name for p in points], [p.id for p in points],
+                                   what=f"{self.name} ({len(points)} functions)")
+
+
+FENTRY_MULTI, FEXIT_MULTI, KPROBE_MULTI = _FentryMulti(), _FexitMulti(), _KprobeMulti()
+MULTI: tuple[Kind, ...] = (FENTRY_MULTI, FEXIT_MULTI, KPROBE_MULTI)
+
+
+def multi_for(kind: Kind) -> tuple[Kind, ...]:
+    """The multi-attach kinds that may run the points of `kind` together, best first: tracing-multi for fentry and
+    fexit, kprobe-multi for kprobe (and for fentry, reading the skb untyped as a kprobe does)."""
+    if kind is FENTRY:
+        return FENTRY_MULTI, KPROBE_MULTI
+    if kind is FEXIT:
+        return (FEXIT_MULTI,)
+    if kind is KPROBE:
+        return (KPROBE_MULTI,)
+    return ()
+
+# Every kind -i spells, in the order the grammar lists them (the multi kinds above are fcap's choice for many
+# points of one of these, never spelled). Room for kinds not built yet, each one more Kind here (nothing else names
+# kinds):
 #   - kinds on BPF programs: fentry/fexit on an XDP or tc program (attach_btf_id a function of the target
 #     program's BTF, attach_prog_fd instead of vmlinux): a _Trampoline whose target is a loaded program, its
 #     context an xdp_buff or an skb.

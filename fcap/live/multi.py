@@ -1,0 +1,135 @@
+"""Many functions, one program: which points a capture runs together through a multi-attach link (grouped by kind,
+skb argument and what the program does differently per point), the program's stand-in point, and the attach that
+drops the functions the kernel refuses instead of failing them all."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from bpf.errors import BPFError
+from bpf.link import Link
+
+from fcap.kernel import drops, epbopts
+from fcap.points import kinds
+from fcap.points.spec import Point
+
+TRACE_FUNCTIONS = ("/sys/kernel/tracing/available_filter_functions",
+                   "/sys/kernel/debug/tracing/available_filter_functions")
+MIN_GROUP = 2         # points of one key that share a program (fewer: a program each, as before)
+MAX_REG_ARGS = 6      # arguments a trampoline passes in registers (x86-64); more: the kernel may refuse the function
+
+
+class Unit(NamedTuple):
+    """Points that share one program: `kind` a multi kind (one link, the attach cookie the point id), or None (one
+    point, its own program and link)."""
+
+    kind: kinds.Kind | None
+    points: list[Point]
+
+
+def multi_kind(kind: kinds.Kind) -> kinds.Kind | None:
+    """The best multi kind this kernel allows for points of `kind` (the probes decide), or None."""
+    for m in kinds.multi_for(kind):
+        if m.probe() is None:
+            return m
+    return None
+
+
+def _key(m: kinds.Kind, p: Point) -> tuple | None:
+    """What the shared program must have alike at every point of a group: None where the point keeps a program of
+    its own (drop points: their records name the reason; tracing-multi: the program's BTF object is vmlinux)."""
+    if drops.is_drop_point(p) or epbopts.verdict(p) is not None:
+        return None
+    if m is not kinds.KPROBE_MULTI and p.btf.base is not None:
+        return None
+    return m, p.skb_index, p.direction, epbopts.queue_source(p)
+
+
+def plan(points: list[Point], allowed: bool = True) -> list[Unit]:
+    """The points in units, in the order of their first point. `allowed` False (per-point predicates or dumps that
+    read arguments other than the skb): a unit per point."""
+    if not allowed:
+        return [Unit(None, [p]) for p in points]
+    kind_for = {k: multi_kind(k) for k in {p.kind for p in points} if kinds.multi_for(k)}
+    groups: dict[tuple, list[Point]] = {}
+    order: list[tuple] = []
+    for i, p in enumerate(points):
+        m = kind_for.get(p.kind)
+        key = _key(m, p) if m is not None else None
+        key = key if key is not None else ("single", i)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(p)
+    units = []
+    for key in order:
+        ps = groups[key]
+        if key[0] == "single" or len(ps) < MIN_GROUP:
+            units += [Unit(None, [p]) for p in ps]
+        else:
+            units.append(Unit(key[0], ps))
+    return units
+
+
+def stand_in(kind: kinds.Kind, points: list[Point]) -> Point:
+    """The point a group's program is built for: the first point's function and skb argument, the multi kind."""
+    first = points[0]
+    p = Point(kind, first.name, first.btf, first.btf_id, first.params, first.skb_index, ret=first.ret)
+    p.id, p.origin, p.alias = first.id, first.origin, first.alias
+    return p
+
+
+def traceable() -> set[str] | None:
+    """The functions ftrace can patch (available_filter_functions), None where tracefs cannot be read."""
+    for path in TRACE_FUNCTIONS:
+        try:
+            with open(path) as f:
+                return {line.split(None, 1)[0] for line in f if line.strip()}
+        except OSError:
+            continue
+    return None
+
+
+def _suspect(p: Point) -> bool:
+    """A function the kernel may refuse a trampoline at: more arguments than registers, or a struct passed or
+    returned by value."""
+    def by_value(t) -> bool:
+        return t is not None and t.strip().kind in ("struct", "union")
+    return len(p.params) > MAX_REG_ARGS or by_value(p.ret) or any(by_value(a.type) for a in p.params)
+
+
+def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link]) -> list[tuple[Point, str]]:
+    """Attach the program at every point, links appended to `links` as they are made (so that an interrupt leaves
+    them to be closed). The kernel takes a link's functions all or none: functions ftrace cannot patch are left
+    out first, a refused link is tried again without the functions the kernel may refuse, and what is still
+    refused is halved until each function the kernel refuses is found. Returns (point, why) of those refused."""
+    refused: list[tuple[Point, str]] = []
+    names = traceable()
+    if names is not None:
+        refused += [(p, "not traceable (not in available_filter_functions: notrace or inlined)")
+                    for p in points if p.name not in names]
+        points = [p for p in points if p.name in names]
+    if not points:
+        return refused
+    try:
+        links.append(kind.attach_many(prog_fd, points))
+        return refused
+    except BPFError:
+        pass
+    likely = [p for p in points if not _suspect(p)]
+    suspects = [p for p in points if _suspect(p)]
+    for part in (likely, suspects):
+        if part:
+            refused += _halve(kind, prog_fd, part, links)
+    return refused
+
+
+def _halve(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link]) -> list[tuple[Point, str]]:
+    try:
+        links.append(kind.attach_many(prog_fd, points))
+        return []
+    except BPFError as e:
+        if len(points) == 1:
+            return [(points[0], f"the kernel refused it ({getattr(e, 'errname', e)})")]
+    half = len(points) // 2
+    return _halve(kind, prog_fd, points[:half], links) + _halve(kind, prog_fd, points[half:], links)
