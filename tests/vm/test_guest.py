@@ -59,3 +59,13 @@ def test_tools_and_checkout():
     assert Path(os.environ["FCAP_VM_ROOT"], "pyproject.toml").exists()
     assert os.getcwd() == os.environ["FCAP_VM_ROOT"]
     assert os.path.isdir(os.environ["FCAP_VM_OUT"])
+
+
+def test_python_is_the_one_the_runner_chose():
+    """The guest's Python (the suite's own, tests/vm/run's KERNELS) runs its subprocesses too: sys.executable, and
+    python3 on PATH (as the fcap wrapper runs it), are the same version, with pcapy-ng's libpcap working."""
+    want = os.environ["FCAP_VM_PYTHON_VERSION"]
+    assert sys.version.split()[0] == want
+    code = "import sys, pcapy; pcapy.compile(1, 96, 'udp', 1, 0); print(sys.version.split()[0])"
+    for exe in (sys.executable, shutil.which("python3")):
+        assert sh(exe, "-c", code).stdout.strip() == want, exe
