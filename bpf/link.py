@@ -93,7 +93,11 @@ def attach_kprobe_multi(prog_fd: int, symbols: Sequence[str], cookies: Sequence[
     it cannot probe fails the whole link (its errno)."""
     if len(cookies) != len(symbols):
         raise ValueError("one cookie per symbol")
-    names = [ctypes.create_string_buffer(s.encode()) for s in symbols]
+    # the kernel looks the symbols up in one pass over kallsyms (ftrace_lookup_symbols) and fails the link when they
+    # are not in strcmp order: sorted here, each cookie kept with its symbol
+    pairs = sorted(zip((s.encode() for s in symbols), cookies))
+    symbols, cookies = [s for s, _c in pairs], [c for _s, c in pairs]
+    names = [ctypes.create_string_buffer(s) for s in symbols]
     syms = (ctypes.c_uint64 * len(names))(*(addr(n) for n in names))
     cooks = (ctypes.c_uint64 * len(cookies))(*cookies)
     attr = KprobeMultiAttr(prog_fd=prog_fd, attach_type=AttachType.TRACE_KPROBE_MULTI, cnt=len(names),
@@ -109,6 +113,8 @@ def attach_tracing_multi(prog_fd: int, attach_type: int, btf_ids: Sequence[int],
     the same index for each. All or none, as kprobe-multi."""
     if len(cookies) != len(btf_ids):
         raise ValueError("one cookie per function")
+    pairs = sorted(zip(btf_ids, cookies))   # in ascending id order, each cookie kept with its function
+    btf_ids, cookies = [i for i, _c in pairs], [c for _i, c in pairs]
     ids = (ctypes.c_uint32 * len(btf_ids))(*btf_ids)
     cooks = (ctypes.c_uint64 * len(cookies))(*cookies)
     attr = TracingMultiAttr(prog_fd=prog_fd, attach_type=attach_type, ids=addr(ids), cookies=addr(cooks),

@@ -304,4 +304,7 @@ def test_a_functions_stack_starts_at_the_function(root, kind):
         p = cap.next(30 * SLOW)
     assert p is not None and p.stack, p
     funcs = [_func(f) for f in p.stack]
-    assert funcs[0] == "ip_finish_output2" and "udp_send_skb" in funcs, p.stack
+    # fexit runs after the function returned into the trampoline: 6.12's unwinder still shows the function's frame
+    # (the trampoline's return address into it), Debian's 7.2 goes on to its caller (ip_output) at once
+    first = ("ip_finish_output2", "ip_output") if kind == "fexit" else ("ip_finish_output2",)
+    assert funcs[0] in first and "udp_send_skb" in funcs, p.stack
