@@ -250,15 +250,20 @@ _POINT = {"net_dev_queue": "dev:queue", "netif_receive_skb": "dev:receive", "kfr
           "consume_skb": "skb:consume"}
 
 
-def _lives(trace: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
-    """(point, skb) -> (monotonic ns, life number) of each time the kernel passed that point with that skb. A life of
-    an address ends at its kmem_cache_free, kfree_skb or consume_skb, or a kmem_cache_alloc of it. Newer kernels (7.2
-    here) also free a read datagram's skb into a per-CPU cache and allocate from it with none of those events; every
-    packet of this traffic is queued once (datagrams on the veth into the namespace, ICMP errors back), so a
-    net_dev_queue begins a life too."""
+_LEN = re.compile(r" len=(\d+)")
+
+
+def _lives(trace: str) -> tuple[dict[tuple[str, int], list[tuple[int, int]]], dict[int, int]]:
+    """(point, skb) -> (monotonic ns, life number) of each time the kernel passed that point with that skb, and each
+    life's IP length (its net_dev_queue's length less the veth's Ethernet header). A life of an address ends at its
+    kmem_cache_free, kfree_skb or consume_skb, or a kmem_cache_alloc of it. Newer kernels (7.2 here) also free a
+    read datagram's skb into a per-CPU cache and allocate from it with none of those events; every packet of this
+    traffic is queued once (datagrams on the veth into the namespace, ICMP errors back), so a net_dev_queue begins a
+    life too."""
     life: dict[int, int] = {}
     nxt = 0
     out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    iplen: dict[int, int] = {}
     for line in trace.splitlines():
         m = _EVENT.match(line)
         if not m:
@@ -268,14 +273,16 @@ def _lives(trace: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
         if ev in ("kmem_cache_alloc", "net_dev_queue") or addr not in life:
             nxt += 1
             life[addr] = nxt
+        if ev == "net_dev_queue" and (n := _LEN.search(line)):
+            iplen[life[addr]] = int(n.group(1)) - 14
         if ev in _POINT:
             out.setdefault((_POINT[ev], addr), []).append((ts, life[addr]))
         if ev in ("kmem_cache_free", "kfree_skb", "consume_skb"):
             life.pop(addr, None)
-    return out
+    return out, iplen
 
 
-PACE = 0.01 * SLOW   # the oracle's datagrams this far apart: a record matches its passage of the trace unmistakably
+PACE = 0.02 * SLOW   # the oracle's datagrams this far apart: a record matches its passage of the trace unmistakably
 
 
 def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
@@ -296,14 +303,20 @@ def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
     warm = [p for p in recs if b"warm-up" in p.l3]
     assert all(p.iface_name == "skb:consume" for p in warm), [p.iface_name for p in warm]
     recs = [p for p in recs if p not in warm]
-    lives = _lives(text)
+    lives, iplen = _lives(text)
     if not lives:
         pytest.skip("tracefs recorded no events")
     for p in recs:
         assert lives.get((p.iface_name, _skb(p))), (p.iface_name, hex(_skb(p)), "a record the kernel did not trace")
 
     def nearest(p, off: int) -> tuple[int, int]:
-        return min(lives[(p.iface_name, _skb(p))], key=lambda o: abs(o[0] - (p.ts_ns - off)))
+        """The passage of the record's point by its skb nearest in time, in a life of a packet of its length: an
+        emulated CPU can stall for many ms between the trace's probe and fcap's, while the skb's address is handed
+        to another packet (an ICMP error, a datagram of another length) in the meantime."""
+        own = int.from_bytes(p.l3[2:4], "big")
+        passages = [o for o in lives[(p.iface_name, _skb(p))] if iplen.get(o[1]) == own]
+        assert passages, (p.iface_name, hex(_skb(p)), own, "no life of a packet of this length at this skb")
+        return min(passages, key=lambda o: abs(o[0] - (p.ts_ns - off)))
     # the two clocks' offset as the records themselves say (the one sampled here is off by the time between samples,
     # far more under emulation)
     drift = sorted(p.ts_ns - offset - nearest(p, offset)[0] for p in recs)
@@ -311,8 +324,8 @@ def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
     life_of: dict[int, set] = {}
     for p in recs:
         ts, n = nearest(p, offset)
-        # (within a quarter of the pace: nearer to its own passage than to a neighbour's, on a loaded emulated host)
-        assert abs(ts - (p.ts_ns - offset)) < PACE * 1e9 / 4, (p.iface_name, ts, p.ts_ns - offset)
+        # (within half the pace: nearer to its own passage than to the next datagram's at that skb)
+        assert abs(ts - (p.ts_ns - offset)) < PACE * 1e9 / 2, (p.iface_name, ts, p.ts_ns - offset)
         life_of.setdefault(p.packet_id, set()).add((_skb(p), n))
     assert len(life_of) == N, len(life_of)
     for pid, lv in life_of.items():

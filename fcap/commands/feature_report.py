@@ -42,10 +42,10 @@ class Result(NamedTuple):
 def _capture(spec: str, filter: str | None = None, predicates: list | None = None, record: str = "pcapng"):
     """Load and attach (then close) the capture program fcap would use for spec; "file rings" when the program
     writes its records there."""
-    from fcap.kernel import program as cprog
+    from fcap.kernel.layout import RECORD_PCAP, RECORD_PCAPNG
     from fcap.live.session import Config, Session
     s = Session(Config(points=[spec], filter=filter, predicates=predicates or [],
-                       record=cprog.RECORD_PCAPNG if record == "pcapng" else cprog.RECORD_PCAP,
+                       record=RECORD_PCAPNG if record == "pcapng" else RECORD_PCAP,
                        file_ring=record == "pcap"))
     try:
         s.open()

@@ -9,11 +9,11 @@ from typing import Callable, NamedTuple
 
 from bpf import features
 from bpf.btf import BTF, BTFError
-from bpf.errors import BPFError, VerifierError
+from bpf.errors import BPFError
 from bpf.link import Link
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
-from bpf.prog import Program, load, wait_freed
+from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
 from fcap.kernel import layout
@@ -26,9 +26,10 @@ from fcap.kernel import track
 from fcap.kernel import program as cprog
 from fcap.kernel.filter import compile_filter
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve, suggestion
+from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve
 from fcap.kernel.drops import is_drop_point
 from fcap.live import multi
+from fcap.live.attach import Attach
 from fcap.live.order import Pending, Window
 from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
@@ -76,17 +77,7 @@ def default_linktype(points: list[Point]) -> LinkType:
     return lookup("LINUX_SLL2")
 
 
-class KernelRefusal(CaptureError):
-    """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
-
-
-def _explain_refusal(point: Point, e: BPFError) -> str:
-    """The kernel's refusal to load or attach at `point`, in one line (its kind says how), with the tracepoint
-    that sees the same packets."""
-    return point.kind.explain(point, e, suggestion(point.name))
-
-
-class Session:
+class Session(Attach):
     """One capture. Use: s = Session(cfg); s.open(); s.attach(); s.run(on_record, stop); s.close()."""
 
     def __init__(self, cfg: Config):
@@ -290,43 +281,6 @@ class Session:
         """The points the programs are built for: each unit's point, or a group's stand-in."""
         return [u.points[0] if u.kind is None else multi.stand_in(u.kind, u.points) for u in self.units]
 
-    def _load_all(self, maps: cprog.Maps) -> None:
-        """A program per unit (a point, or a multi-attach group whose program takes the point id from the attach
-        cookie). A glob's match that the kernel (or a predicate) refuses is skipped and noted in self.skipped; a
-        group the kernel refuses falls back to a program per point. The points kept are numbered again in the
-        order loaded. A refusal of every match is the error."""
-        kept: list[Point] = []
-        first_error: CaptureError | None = None
-        todo = list(self.units)
-        loaded: list[tuple[multi.Unit, Program]] = []
-        while todo:
-            unit = todo.pop(0)
-            start = len(kept)
-            for i, p in enumerate(unit.points):
-                p.id = start + i
-            try:
-                target = unit.points[0] if unit.kind is None else multi.stand_in(unit.kind, unit.points)
-                prog = self._load(target, self.build(target, maps))
-            except KernelRefusal:
-                raise
-            except CaptureError as e:
-                if unit.kind is not None:   # a program per point, then
-                    todo[:0] = [multi.Unit(None, [p]) for p in unit.points]
-                    continue
-                p = unit.points[0]
-                if not p.origin:
-                    raise
-                first_error = first_error or e
-                self.skipped.append((p.spec, str(e)))
-                continue
-            self.programs.append(prog)
-            loaded.append((unit, prog))
-            kept += unit.points
-        if not kept and first_error is not None:
-            raise first_error
-        self.points = kept
-        self.loaded = loaded
-
     def _make_track_maps(self, maps: cprog.Maps) -> None:
         from bpf.maps import HashMap
         self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
@@ -389,77 +343,6 @@ class Session:
             return self.drain
         return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
 
-    def _load(self, p: Point, items: list) -> Program:
-        name = f"fcap_{p.name}"[:15]
-        refused = p.kind.refusal(p, suggestion(p.name))
-        if refused is not None:
-            raise KernelRefusal(refused)
-        try:
-            if p.typed:
-                with pointcaps.btf_obj_fd(p) as obj_fd:
-                    return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.attach_type,
-                                attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
-            return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.load_attach_type(),
-                        what=p.spec)
-        except VerifierError as e:
-            raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
-                               f"(--dump-ebpf shows the program)") from None
-        except BPFError as e:
-            raise CaptureError(_explain_refusal(p, e)) from None
-
-    def attach(self) -> None:
-        """Attach every program. A glob's match the kernel will not attach is skipped (self.skipped) unless the
-        kernel attaches none of a glob's matches."""
-        attached: set[str] = set()
-        refused: dict[str, str] = {}   # glob -> why its first match was refused
-        try:
-            for unit, prog in self.loaded:
-                if unit.kind is not None:
-                    self._attach_group(unit, prog, attached, refused)
-                    continue
-                p = unit.points[0]
-                try:
-                    self.links.append(self._attach_one(p, prog))
-                    attached.add(p.origin)
-                except BPFError as e:
-                    if not p.origin:
-                        raise CaptureError(_explain_refusal(p, e)) from None
-                    self._refused(p, _explain_refusal(p, e), refused)
-        except BaseException:   # (an interrupt in a long attach too: nothing stays in the kernel)
-            self.close()
-            raise
-        for origin, why in refused.items():
-            if origin not in attached:
-                self.close()
-                raise CaptureError(why)
-        for p, prog in self.helpers:
-            try:
-                self.links.append(self._attach_one(p, prog))
-            except BPFError as e:
-                self.close()
-                raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
-        self.attached_ns = time.time_ns()
-
-    def _attach_group(self, unit: multi.Unit, prog: Program, attached: set, refused: dict) -> None:
-        """One program at a group's functions (fcap.live.multi.attach): the functions the kernel refuses are
-        skipped, each glob's only where it refuses all of them."""
-        dropped = multi.attach(unit.kind, prog.fileno(), unit.points, self.links)
-        out = {p.id for p, _why in dropped}
-        for p, why in dropped:
-            if not p.origin:
-                raise CaptureError(f"{p.spec}: {why}")
-            self._refused(p, f"{p.spec}: {why}", refused)
-        attached.update(p.origin for p in unit.points if p.id not in out)
-
-    def _refused(self, p: Point, why: str, refused: dict) -> None:
-        self.skipped.append((p.spec, why))
-        self.unattached.add(p.id)
-        refused.setdefault(p.origin, why)
-
-    @staticmethod
-    def _attach_one(p: Point, prog: Program) -> Link:
-        return p.kind.attach(prog.fileno(), p)
-
     # -- running -------------------------------------------------------------------------------
     def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
         """Drain records into on_record, in time order (fcap.live.order), until stop() is true or on_record returns
@@ -509,13 +392,6 @@ class Session:
         self.detach()
         if not drain.done:
             self.stats.captured += drain(final=True)
-
-    def detach(self) -> None:
-        if self.links:
-            self.detached_ns = time.time_ns()
-        for link in self.links:
-            link.close()
-        self.links = []
 
     def read_counters(self) -> Stats:
         if self.counters is not None and not self.counters.fd.closed:

@@ -1,0 +1,226 @@
+"""fcap's capture command: the flags made into a session, a sink and a loop; what it says on stderr as tcpdump does."""
+
+from __future__ import annotations
+
+import sys
+
+from fcap.commands.console import PROG, fail, quiet_stdout
+from fcap.commands.flagvalues import decimal_flag, int_flag
+from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
+from fcap.errors import FcapError, UsageError
+
+
+def cmd_capture(args, command: list[str]) -> int:
+    from fcap.live import output
+    from fcap.live.session import Session
+    cfg, count = _config(args)
+    rotation = _rotation(args)
+    user = None
+    if args.user:
+        from fcap.live import privileges
+        user = privileges.lookup(args.user)
+        if rotation is not None:
+            output.check_rotation_dir(args.write, rotation, user)
+    session = Session(cfg)
+    try:
+        session.resolve()
+        # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
+        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
+        if fmt == "pcap" and _dumps(args):
+            flag = "--dump" if args.dump else "--ct"
+            raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
+        for flag, asked, what in (("--stack", args.stack, "stack"), ("--context", args.context, "context")):
+            if fmt == "pcap" and asked:
+                raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
+        if fmt is not None:
+            session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
+        if args.dump_ebpf or args.dump_filter:
+            return _dump(session, args)
+        session.open()                            # load first: a refused program leaves no file behind
+        _filter_note(session, args)
+        out = output.start(session, _sink(args, fmt, rotation), user)
+    except FcapError as e:
+        session.close()
+        return fail(str(e))
+    except OSError as e:
+        session.close()
+        return fail(f"{e.filename or args.write}: {e.strerror}")
+    return _run(session, args, out, count, command)
+
+
+def _config(args):
+    """The session's configuration and the packet count, from the flags (UsageError on nonsense)."""
+    from fcap.live.session import Config
+    if not args.points:
+        raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
+    snaplen = check_snaplen(int_flag(args.snaplen, "snaplen", SNAPLEN, 0) or SNAPLEN, args.snaplen)
+    count = int_flag(args.count, "packet count", 0, 1) if args.count is not None else 0
+    buffer_kib = int_flag(args.buffer, "buffer size", BUFFER_KIB, 1)
+    expr = " ".join(args.expression) or None
+    if args.filter_file:
+        try:
+            with open(args.filter_file) as f:
+                expr = " ".join(line.split("#", 1)[0].strip() for line in f).strip() or None
+        except OSError as e:
+            raise FcapError(f"{args.filter_file}: {e.strerror}") from None
+    if args.linktype:
+        from fcap.files.linktypes import lookup
+        lookup(args.linktype)
+    if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
+        raise UsageError(f"unknown capture direction `{args.direction}'")
+    track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
+    return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
+                  immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
+                  track_max=track_max, stack=args.stack, context=args.context), count
+
+
+def _dumps(args) -> list:
+    """The --dump paths, and --ct's dump (fcap.kernel.dumps.CT_PATH)."""
+    from fcap.kernel.dumps import CT_PATH
+    return args.dump + ([CT_PATH] if args.ct and CT_PATH not in args.dump else [])
+
+
+def _rotation(args):
+    """-C (millions of bytes), -G, -W as tcpdump 4.99 takes them: the plan, or None without one or without a
+    -w FILE (tcpdump ignores them then)."""
+    from fcap.files.rotate import MILLION, RotationPlan
+    plan = RotationPlan(decimal_flag(args.file_size, "file size", 1) * MILLION,
+                        decimal_flag(args.seconds, "number of seconds", 0),
+                        decimal_flag(args.files, "number of output files", 1))
+    if not plan.active or args.write is None:
+        return None
+    if args.write == "-":
+        raise UsageError("-C and -G write a series of files: give -w FILE, not stdout")
+    return plan
+
+
+def _filter_note(session, args) -> None:
+    """What the filter compiled into, when it is worth a line on stderr (before the output is opened)."""
+    if not args.quiet and session.cbpf is not None:
+        from fcap.commands.feature_report import filter_note
+        note = filter_note(session)
+        if note:
+            sys.stderr.write(f"{PROG}: {note}\n")
+
+
+_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction", "cgroup", "container")
+
+
+def _predicates(args) -> list:
+    """Factories (point -> predicate) for the predicate flags, in a cheap-first order."""
+    if not any(getattr(args, flag) for flag in _PREDICATE_FLAGS):   # (a capture without them starts sooner)
+        return []
+    from fcap.kernel import predicates as pr
+    out = []
+
+    def const(pred):
+        return lambda point: pred
+    try:
+        if args.pid is not None:
+            out.append(const(pr.pid(int_flag(args.pid, "pid", 0, 0))))
+        if args.comm is not None:
+            out.append(const(pr.comm(args.comm)))
+        if args.mark is not None:
+            out.append(const(pr.mark(int_flag(args.mark, "mark", 0, 0))))
+        if args.ifindex is not None:
+            out.append(const(pr.ifindex(int_flag(args.ifindex, "ifindex", 0, 1))))
+        if args.ifname is not None:
+            out.append(const(pr.ifname(args.ifname)))
+        if args.netns is not None:
+            out.append(const(pr.netns(int_flag(args.netns, "netns", 0, 1))))
+        if args.cgroup is not None or args.container is not None:
+            from fcap.kernel import context, ctxnames
+            names = ctxnames.CgroupNames()
+            for target in ([names.target(args.cgroup)] if args.cgroup is not None else []) + \
+                    ([names.container(args.container)] if args.container is not None else []):
+                out.append(const(context.under(target[0], target[1])))
+    except pr.PredicateError as e:
+        raise UsageError(str(e)) from None
+    for text in args.where:
+        out.append(pr.where_factory(text))
+    if args.direction is not None and args.direction.lower() != "inout":
+        out.insert(0, pr.direction(args.direction.lower()))
+    return out
+
+
+def _dump(session, args) -> int:
+    try:
+        if args.dump_filter and session.cbpf is not None:
+            from fcap.kernel.filter import format_cbpf
+            sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
+        sys.stdout.write(session.dump() + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+    return 0
+
+
+# flags that only change printed lines: given one, a user wants lines even on a pipe (as tcpdump prints them)
+_TEXT_FLAGS = ("line_buffered", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
+               "absolute_seq", "nano")
+
+
+def _to_stdout(args) -> bool:
+    """Whether packets go to stdout as a capture file: -w -, or no -w, stdout not a terminal and no text flag."""
+    if args.write is not None:
+        return args.write == "-"
+    return not sys.stdout.isatty() and not any(getattr(args, f) for f in _TEXT_FLAGS)
+
+
+def _output_format(args, session) -> str | None:
+    """The capture file's format ("pcap" or "pcapng"), or None when packets are printed."""
+    from fcap.live.output import file_format
+    to_stdout = _to_stdout(args)
+    if args.live_path or args.json:
+        if args.write:
+            raise UsageError("--path prints paths; it does not write a file (fcap path FILE reads one)")
+        return None
+    return file_format(args.write, args.format, to_stdout, len(session.points))
+
+
+def _sink(args, fmt: str | None, rotation=None):
+    """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series), --path's paths or
+    printed lines."""
+    from fcap.text.printer import Printer
+    if fmt is not None:
+        from fcap.live.output import FileSink
+        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation)
+    if args.json:
+        from fcap.live.output import JsonSink
+        return JsonSink(sys.stdout, args.line_buffered)
+    if args.live_path:
+        from fcap.commands.path_report import PathSink
+        return PathSink(Printer(args, sys.stdout))
+    from fcap.live.output import PrintSink
+    return PrintSink(Printer(args, sys.stdout))
+
+
+def _run(session, args, out, count: int, command: list[str]) -> int:
+    from fcap.kernel import drops
+    from fcap.live.loop import CaptureLoop, CommandError, listening_line, skipped_line, write_stderr
+    loop = CaptureLoop(session, out, count=count, command=command)
+    try:
+        loop.ready()
+    except OSError as e:   # (mapping the rings, the signals' pipe: ENOMEM, EMFILE)
+        session.close()
+        return fail(f"cannot start the capture: {e.strerror or e}")
+    if not args.quiet:
+        write_stderr(listening_line(session))
+        if session.skipped:
+            write_stderr(f"{PROG}: {skipped_line(session)}")
+        note = drops.note(session.points)
+        if note:
+            write_stderr(f"{PROG}: {note}\n")
+    try:
+        status = loop.run()
+    except CommandError as e:
+        return fail(str(e))
+    if loop.files_done:     # (tcpdump's line, before the summary)
+        write_stderr(f"Maximum file limit reached: {out.rotation.files}\n")
+    if loop.error is not None:
+        fail(loop.error_line())
+    if loop.broken:
+        quiet_stdout()
+    elif not args.quiet:
+        write_stderr(loop.summary())
+    return status

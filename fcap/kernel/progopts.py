@@ -1,0 +1,114 @@
+"""What a capture program is built from: the maps it uses, its options, its scratch size, the kernel's offsets."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from bpf.btf import BTF
+
+from fcap.errors import ProgramError
+from fcap.kernel.layout import CAREA, FILTER_CAP, HDR_MAX, LINEAR_CAP, PKT, RECORD_PCAP, RECORD_PCAPNG
+from fcap.points.spec import Point
+
+
+class Maps:
+    """The maps a capture's programs use (fds), filled in as the session makes them."""
+
+    __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "track",
+                 "track_counters", "stack")
+
+    def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
+        self.events = events              # PERF_EVENT_ARRAY fd
+        self.scratch = scratch            # PERCPU_ARRAY fd, one value of scratch_size bytes
+        self.counters = counters          # PERCPU_ARRAY fd, one value of COUNTERS u64s
+        self.scratch_size = scratch_size
+        self.ring = 0           # mmapable ARRAY fd of per-CPU file rings (fcap.kernel.ringrec), 0: the perf buffer
+        self.ring_size = 0      # RING: bytes of each CPU's ring (a power of two)
+        self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
+        self.track = 0          # the identity map (LRU hash, fcap.kernel.track), 0: none
+        self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
+        self.stack = 0          # --stack: the STACK_TRACE map (fcap.kernel.kstack), 0: none
+
+
+class ProgramOptions(NamedTuple):
+    start: str                       # START_*
+    snaplen: int
+    filter: list | None = None       # cBPF instructions (code, jt, jf, k) or None
+    dynptr_kfunc: int = 0            # BTF id of bpf_dynptr_from_skb when tracing programs may call it
+    predicates: list | tuple = ()    # callables (builder) -> items that jump to "out" to drop
+    record: str = RECORD_PCAP        # which file record header the program lays out at the end of META
+    clock_offset_ns: int = 0         # wall clock - monotonic clock, added to the record header's timestamp
+    meta: bool = True                # record pid/tid, comm, mark and netns (not when a pcap file is all they feed)
+    task_btf: bool = True            # pid/tid, comm from bpf_get_current_task_btf (5.11+), else the older helpers
+    dumps: object = None             # fcap.kernel.dumps.PointDumps: --dump copies, in an area before META (R7 past it)
+    head_loads: bool = False         # the verifier lets the program load through skb->head (untrusted memory)
+    division_tracked: bool = False   # the verifier tracks ranges through a division (bpf.cbpf's loops: an xor)
+    count_seen: bool = False         # file rings: count each record in the counters too (fcap.kernel.stats: ISBs)
+    ident: str = "none"              # how records get their packet ids (fcap.kernel.track.mode)
+    points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
+    stack: bool = False              # --stack: each record's kernel stack id (fcap.kernel.kstack)
+    context: bool = False            # --context: record the packet's cgroup (fcap.kernel.context)
+
+
+def scratch_size(point: Point, opts: ProgramOptions) -> int:
+    """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
+    if not point.typed:
+        size = PKT + HDR_MAX + LINEAR_CAP + 8
+    elif opts.filter is not None:
+        size = PKT + HDR_MAX + FILTER_CAP + 8
+    else:
+        size = PKT + HDR_MAX + 8
+    if opts.record == RECORD_PCAPNG:
+        size = (size + 7 & ~7) + CAREA.size
+    return size + dump_area(opts)
+
+
+def dump_area(opts: ProgramOptions) -> int:
+    """Bytes of the dump area before META (0 without --dump)."""
+    return opts.dumps.size if opts.dumps is not None else 0
+
+
+class KernelOffsets:
+    """Offsets of the kernel structures the program reads, from BTF."""
+
+    def __init__(self, btf: BTF):
+        vm = btf if btf.base is None else btf.base
+        skb = vm.find("sk_buff", "struct")
+        dev = vm.find("net_device", "struct")
+        net = vm.find("net", "struct")
+        if skb is None or dev is None:
+            raise ProgramError("this kernel's BTF has no struct sk_buff or struct net_device")
+
+        def off(struct_type, path: str) -> int:
+            _m, bits = struct_type.member_path(path) if "." in path else struct_type.member(path)
+            return bits // 8
+
+        self.len = off(skb, "len")
+        self.head = off(skb, "head")
+        self.data = off(skb, "data")
+        self.mac = off(skb, "mac_header")
+        self.network = off(skb, "network_header")
+        self.protocol = off(skb, "protocol")
+        self.dev = off(skb, "dev")
+        self.mark = off(skb, "mark")
+        self.data_len = off(skb, "data_len")
+        m, bits = skb.member("pkt_type")
+        self.pkt_type_byte, self.pkt_type_shift = bits // 8, bits % 8
+        self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1
+        self.ifindex = off(dev, "ifindex")
+        self.hatype = off(dev, "type")
+        self.dev_name = off(dev, "name")
+        self.dev_net = off(dev, "nd_net")
+        self.net_inum = None
+        if net is not None:
+            try:
+                self.net_inum = off(net, "ns.inum")
+            except Exception:  # noqa: BLE001 - older layouts: no netns id, not fatal
+                self.net_inum = None
+        task = vm.find("task_struct", "struct")
+        self.task = None   # (pid, tgid, comm) offsets: read straight from current where the verifier types it
+        if task is not None:
+            try:
+                self.task = (off(task, "pid"), off(task, "tgid"), off(task, "comm"))
+            except Exception:  # noqa: BLE001 - the helpers do it otherwise
+                self.task = None
