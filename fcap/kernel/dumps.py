@@ -55,16 +55,27 @@ CT_PATH = "ct"            # --ct: the skb's conntrack entry, a dump of its own
 NFCT_PTRMASK = -8         # skb->_nfct & ~7: the struct nf_conn (the low bits: enum ip_conntrack_info)
 
 
+CT_MODULE = "nf_conntrack"   # where struct nf_conn is when conntrack is a module
+
+
 def ct_plan(point: Point) -> DumpPlan:
-    """--ct: the struct nf_conn at skb->_nfct & ~7 (state, zone, mark, original and reply tuples: NAT shows)."""
+    """--ct: the struct nf_conn at skb->_nfct & ~7 (state, zone, mark, original and reply tuples: NAT shows), typed
+    from vmlinux's BTF or, where conntrack is a module, from the loaded module's."""
     vm = point.btf if point.btf.base is None else point.btf.base
-    conn, skb = vm.find("nf_conn", "struct"), vm.find("sk_buff", "struct")
+    skb = vm.find("sk_buff", "struct")
     try:
         off = skb.member("_nfct")[1] // 8
     except BTFError:
-        off = None
-    if conn is None or off is None:
-        raise PathError("--ct: this kernel's BTF has no struct nf_conn or sk_buff._nfct (conntrack not built in)")
+        raise PathError("--ct: this kernel's sk_buff has no _nfct (built without conntrack)") from None
+    conn = vm.find("nf_conn", "struct")
+    if conn is None and CT_MODULE in BTF.module_names():
+        conn = BTF.module(CT_MODULE).find("nf_conn", "struct")
+    if conn is None and os.path.isdir(f"/sys/module/{CT_MODULE}"):
+        raise PathError(f"--ct: {CT_MODULE} is a module without BTF here (module BTF came in 5.11): this kernel "
+                        f"cannot type struct nf_conn")
+    if conn is None:
+        raise PathError(f"--ct: struct nf_conn is in neither vmlinux's BTF nor a loaded module's ({CT_MODULE} is not "
+                        f"loaded: no conntrack or NAT rule yet; modprobe {CT_MODULE})")
     return DumpPlan(CT_PATH, point.skb_index, [off], 0, min(conn.size, DUMP_MAX), conn, mask=NFCT_PTRMASK)
 
 
@@ -320,11 +331,22 @@ def from_option(value: bytes, btf: BTF | None = None) -> Dump | None:
 
 
 def _find_type(ctype: str, size: int, btf: BTF | None) -> Type | None:
-    """A named type (`struct net_device`, `unsigned int`, `__be16`) of this size, or None."""
+    """A named type (`struct net_device`, `unsigned int`, `__be16`) of this size, or None; by default this kernel's,
+    in vmlinux's BTF or else a loaded module's (struct nf_conn where conntrack is a module)."""
+    if btf is not None:
+        return _find_in(btf, ctype, size)
     try:
-        btf = btf or BTF.vmlinux()
+        found = _find_in(BTF.vmlinux(), ctype, size)
+        for name in [] if found is not None else BTF.module_names():
+            found = _find_in(BTF.module(name), ctype, size)
+            if found is not None:
+                break
+        return found
     except BTFError:
         return None
+
+
+def _find_in(btf: BTF, ctype: str, size: int) -> Type | None:
     word, _, name = ctype.partition(" ")
     kinds = {"struct": "struct", "union": "union", "enum": None}
     if word in kinds and name and "*" not in name and "[" not in name:
