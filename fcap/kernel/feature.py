@@ -9,7 +9,8 @@ a capture asks for put in at named stages. A Feature says:
 - maps: which of the program's maps it uses (Maps attributes) and who makes them;
 - stages: what it emits, and where (a function of the builder per stage);
 - reads: what user space reads back of it, if anything (a dotted name: fcap.kernel does not import the floors that
-  read).
+  read);
+- turns_away: whether it may leave for "out" before the record is made (predicates, filter, tracking).
 The builder runs each stage's features in program.FEATURES' order, so the order of a stage's features is declared
 there too. A feature whose code another feature's stage emits (the pcapng comment, inside the file ring's record)
 names that one in `within` instead of having stages of its own."""
@@ -65,6 +66,8 @@ class Feature:
     layouts: tuple = ()                              # other fcap.kernel.layout declarations it writes (by name)
     reads: str = ""                                  # user space's reader (dotted name), "" for none
     within: str = ""                                 # the feature whose stage emits this one's code
+    turns_away: bool = False                         # may leave for "out" before the record (the clock is read
+                                                     # after it; else first: fcap.kernel.program.Builder.clock_first)
 
     def __post_init__(self):
         unknown = set(self.stages) - set(STAGES)

@@ -30,7 +30,7 @@ def emit_all(b) -> None:
 
 
 PREDICATES = Feature("predicates", on=lambda point, options, maps: bool(options.predicates),
-                     stages={SELECT: emit_all})
+                     stages={SELECT: emit_all}, turns_away=True)
 
 
 def _drop_unless_equal(reg: int, value: int) -> list:

@@ -278,6 +278,7 @@ PACKET_IDS = Feature("packet ids", on=lambda point, options, maps: options.ident
                      reads="fcap.kernel.track.read_counters")
 TRACKING = Feature("track", on=lambda point, options, maps: options.ident == IDENT_TRACK,
                    stages={ENTRY: emit_lookup, SELECTED: emit_tracked_label, BEFORE_FILTER: emit_skip_filter},
+                   turns_away=True,
                    maps=(_MAP, _COUNTERS), reads="fcap.kernel.track.evicted")
 
 
