@@ -67,7 +67,7 @@ class Floor:
         from bpf.sys import enable_stats
         from bpf.uapi import AttachType, Helper, ProgType
         from fcap.points.spec import resolve
-        from bench.bpfstats import _totals
+        from bench.bpf_runtime import totals
         pt = resolve(POINT)
         code = ([asm.call(Helper.ktime_get_ns)] if self.clock else []) + [asm.movi(asm.R0, 0), asm.exit_()]
         prog = load(ProgType.TRACING, code, name="fcap_floor", expected_attach_type=AttachType.TRACE_RAW_TP,
@@ -77,9 +77,9 @@ class Floor:
             with attach_tracing(prog.fileno(), POINT):
                 if stats:
                     with enable_stats():
-                        before = _totals([prog.fd])
+                        before = totals([prog.fd])
                         s = sender.send(PAYLOAD, count)
-                        after = _totals([prog.fd])
+                        after = totals([prog.fd])
                     r.bpf_hits = after[1] - before[1]
                     r.bpf_ns_per_hit = (after[0] - before[0]) / r.bpf_hits if r.bpf_hits else None
                 else:
