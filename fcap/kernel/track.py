@@ -115,12 +115,7 @@ def _new_id(b) -> None:
     b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.maps.track_counters), mov(R2, FP),
            addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), movi(R1, 1))
     off = TRACK_COUNTERS.off("next")
-    if b.options.points == 1:
-        # one program takes ids, and the kernel never runs a program nested in itself on a CPU (its recursion
-        # check): a plain add. A locked one is a full barrier, waiting for the last record's stores to reach the
-        # cache (~8 ns a pcapng packet at net_dev_queue here)
-        b.emit(ldx(DW, R1, R0, off), addi(R1, 1), stx(DW, R0, off, R1))
-    elif features.atomic_fetch() is None:
+    if features.atomic_fetch() is None:
         b.emit(asm.fetch_add(DW, R0, off, R1), addi(R1, 1))
     else:   # (5.10: an add, then a load; a program nested on this CPU between them would take the same id)
         b.emit(asm.atomic_add(DW, R0, off, R1), ldx(DW, R1, R0, off))
