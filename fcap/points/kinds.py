@@ -323,6 +323,8 @@ class _OnProgram(_Trampoline):
     on_program = True
     operand = "PROG"
     target_type: ProgType     # the type of the programs it attaches to
+    word = ""                 # how -i names both ends (xdp/PROG), and the programs in list-devices
+    label = ""                # how a message names those programs ("no XDP program ...")
     ctx_name = ""             # how the target's BTF names its context struct
     alternative = ""          # what sees the same packets where the kernel refuses fentry/fexit
 
@@ -344,6 +346,7 @@ class _XdpEntry(_OnProgram):
     at_entry = True
     context = "xdp_buff"
     target_type = ProgType.XDP
+    word, label = "xdp", "XDP"
     ctx_name = "xdp_md"
     alternative = "tp_btf/netif_receive_skb (the packets XDP passes, after it)"
 
@@ -362,6 +365,7 @@ class _TcEntry(_OnProgram):
     attach_type = AttachType.TRACE_FENTRY
     at_entry = True
     target_type = ProgType.SCHED_CLS
+    word, label = "tc", "tc"
     ctx_name = "__sk_buff"
     alternative = "tp_btf/netif_receive_skb (before tc ingress) or tp_btf/net_dev_queue (before tc egress)"
 
@@ -376,7 +380,7 @@ class _TcExit(_TcEntry):
 
 XDP_ENTRY, XDP_EXIT, TC_ENTRY, TC_EXIT = _XdpEntry(), _XdpExit(), _TcEntry(), _TcExit()
 # -i's words for a program's entry and exit together
-PROGRAM_WORDS: dict[str, tuple[Kind, ...]] = {"xdp": (XDP_ENTRY, XDP_EXIT), "tc": (TC_ENTRY, TC_EXIT)}
+PROGRAM_WORDS: dict[str, tuple[Kind, ...]] = {ks[0].word: ks for ks in ((XDP_ENTRY, XDP_EXIT), (TC_ENTRY, TC_EXIT))}
 
 # Every kind -i spells, in the order the grammar lists them (the multi kinds above are fcap's choice for many
 # points of one of these, never spelled; nothing else names kinds).

@@ -20,7 +20,6 @@ from fcap.errors import PointError
 from fcap.points import kinds
 from fcap.points.spec import Argument, Point
 
-TYPE_WORD = {ProgType.XDP: "xdp", ProgType.SCHED_CLS: "tc"}
 ARG_NAME = {"xdp_buff": "xdp", "sk_buff": "skb"}   # the context argument's name (--where, --dump)
 
 
@@ -51,11 +50,11 @@ def resolve(spec: str) -> list[Point]:
     KIND.exit/PROG one. PointError with one line when there is no such program, or several by that name."""
     word, _sep, rest = spec.strip().partition("/")
     ks = kinds.program_kinds(word)
-    family = word.partition(".")[0]
+    family = ks[0].word
     if not rest:
         raise PointError(f"{spec}: name the program: {family}/NAME or {family}/ID (fcap list-devices lists them)")
     try:
-        target = _find(spec, rest, ks[0].target_type, family)
+        target = _find(spec, rest, ks[0])
         btf = BTF.load(objects.btf_data(target.desc.btf_id), name=f"prog {target.id}")
         main = btf.type(target.desc.funcs[0][1])
         vm = BTF.vmlinux()
@@ -73,9 +72,9 @@ def resolve(spec: str) -> list[Point]:
     return out
 
 
-def _find(spec: str, what: str, prog_type: int, family: str) -> Target:
-    label = "XDP" if family == "xdp" else family
-    article = "an" if family == "xdp" else "a"
+def _find(spec: str, what: str, kind: kinds.Kind) -> Target:
+    prog_type, family, label = kind.target_type, kind.word, kind.label
+    article = "an" if label[0] in "AEIOUX" else "a"
     if what.isdigit():
         try:
             fd = objects.open_prog(int(what))
@@ -155,9 +154,10 @@ def list_programs() -> list[ProgramRow]:
             where.setdefault(prog_id, []).append(text)
     rows = []
     for desc in objects.programs():
-        word = TYPE_WORD.get(desc.type)
-        if word is None:
+        ks = kinds.for_program_type(desc.type)
+        if not ks:
             continue
+        word = ks[0].word
         name = _main_name(desc) or desc.name
         rows.append(ProgramRow(f"{word}/{name}", desc.id, name, ", ".join(where.get(desc.id, []))))
     return rows
