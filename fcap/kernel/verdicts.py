@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from bpf.asm import DW, FP, R0, R7, ldx
 
-from fcap.files.pcapfile import VERDICT_TC, VERDICT_XDP
+from fcap.files.pcapfile import VERDICT_TC, VERDICT_XDP, verdict_name
 from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import META, STACK
-
-XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
-TC_ACTIONS = {-1: "TC_ACT_UNSPEC", 0: "TC_ACT_OK", 1: "TC_ACT_RECLASSIFY", 2: "TC_ACT_SHOT", 3: "TC_ACT_PIPE",
-              4: "TC_ACT_STOLEN", 5: "TC_ACT_QUEUED", 6: "TC_ACT_REPEAT", 7: "TC_ACT_REDIRECT", 8: "TC_ACT_TRAP"}
 
 
 def records_verdict(point) -> bool:
@@ -27,8 +23,7 @@ def verdict_type(point) -> int:
 
 def name(point, value: int) -> str:
     """XDP_DROP, TC_ACT_SHOT, ...; the number where it has no name."""
-    names = XDP_ACTIONS if point.kind.context == "xdp_buff" else TC_ACTIONS
-    return names.get(value, str(value))
+    return verdict_name(verdict_type(point), value)
 
 
 def emit(b) -> None:
