@@ -6,6 +6,7 @@ one-line refusal is checked)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -149,6 +150,8 @@ def _check(out, by_iface, ttls, prog, kind: str, rewrite: int, drop: int, vtype:
     assert ttls == [TTL - 1] * N_REWRITE                 # what the receiver got: the rewritten datagrams only
     names = {1: "TC_ACT_SHOT", 2: "XDP_DROP"}
     assert all(f"verdict={names[vtype]}" in r.comment for r in shots)
+    objs = [json.loads(line) for line in run_fcap(["-r", str(out), "--json"]).stdout.decode().splitlines()]
+    assert [o.get("verdict") for o in objs].count(names[vtype]) == N_DROP
     if shutil.which("tcpdump"):
         lines = subprocess.run(["tcpdump", "-nn", "-r", str(out)], capture_output=True, text=True).stdout
         assert len(lines.splitlines()) == 2 * (N_REWRITE + N_DROP)
