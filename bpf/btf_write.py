@@ -63,6 +63,14 @@ class BTFWriter:
         return struct.pack("<HBBIIIII", MAGIC, VERSION, 0, HDR_LEN, 0, len(types), len(types),
                            len(self._strs)) + types + bytes(self._strs)
 
+    @classmethod
+    def one_function(cls, name: str, ctx_struct: str) -> tuple[BTFWriter, int]:
+        """The BTF of one function `int NAME(struct CTX *ctx)` (a program's main function) and its FUNC id."""
+        w = cls()
+        int_id = w.add_int("int", 4, signed=True)
+        ptr = w.add_ptr(w.add_struct(ctx_struct, 0))
+        return w, w.add_func(name, w.add_func_proto(int_id, [("ctx", ptr)]))
+
     def load(self) -> FD:
         """BPF_BTF_LOAD: the fd of the kernel's BTF object (SyscallError with the kernel's log when refused)."""
         data = self.encode()

@@ -49,11 +49,7 @@ class TestProgram:
     """A loaded test program, its BTF and its drop counter (close() frees them)."""
 
     def __init__(self, prog_type: ProgType, name: str, rewrite_port: int, drop_port: int):
-        ctx = SHAPES[prog_type][0]
-        w = BTFWriter()
-        int_id = w.add_int("int", 4, signed=True)
-        ptr = w.add_ptr(w.add_struct(ctx, 0))
-        func = w.add_func(name, w.add_func_proto(int_id, [("ctx", ptr)]))
+        w, func = BTFWriter.one_function(name, SHAPES[prog_type][0])
         self.btf = w.load()
         self.counter = ArrayMap(value_size=8, max_entries=1, name="fcap_t_drops")
         self.prog: Program = load(prog_type, body(prog_type, rewrite_port, drop_port, self.counter.fileno()),

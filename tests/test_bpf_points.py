@@ -231,6 +231,17 @@ def test_names_and_ids(xdp_prog, tc_prog):
     assert any(line.startswith(f"tc/{tc.name}  BPF program id {tc.id}") for line in lines), lines
 
 
+def test_a_program_without_btf_is_one_clear_line(root):
+    """fentry finds a program's main function through its BTF function info: without it, one line saying so."""
+    from bpf import asm
+    from bpf.prog import load
+    name = f"fcap_n{os.getpid() % 100000}"
+    with load(ProgType.XDP, [asm.movi(asm.R0, 2), asm.exit_()], name=name):
+        r = run_fcap(["-i", f"xdp/{name}", "-w", os.devnull])
+    err = r.stderr.decode().strip()
+    assert r.returncode != 0 and len(err.splitlines()) == 1 and "without BTF function info" in err, err
+
+
 def test_list_devices_says_where_xdp_is_attached(xdp_prog, veth_ns):
     prog = xdp_prog[0]
     link = attach_device(prog.fileno(), veth_ns.a_index, AttachType.XDP, f"xdp on {veth_ns.a}")
