@@ -170,7 +170,7 @@ def test_xdp_entry_and_exit_with_the_verdict(xdp_prog, veth_ns, tmp_path):
     link = attach_device(prog.fileno(), veth_ns.a_index, AttachType.XDP, f"xdp on {veth_ns.a}")
     try:
         out, by_iface, ttls = _capture(tmp_path, f"xdp/{prog.name}", veth_ns, rewrite, drop,
-                                       "--ifindex", str(veth_ns.a_index), "udp")
+                                       "--ifindex", str(veth_ns.a_index), "inbound and udp")
     finally:
         link.close()
     _check(out, by_iface, ttls, prog, "xdp", rewrite, drop, 2, 2, 1)

@@ -115,8 +115,9 @@ class XdpBuilder(Builder):
             return [call(Helper.get_smp_processor_id), mov(dst, R0)]
         if field == 56:
             return [call(Helper.get_prandom_u32), mov(dst, R0)]
-        if field in (0, 8):
-            meta = "proto" if field == 0 else "ifindex"
-            out = [ldx(DW, R1, FP, STACK.scratch), META.load(dst, R1, meta)]
-            return out + ([be(dst, 16)] if field == 0 else [])
+        if field == 0:   # the EtherType the metadata read
+            return [ldx(DW, R1, FP, STACK.scratch), META.load(dst, R1, "proto"), be(dst, 16)]
+        if field == 8:   # xdp->rxq->dev->ifindex (the xdp_buff saved at STACK.skb while the filter runs)
+            return [ldx(DW, R1, FP, STACK.skb), ldx(DW, R1, R1, self.xdp.rxq), ldx(DW, R1, R1, self.xdp.rxq_dev),
+                    jmp(JEQ, R1, 0, reject), ldx(W, dst, R1, self.offsets.ifindex)]
         raise CBPFError(f"Linux ancillary field {name}: an XDP packet has no skb to hold it")
