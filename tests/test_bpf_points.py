@@ -171,9 +171,21 @@ def test_xdp_entry_and_exit_with_the_verdict(xdp_prog, veth_ns, tmp_path):
     try:
         out, by_iface, ttls = _capture(tmp_path, f"xdp/{prog.name}", veth_ns, rewrite, drop,
                                        "--ifindex", str(veth_ns.a_index), "inbound and udp")
+        _check(out, by_iface, ttls, prog, "xdp", rewrite, drop, 2, 2, 1)
+        # printed: each line names its point, and the exit's its verdict
+        printed = tmp_path / "printed.txt"
+        with open(printed, "wb") as f:
+            fcap = start_fcap(["-i", f"xdp/{prog.name}", "-l", "udp"], stdout=f)
+            try:
+                _send(veth_ns, rewrite, drop)
+            finally:
+                assert fcap.stop() == 0, fcap.stderr
     finally:
         link.close()
-    _check(out, by_iface, ttls, prog, "xdp", rewrite, drop, 2, 2, 1)
+    lines = printed.read_text().splitlines()
+    assert sum(f"xdp.exit/{prog.name} [verdict=XDP_DROP]" in line for line in lines) == N_DROP, lines
+    assert sum(f"xdp.exit/{prog.name} [verdict=XDP_PASS]" in line for line in lines) == N_REWRITE, lines
+    assert sum(f"xdp.entry/{prog.name}" in line for line in lines) == N_REWRITE + N_DROP, lines
 
 
 def test_tc_entry_and_exit_with_the_verdict(tc_prog, veth_ns, tmp_path):
