@@ -193,7 +193,7 @@ def test_tc_entry_and_exit_with_the_verdict(tc_prog, veth_ns, tmp_path):
     reason = _refusal(prog.prog)
     if reason is not None:
         pytest.skip(f"this kernel refuses fentry on BPF programs: {reason}")
-    link = None
+    link, where = None, f"{veth_ns.a} ingress (tcx)"
     try:
         link = attach_device(prog.fileno(), veth_ns.a_index, AttachType.TCX_INGRESS, f"tcx on {veth_ns.a}")
     except BPFError:   # before tcx (6.6): clsact through iproute2
@@ -201,7 +201,10 @@ def test_tc_entry_and_exit_with_the_verdict(tc_prog, veth_ns, tmp_path):
             pytest.skip("no tcx links on this kernel, and no tc command for clsact")
         from bpfprogs import attach_clsact
         attach_clsact(prog, veth_ns.a)
+        where = f"{veth_ns.a} ingress (clsact)"
     try:
+        listed = run_fcap(["list-devices", f"tc/{prog.name}"]).stdout.decode()
+        assert f"tc/{prog.name}  BPF program id {prog.id}, attached to {where}" in listed, listed
         out, by_iface, ttls = _capture(tmp_path, f"tc/{prog.id}", veth_ns, rewrite, drop, "udp")
     finally:
         if link is not None:
