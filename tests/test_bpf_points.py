@@ -240,6 +240,9 @@ def test_names_and_ids(xdp_prog, tc_prog):
     assert r.returncode != 0 and f"is not an XDP program" in r.stderr.decode(), r.stderr
     r = run_fcap(["-i", "tc/fcap_no_such_prog", "-w", os.devnull])
     assert r.returncode != 0 and "no loaded tc program is called" in r.stderr.decode()
+    r = run_fcap(["info", f"tc/{tc.id}"])
+    assert r.stdout.decode().splitlines() == [f"int {tc.name}(struct sk_buff *skb);  [BPF program id {tc.id}]",
+                                              f"  points: tc.entry/{tc.name}, tc.exit/{tc.name}"], r
     r = run_fcap(["list-devices", "fcap_*"])
     lines = r.stdout.decode().splitlines()
     assert f"xdp/{prog.name}  BPF program id {prog.id}, not attached to a device (that fcap sees)" in lines, lines

@@ -132,12 +132,30 @@ def refused_kinds() -> str:
     return "note: on this kernel " + "; ".join(refused) + ". Capture at tp_btf/ points instead."
 
 
+def info_program(spec: str) -> int:
+    """fcap info xdp/PROG: the program's main function, as the points at its entry and exit see it."""
+    from fcap.points import progpoints
+    from fcap.points.spec import PointError
+    try:
+        points = progpoints.resolve(spec)
+    except PointError as e:
+        return fail(str(e))
+    p = points[0]
+    sys.stdout.write(f"{p.prototype()};  [BPF program id {p.target.id}]\n")
+    sys.stdout.write(f"  points: {', '.join(q.spec for q in points)}\n")
+    return 0
+
+
 def cmd_info(argv: list[str]) -> int:
+    from fcap.points import progpoints
     from fcap.points.spec import PointError, resolve
     if not argv:
         return fail("usage: fcap info POINT", 2)
     code = 0
     for spec in argv:
+        if progpoints.is_program_spec(spec):
+            code = info_program(spec) or code
+            continue
         try:
             p = resolve(spec)
         except PointError as e:
