@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from netns import run_fcap, sh, start_fcap
+from netns import run_fcap, start_fcap
 
 from bpf import features
 from bpf.errors import BPFError
@@ -237,7 +237,7 @@ def test_names_and_ids(xdp_prog, tc_prog):
         twin.close()
     tc = tc_prog[0]
     r = run_fcap(["-i", f"xdp/{tc.id}", "-w", os.devnull])
-    assert r.returncode != 0 and f"is not an XDP program" in r.stderr.decode(), r.stderr
+    assert r.returncode != 0 and "is not an XDP program" in r.stderr.decode(), r.stderr
     r = run_fcap(["-i", "tc/fcap_no_such_prog", "-w", os.devnull])
     assert r.returncode != 0 and "no loaded tc program is called" in r.stderr.decode()
     r = run_fcap(["info", f"tc/{tc.id}"])

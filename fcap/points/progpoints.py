@@ -14,7 +14,7 @@ from bpf.btf import BTF, BTFError, Ptr, Type
 from bpf.errors import BPFError
 from bpf.objects import ProgDesc
 from bpf.sys import FD
-from bpf.uapi import AttachType, LinkType, ProgType
+from bpf.uapi import AttachType, LinkType
 
 from fcap.errors import PointError
 from fcap.points import kinds
