@@ -181,16 +181,21 @@ def _iproute2_attachments() -> list[tuple[int, str]]:
     for link in links:
         xdp = link.get("xdp") or {}
         progs = [a.get("prog", {}) for a in xdp.get("attached", [])] or [xdp.get("prog", {})]
-        for prog in progs:
-            if prog.get("id"):
-                out.append((prog["id"], f"{link.get('ifname')} (xdp)"))
+        out += [(prog["id"], f"{link.get('ifname')} (xdp)") for prog in progs if prog.get("id")]
     if shutil.which("tc") is not None:
         for link in links:
-            for side in ("ingress", "egress"):
-                for f in _json(["tc", "-j", "filter", "show", "dev", link.get("ifname", ""), side]):
-                    prog_id = (f.get("options") or {}).get("prog", {}).get("id")
-                    if prog_id:
-                        out.append((prog_id, f"{link.get('ifname')} {side} (clsact)"))
+            out += _clsact(link.get("ifname", ""))
+    return out
+
+
+def _clsact(dev: str) -> list[tuple[int, str]]:
+    """(program id, where) of the tc programs in `dev`'s clsact qdisc."""
+    out = []
+    for side in ("ingress", "egress"):
+        for f in _json(["tc", "-j", "filter", "show", "dev", dev, side]):
+            prog_id = (f.get("options") or {}).get("prog", {}).get("id")
+            if prog_id:
+                out.append((prog_id, f"{dev} {side} (clsact)"))
     return out
 
 
