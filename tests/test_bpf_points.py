@@ -233,6 +233,9 @@ def test_names_and_ids(xdp_prog, tc_prog):
         err = r.stderr.decode().strip()
         assert r.returncode != 0 and len(err.splitlines()) == 1, err
         assert f"2 XDP programs are called {prog.name!r}" in err and str(prog.id) in err and str(twin.id) in err
+        r = run_fcap(["info", f"xdp/{prog.id}", f"xdp/{twin.id}"])   # by id: each its own name
+        assert [line for line in r.stdout.decode().splitlines() if "points:" in line] == [
+            f"  points: xdp.entry/{p.name}#{p.id}, xdp.exit/{p.name}#{p.id}" for p in (prog, twin)], r
     finally:
         twin.close()
     tc = tc_prog[0]

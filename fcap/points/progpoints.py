@@ -83,7 +83,8 @@ def _find(spec: str, what: str, kind: kinds.Kind) -> Target:
         desc = objects.prog_desc(fd.fileno())
         if desc.type != prog_type:
             raise PointError(f"{spec}: program {what} ({desc.name}) is not {article} {label} program")
-        return _target(spec, desc, fd)
+        twins = any(d.type == prog_type and d.name == desc.name and d.id != desc.id for d in objects.programs())
+        return _target(spec, desc, fd, twins)
     found = []
     for desc in objects.programs():
         if desc.type == prog_type and (desc.name == what or desc.name == what[:15] and _main_name(desc) == what):
@@ -101,11 +102,14 @@ def _find(spec: str, what: str, kind: kinds.Kind) -> Target:
     return _target(spec, found[0], fd)
 
 
-def _target(spec: str, desc: ProgDesc, fd: FD) -> Target:
+def _target(spec: str, desc: ProgDesc, fd: FD, twins: bool = False) -> Target:
+    """The program's Target, named by its main function (NAME#ID where other programs have its name, so that the
+    points of each have names, and pcapng interfaces, of their own)."""
     if not desc.btf_id or not desc.funcs:
         raise PointError(f"{spec}: program {desc.name} (id {desc.id}) was loaded without BTF function info, which "
                          f"fentry/fexit need to attach to it")
-    return Target(desc, fd, _main_name(desc) or desc.name)
+    name = _main_name(desc) or desc.name
+    return Target(desc, fd, f"{name}#{desc.id}" if twins else name)
 
 
 def _main_name(desc: ProgDesc) -> str:
