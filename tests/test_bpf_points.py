@@ -133,8 +133,10 @@ def _capture(tmp_path, spec: str, v, rewrite: int, drop: int, *extra: str):
     return out, by_iface, ttls
 
 
-def _check(out, by_iface, ttls, prog, kind: str, rewrite: int, drop: int, vtype: int, ok: int, shot: int) -> None:
-    entry, exit_ = by_iface.get(f"{kind}.entry/{prog.name}", []), by_iface.get(f"{kind}.exit/{prog.name}", [])
+def _check(out, by_iface, ttls, prog, kind: str, rewrite: int, drop: int, vtype: int, ok: int, shot: int,
+           name: str = "") -> None:
+    name = name or prog.name
+    entry, exit_ = by_iface.get(f"{kind}.entry/{name}", []), by_iface.get(f"{kind}.exit/{name}", [])
     want = sorted([rewrite] * N_REWRITE + [drop] * N_DROP)
     assert sorted(_udp(r)[1] for r in entry) == want, by_iface.keys()
     assert sorted(_udp(r)[1] for r in exit_) == want
@@ -202,14 +204,17 @@ def test_tc_entry_and_exit_with_the_verdict(tc_prog, veth_ns, tmp_path):
         from bpfprogs import attach_clsact
         attach_clsact(prog, veth_ns.a)
         where = f"{veth_ns.a} ingress (clsact)"
+    from bpfprogs import TestProgram
+    twin = TestProgram(ProgType.SCHED_CLS, prog.name, rewrite, drop)   # (not attached: the points are by id)
     try:
         listed = run_fcap(["list-devices", f"tc/{prog.name}"]).stdout.decode()
         assert f"tc/{prog.name}  BPF program id {prog.id}, attached to {where}" in listed, listed
         out, by_iface, ttls = _capture(tmp_path, f"tc/{prog.id}", veth_ns, rewrite, drop, "udp")
     finally:
+        twin.close()
         if link is not None:
             link.close()
-    _check(out, by_iface, ttls, prog, "tc", rewrite, drop, 1, 0, 2)
+    _check(out, by_iface, ttls, prog, "tc", rewrite, drop, 1, 0, 2, name=f"{prog.name}#{prog.id}")
 
 
 def test_refused_on_this_kernel_in_one_line(xdp_prog):
