@@ -1,5 +1,6 @@
 """Attaching programs: tp_btf/fentry/fexit/raw_tp through raw_tracepoint_open, kprobes through perf events, one
-program on many functions through kprobe-multi and tracing-multi links (a cookie per function)."""
+program on many functions through kprobe-multi and tracing-multi links (a cookie per function), XDP and tcx
+programs on a device through links."""
 
 from __future__ import annotations
 
@@ -120,4 +121,11 @@ def attach_tracing_multi(prog_fd: int, attach_type: int, btf_ids: Sequence[int],
     attr = TracingMultiAttr(prog_fd=prog_fd, attach_type=attach_type, ids=addr(ids), cookies=addr(cooks),
                             cnt=len(btf_ids))
     what = what or f"tracing-multi ({len(btf_ids)} functions)"
+    return Link([FD(bpf(Cmd.LINK_CREATE, attr, f"attach {what}"))], what)
+
+
+def attach_device(prog_fd: int, ifindex: int, attach_type: int, what: str) -> Link:
+    """A link running the program on device `ifindex` (of the caller's network namespace): AttachType.XDP (5.9),
+    TCX_INGRESS / TCX_EGRESS (6.6)."""
+    attr = LinkCreateAttr(prog_fd=prog_fd, target_fd=ifindex, attach_type=attach_type)
     return Link([FD(bpf(Cmd.LINK_CREATE, attr, f"attach {what}"))], what)

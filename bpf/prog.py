@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from . import asm
 from .errors import SyscallError, VerifierError
@@ -79,21 +79,27 @@ def wait_freed(ids: list[int], timeout: float) -> bool:
 
 def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", license: str = "GPL",
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
-         attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "") -> Program:
-    """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC)
-    and raised as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError."""
+         attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "", btf_fd: int = 0,
+         func_info: Sequence[tuple[int, int]] = ()) -> Program:
+    """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC) and raised
+    as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError. With `btf_fd` and `func_info`
+    ((instruction, BTF FUNC id) pairs) the program carries its own BTF (bpf.btf_write); attach_btf_obj_fd is also
+    the union's attach_prog_fd: the target of fentry/fexit on a BPF program."""
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
     buf = ctypes.create_string_buffer(code, len(code))
     lic = ctypes.create_string_buffer(license.encode())
     op = f"load program {what or name or prog_type.name}"
+    finfo = (ctypes.c_uint32 * (2 * len(func_info)))(*(v for pair in func_info for v in pair)) if func_info else None
 
     def attempt(level: int, size: int):
         log = ctypes.create_string_buffer(size) if level else None
         attr = ProgLoadAttr(prog_type=prog_type, insn_cnt=len(code) // 8, insns=addr(buf), license=addr(lic),
                             log_level=level, log_size=size if level else 0, log_buf=addr(log),
                             prog_name=name.encode()[:BPF_OBJ_NAME_LEN - 1], expected_attach_type=expected_attach_type,
-                            attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd)
+                            attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd, prog_btf_fd=btf_fd,
+                            func_info_rec_size=8 if func_info else 0, func_info=addr(finfo),
+                            func_info_cnt=len(func_info))
         fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
         text = log.value.decode(errors="replace") if log is not None else ""
         return fd, err, text

@@ -68,7 +68,10 @@ class AttachType(IntEnum):
     TRACE_FEXIT = 25
     MODIFY_RETURN = 26
     PERF_EVENT = 41
+    XDP = 37                   # an XDP program on a device (link: 5.9)
     TRACE_KPROBE_MULTI = 42    # 5.18
+    TCX_INGRESS = 46           # tc programs through tcx links (6.6)
+    TCX_EGRESS = 47
     # tracing-multi links (one fentry/fexit program on many BTF functions): the values in Debian's 7.2 kernel's
     # BTF; bpf.features.attach_type reads the running kernel's own from its BTF, and only falls back to these
     TRACE_FENTRY_MULTI = 59
@@ -76,7 +79,10 @@ class AttachType(IntEnum):
 
 
 class LinkType(IntEnum):
+    XDP = 6
     KPROBE_MULTI = 8
+    TCX = 11
+    NETKIT = 13
     TRACING_MULTI = 15
 
 

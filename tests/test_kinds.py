@@ -17,7 +17,7 @@ from fcap.points import kinds
 from fcap.points.spec import parse
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe")
+NAMES = ("fentry", "fexit", "tp_btf", "raw_tp", "kprobe", "xdp.entry", "xdp.exit", "tc.entry", "tc.exit")
 
 # name: (program type, expected attach type, typed, function, sees return, at entry, by symbol)
 EXPECTED = {
@@ -26,6 +26,10 @@ EXPECTED = {
     "tp_btf": (ProgType.TRACING, AttachType.TRACE_RAW_TP, True, False, False, False, False),
     "raw_tp": (ProgType.RAW_TRACEPOINT, AttachType.NONE, False, False, False, False, False),
     "kprobe": (ProgType.KPROBE, AttachType.NONE, False, True, False, True, True),
+    "xdp.entry": (ProgType.TRACING, AttachType.TRACE_FENTRY, True, True, False, True, False),
+    "xdp.exit": (ProgType.TRACING, AttachType.TRACE_FEXIT, True, True, True, False, False),
+    "tc.entry": (ProgType.TRACING, AttachType.TRACE_FENTRY, True, True, False, True, False),
+    "tc.exit": (ProgType.TRACING, AttachType.TRACE_FEXIT, True, True, True, False, False),
 }
 
 
@@ -41,7 +45,20 @@ def test_every_kind_found_by_name_with_its_attributes():
             assert callable(getattr(k, method)), (name, method)
         assert k.attach.__annotations__["return"] in ("Link", Link)
     assert kinds.get("kretprobe") is None and kinds.get("tp") is None
-    assert (kinds.FENTRY, kinds.FEXIT, kinds.TP_BTF, kinds.RAW_TP, kinds.KPROBE) == kinds.ALL
+    assert (kinds.FENTRY, kinds.FEXIT, kinds.TP_BTF, kinds.RAW_TP, kinds.KPROBE, kinds.XDP_ENTRY, kinds.XDP_EXIT,
+            kinds.TC_ENTRY, kinds.TC_EXIT) == kinds.ALL
+
+
+def test_kinds_on_bpf_programs():
+    """xdp/PROG and tc/PROG name both ends; each end its own kind, its context the kernel's struct."""
+    assert kinds.program_kinds("xdp") == (kinds.XDP_ENTRY, kinds.XDP_EXIT)
+    assert kinds.program_kinds("tc") == (kinds.TC_ENTRY, kinds.TC_EXIT)
+    assert kinds.program_kinds("tc.exit") == (kinds.TC_EXIT,) and kinds.program_kinds("fentry") == ()
+    assert kinds.for_program_type(ProgType.XDP)[0] is kinds.XDP_ENTRY and kinds.for_program_type(ProgType.KPROBE) == ()
+    assert (kinds.XDP_EXIT.context, kinds.TC_EXIT.context, kinds.FENTRY.context) == ("xdp_buff", "sk_buff", "sk_buff")
+    assert all(k.on_program == (k in kinds.PROGRAM_WORDS["xdp"] + kinds.PROGRAM_WORDS["tc"]) for k in kinds.ALL)
+    with pytest.raises(PointError, match="a BPF program's entry and exit"):
+        parse("xdp/my_prog")
 
 
 def test_the_grammar_maps_text_to_kind_objects():
@@ -49,7 +66,8 @@ def test_the_grammar_maps_text_to_kind_objects():
     assert parse("tp/net/net_dev_queue")[0] is kinds.TP_BTF
     assert parse("raw_tp/net_dev_queue")[0] is kinds.RAW_TP
     assert parse("kprobe/ip_output")[0] is kinds.KPROBE and parse("ip_output")[0] is None
-    with pytest.raises(PointError, match="known: fentry, fexit, tp_btf, raw_tp, kprobe, tp"):
+    with pytest.raises(PointError, match="known: fentry, fexit, tp_btf, raw_tp, kprobe, xdp.entry, xdp.exit, "
+                                         "tc.entry, tc.exit, tp"):
         parse("uprobe/x")
 
 

@@ -44,7 +44,7 @@ def test_help_names_every_subcommand(help_text):
 
 def test_help_names_every_point_spelling(help_text):
     for k in kinds.ALL:
-        assert re.search(rf"^  {k.name}/(FUNC|TP) +{re.escape(k.summary)}$", help_text, re.M), k.name
+        assert re.search(rf"^  {k.name}/{k.operand} +{re.escape(k.summary)}$", help_text, re.M), k.name
     for name, (meaning, _hooks) in TABLE.items():
         assert re.search(rf"^  {re.escape(name)} +{re.escape(meaning)}$", help_text, re.M), name
     for spelling in ("tp/SUBSYS/TP", "POINT:ARG", "KIND/GLOB", "fentry/ip_*", "-i again"):

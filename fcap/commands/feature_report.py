@@ -29,6 +29,8 @@ ROWS = [
      "7.2 (the first seen here): tracing-multi links, BPF_TRACE_FENTRY_MULTI"),
     ("kprobe_multi", "many kprobe points, one program and link (`-i 'kprobe/*'`)",
      "5.18: kprobe-multi links with attach cookies"),
+    ("bpf_programs", "an XDP or tc program's entry and exit, its verdict (`-i xdp/PROG`)",
+     "5.5: fentry/fexit on BPF programs (BPF trampolines)"),
 ]
 FIRST = {"filter_frags": "6.12", "file_rings": "6.12"}   # (commit ffc83860d8c0, Sept. 2024)
 
@@ -190,6 +192,25 @@ def check_multi(key: str, kind_name: str) -> Result:
     return _try(key, fn)
 
 
+def check_bpf_programs() -> Result:
+    """A capture at the entry and exit of an XDP program fcap loads for the purpose (XDP_PASS, with BTF function
+    info), attached nowhere."""
+    from bpf import asm
+    from bpf.btf_write import BTFWriter
+    from bpf.errors import BPFError
+    from bpf.prog import load
+    from bpf.uapi import ProgType
+    try:
+        w, func = BTFWriter.one_function("fcap_probe_xdp", "xdp_md")
+        with w.load() as btf:
+            prog = load(ProgType.XDP, [asm.movi(asm.R0, 2), asm.exit_()], name="fcap_probe_xdp", btf_fd=btf.fileno(),
+                        func_info=[(0, func)])
+    except BPFError as e:
+        return Result("bpf_programs", False, f"cannot load an XDP program with BTF to try: {e}")
+    with prog:
+        return _try("bpf_programs", lambda: _capture(f"xdp/{prog.info().id}") or "yes (entry, exit, verdict)")
+
+
 def report() -> list[Result]:
     """Every row of ROWS, tried on this kernel (as root)."""
     from fcap.kernel import predicates as pr
@@ -211,6 +232,7 @@ def report() -> list[Result]:
         "ringbuf": check_ringbuf,
         "tracing_multi": lambda: check_multi("tracing_multi", "fentry"),
         "kprobe_multi": lambda: check_multi("kprobe_multi", "kprobe"),
+        "bpf_programs": check_bpf_programs,
     }
     return [checks[key]() for key, _f, _n in ROWS]
 

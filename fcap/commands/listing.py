@@ -26,16 +26,20 @@ def cmd_list(argv: list[str]) -> int:
         items = list_points(a.pattern)
     except (BTFError, OSError) as e:
         return fail(f"cannot read the kernel's BTF: {e}")
+    programs = loaded_programs(a.pattern)
     out = sys.stdout
     try:
         if a.json:
             import json
             json.dump([{"point": i.spec, "kind": i.kind, "name": i.name, "module": i.module,
-                        "prototype": i.prototype} for i in items], out, indent=1)
+                        "prototype": i.prototype} for i in items] +
+                      [{"point": r.spec, "kind": r.spec.partition("/")[0], "name": r.name, "id": r.id,
+                        "attached": r.attached} for r in programs], out, indent=1)
             out.write("\n")
         else:
             out.write("".join(f"{i.spec}  {i.prototype}{'' if i.module == 'vmlinux' else f'  [{i.module}]'}\n"
                               for i in items))
+            out.write("".join(program_line(r) for r in programs))
         out.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -43,9 +47,27 @@ def cmd_list(argv: list[str]) -> int:
     note = refused_kinds() if items else ""
     if note:
         sys.stderr.write(f"{PROG}: {note}\n")
-    if a.pattern and not items:
+    if a.pattern and not items and not programs:
         return fail(f"no capture point matches {a.pattern!r}")
     return 0
+
+
+def program_line(r) -> str:
+    where = f"attached to {r.attached}" if r.attached else "not attached to a device (that fcap sees)"
+    return f"{r.spec}  BPF program id {r.id}, {where}\n"
+
+
+def loaded_programs(pattern: str | None) -> list:
+    """The loaded XDP and tc programs (fcap.points.progpoints.ProgramRow) whose point or name matches `pattern`;
+    none when the kernel will not list them (not root)."""
+    from bpf.errors import BPFError
+
+    from fcap.points.progpoints import list_programs
+    try:
+        rows = list_programs()
+    except BPFError:
+        return []
+    return [r for r in rows if not pattern or fnmatch.fnmatch(r.name, pattern) or fnmatch.fnmatch(r.spec, pattern)]
 
 
 def cmd_semantic(a) -> int:
@@ -110,12 +132,30 @@ def refused_kinds() -> str:
     return "note: on this kernel " + "; ".join(refused) + ". Capture at tp_btf/ points instead."
 
 
+def info_program(spec: str) -> int:
+    """fcap info xdp/PROG: the program's main function, as the points at its entry and exit see it."""
+    from fcap.points import progpoints
+    from fcap.points.spec import PointError
+    try:
+        points = progpoints.resolve(spec)
+    except PointError as e:
+        return fail(str(e))
+    p = points[0]
+    sys.stdout.write(f"{p.prototype()};  [BPF program id {p.target.id}]\n")
+    sys.stdout.write(f"  points: {', '.join(q.spec for q in points)}\n")
+    return 0
+
+
 def cmd_info(argv: list[str]) -> int:
+    from fcap.points import progpoints
     from fcap.points.spec import PointError, resolve
     if not argv:
         return fail("usage: fcap info POINT", 2)
     code = 0
     for spec in argv:
+        if progpoints.is_program_spec(spec):
+            code = info_program(spec) or code
+            continue
         try:
             p = resolve(spec)
         except PointError as e:

@@ -38,7 +38,7 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
 def point_rows() -> tuple[tuple[str, str], ...]:
     """How -i spells a point: one row per kind (from the kinds the grammar knows), then the other spellings."""
     from fcap.points import kinds
-    rows = [(f"{k.name}/{'FUNC' if k.function else 'TP'}", k.summary) for k in kinds.ALL]
+    rows = [(f"{k.name}/{k.operand}", k.summary) for k in kinds.ALL]
     default = kinds.FENTRY.name
     return tuple(rows) + (
         ("FUNC or TP", f"a bare name: the tracepoint by that name, else FUNC with {default} (the best hook)"),
@@ -46,6 +46,8 @@ def point_rows() -> tuple[tuple[str, str], ...]:
                       "(fentry/skb_try_coalesce:from)"),
         ("KIND/GLOB, GLOB", f"every point a glob names (*, ?, [...] over list-devices' names): {default}/ip_*, "
                             "'tcp_*'"),
+        ("xdp/PROG, tc/PROG", "a loaded XDP or tc program by name or id: its entry and its exit (with the "
+                              "verdict), two interfaces"),
         ("LAYER:EVENT", "a semantic point, below"),
     )
 

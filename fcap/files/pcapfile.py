@@ -233,6 +233,18 @@ class PcapWriter(Writer):
         self._w(data)
 
 
+# the names of the eBPF verdicts (linux/bpf.h's enum xdp_action, linux/pkt_cls.h's TC_ACT_*)
+XDP_ACTIONS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
+TC_ACTIONS = {-1: "TC_ACT_UNSPEC", 0: "TC_ACT_OK", 1: "TC_ACT_RECLASSIFY", 2: "TC_ACT_SHOT", 3: "TC_ACT_PIPE",
+              4: "TC_ACT_STOLEN", 5: "TC_ACT_QUEUED", 6: "TC_ACT_REPEAT", 7: "TC_ACT_REDIRECT", 8: "TC_ACT_TRAP"}
+
+
+def verdict_name(vtype: int, value) -> str | None:
+    """XDP_DROP, TC_ACT_SHOT, ... of an eBPF verdict (the number where it has no name); None for other types."""
+    names = {VERDICT_TC: TC_ACTIONS, VERDICT_XDP: XDP_ACTIONS}.get(vtype)
+    return None if names is None else names.get(value, str(value))
+
+
 def verdict_value(vtype: int, value) -> bytes:
     """An epb_verdict's value: its type, then TC_ACT_* / XDP_* as a signed 64-bit number, or opaque bytes."""
     if vtype in (VERDICT_TC, VERDICT_XDP):

@@ -13,7 +13,7 @@ from bpf.btf import BTF
 from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
-from fcap.kernel.feature import HEADERS, Feature
+from fcap.kernel.feature import HEADERS, Feature, has_skb
 from fcap.kernel.layout import FLAG_MAC_SYNTH, META, PKT, PREFIX_MAX, START_MAC, STACK
 from fcap.files.linktypes import PACKET_OUTGOING
 
@@ -144,5 +144,5 @@ def vlan_tag(b) -> None:
     b.emit(be(R8, 16), stx(H, R7, PKT + 14, R8), label("vlan_done"), META.load(R8, R7, "hdr"))
 
 
-VLAN_TAG = Feature("vlan tag", on=lambda point, options, maps: options.start == START_MAC,
+VLAN_TAG = Feature("vlan tag", on=lambda point, options, maps: options.start == START_MAC and has_skb(point),
                    stages={HEADERS: vlan_tag}, fields=("hdr", "skip"))

@@ -15,7 +15,7 @@ from bpf.btf import BTF, BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import PredicateError
-from fcap.kernel.feature import RECORD_META, Feature
+from fcap.kernel.feature import RECORD_META, Feature, has_skb
 from fcap.kernel.layout import META, STACK
 
 ROOT_ID = 1                       # the cgroup2 root's id (its inode number)
@@ -160,7 +160,7 @@ def under(cgroup_id: int, level: int):
 
 
 def _records_cgroup(point, options, maps) -> bool:
-    return options.meta and options.context
+    return options.meta and options.context and has_skb(point)
 
 
 CGROUP = Feature("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),

@@ -1,14 +1,15 @@
 """The standard pcapng options fcap puts on each packet beside its metadata comment, where Wireshark shows them as
 fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track:
 frame.packet_id), epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
-frame.verdict.ebpf_tc). Which a point gets and their values, for the blocks user space lays out (EpbOptions) and for
-those the capture program lays out (fcap.kernel.ringrec), decided here once."""
+frame.verdict.ebpf_tc), and at a BPF program's exit its own verdict (fcap.kernel.verdicts). Which a point gets and
+their values, for the blocks user space lays out (EpbOptions) and for those the capture program lays out
+(fcap.kernel.ringrec), decided here once."""
 
 from __future__ import annotations
 
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
-from fcap.kernel import kstack
+from fcap.kernel import kstack, verdicts
 from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
 from fcap.files.pcapfile import VERDICT_TC
@@ -31,7 +32,7 @@ def queue_source(point: Point) -> str | None:
     """Where the point's packets have a device queue: "tx" (skb->queue_mapping, picked at a device-layer
     transmit point), "rx" (queue_mapping - 1 when a driver recorded one, at a device-layer receive point), or
     None (no queue meant there: none is written)."""
-    if not is_device_point(point.name):
+    if not is_device_point(point.name) or point.kind.on_program:
         return None
     if point.direction == "out" and not (point.name in _BEFORE_PICK and point.kind.at_entry):
         return "tx"
@@ -68,13 +69,26 @@ class EpbOptions:
         self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
+        self.decided = {p.id: p for p in points if verdicts.records_verdict(p)}   # each record's own verdict
         self.drop_points = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
         self.drop_names = drops.Names() if self.drop_points else None
 
     def __call__(self, rec) -> dict:
-        comment = format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + kstack.text(rec.stack)
+        comment = format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + self.verdict_text(rec) + \
+            kstack.text(rec.stack)
         return {"flags": self.flags.get(rec.point), "comment": comment,
-                "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdicts.get(rec.point)}
+                "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdict(rec)}
+
+    def verdict(self, rec) -> tuple | None:
+        """epb_verdict (type, value) of a record: the program's return value at a BPF program's exit, the drop
+        points' constant, else None."""
+        p = self.decided.get(rec.point)
+        return (verdicts.verdict_type(p), rec.retval) if p is not None else self.verdicts.get(rec.point)
+
+    def verdict_text(self, rec) -> str:
+        """' verdict=XDP_DROP' at a BPF program's exit, else ''."""
+        p = self.decided.get(rec.point)
+        return f" verdict={verdicts.name(p, rec.retval)}" if p is not None else ""
 
     def context_text(self, rec) -> str:
         """' cgroup=ID cgroup_path=P ...' (fcap.kernel.ctxnames.CONTEXT_COMMENT) with --context, else ''."""

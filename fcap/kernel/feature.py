@@ -53,6 +53,11 @@ def always(point, options, maps) -> bool:
     return True
 
 
+def has_skb(point) -> bool:
+    """Is the point's packet an skb (not an XDP program's xdp_buff)?"""
+    return point.kind.context == "sk_buff"
+
+
 @dataclass(frozen=True, eq=False)
 class Feature:
     """One per-packet feature of the capture program (see the module's docstring)."""

@@ -88,6 +88,7 @@ META = Layout("Meta", (
     ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
     ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
     ("cgroup", "Q"),       # --context: the cgroup id of the skb's socket, else of the task (fcap.kernel.context)
+    ("verdict", "Q"),      # at a BPF program's exit: its return value (fcap.kernel.verdicts)
     ("comm", "16s"),
     ("len", "I"),          # skb->len
     ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
@@ -116,7 +117,7 @@ META = Layout("Meta", (
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 136 and PCAP_HDR == 16 and EPB_HDR == 28
+assert META_SIZE == 144 and PCAP_HDR == 16 and EPB_HDR == 28
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 # where a linktype's bytes start in the skb (the program's ProgramOptions.start)
@@ -344,6 +345,7 @@ class Record(NamedTuple):
     id: int = 0         # the packet id (fcap.kernel.track)
     stack: tuple | None = None   # --stack: the kernel stack's frames, innermost first (() unknown; fcap.kernel.kstack)
     cgroup: int = 0     # --context: the cgroup id (fcap.kernel.context), 0: not recorded
+    retval: int = 0     # at a BPF program's exit: its return value, as an int (fcap.kernel.verdicts)
 
 
 def parse_record(raw) -> Record:
@@ -359,4 +361,4 @@ def parse_record(raw) -> Record:
                   netns=m.netns, protocol=int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
                   pkt_type=m.pkt_type, point=m.point, hatype=m.hatype, flags=m.flags, data=data, orig_len=m.orig,
                   queue=m.queue if m.flags & FLAG_QUEUE else None, reason=m.reason, location=m.location, id=m.id,
-                  cgroup=m.cgroup)
+                  cgroup=m.cgroup, retval=(m.verdict & 0xFFFFFFFF ^ 0x80000000) - 0x80000000)

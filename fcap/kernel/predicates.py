@@ -80,13 +80,13 @@ def comm(name: str) -> Predicate:
 
 def mark(value: int) -> Predicate:
     def emit(b) -> list:
-        b.read(W, R8, R6, b.offsets.mark)
+        b.skb_mark(R8)
         return _drop_unless_equal(R8, value)
     return emit
 
 
 def _dev(b) -> None:
-    b.read(DW, R9, R6, b.offsets.dev)
+    b.device(R9)
     b.emit(jmp(JEQ, R9, 0, "out"))
 
 

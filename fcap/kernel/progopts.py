@@ -52,7 +52,7 @@ class ProgramOptions(NamedTuple):
 
 def scratch_size(point: Point, opts: ProgramOptions) -> int:
     """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
-    if not point.typed:
+    if not point.typed or point.kind.context != "sk_buff":   # (the program copies the bytes itself)
         size = PKT + HDR_MAX + LINEAR_CAP + 8
     elif opts.filter is not None:
         size = PKT + HDR_MAX + FILTER_CAP + 8

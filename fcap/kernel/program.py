@@ -12,7 +12,7 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import ancillary, context, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track
+from fcap.kernel import ancillary, context, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track, verdicts
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
 from fcap.kernel.layout import (COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP, META,
@@ -29,6 +29,7 @@ class Builder:
     """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
 
     def __init__(self, point: Point, opts: ProgramOptions, maps: Maps):
+        self.copies_bytes = not point.typed      # the program copies the bytes (else bpf_skb_output reads the skb)
         self.point = point                       # where the program runs (kind, skb argument, id, BTF)
         self.options = opts                      # what the capture asks of it (ProgramOptions)
         self.maps = maps                         # the fds of the maps it uses (Maps)
@@ -70,6 +71,17 @@ class Builder:
         self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
                   st(DW, FP, STACK.tmp, 0) if nbytes < 8 else [],
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
+
+    def device(self, dst: int) -> None:
+        """dst = the packet's device (struct net_device *, 0: none)."""
+        self.read(DW, dst, R6, self.offsets.dev)
+
+    def skb_mark(self, dst: int) -> None:
+        self.read(W, dst, R6, self.offsets.mark)
+
+    def nonlinear_len(self, dst: int) -> None:
+        """dst = the bytes of the packet not in its linear part (skb->data_len); dst not R1-R5 when untyped."""
+        self.read(W, dst, R6, self.offsets.data_len)
 
     def build(self) -> list:
         """The skeleton, with the features on for this program put in at their stages (fcap.kernel.feature)."""
@@ -175,8 +187,12 @@ class Builder:
             self.emit(call(Helper.get_current_pid_tgid), META.store(R7, "pidtgid", R0),
                       mov(R1, R7), addi(R1, META.off("comm")), movi(R2, 16), call(Helper.get_current_comm))
         self.stage(RECORD_META)
-        if not meta:
-            return
+        if meta:
+            self.mark_and_netns()
+
+    def mark_and_netns(self) -> None:
+        """META's mark and the device's network namespace."""
+        f = self.offsets
         self.read(W, R8, R6, f.mark)
         self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
@@ -306,7 +322,7 @@ class Builder:
         else:
             # linear data only: n = min(n, headlen - skip), read from data + skip
             self.emit(stx(DW, FP, STACK.n, R2))
-            self.read(W, R0, R6, self.offsets.data_len)
+            self.nonlinear_len(R0)
             self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
                       alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
@@ -409,7 +425,7 @@ class Builder:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after.
         In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
         area = dump_area(self.options)
-        if self.point.typed:
+        if not self.copies_bytes:
             # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
             self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
                       jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
@@ -424,7 +440,7 @@ class Builder:
             self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
                       asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
                       stx(DW, FP, STACK.n, R2))
-            self.read(W, R0, R6, self.offsets.data_len)
+            self.nonlinear_len(R0)
             self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
                       alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
                       jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
@@ -459,7 +475,8 @@ PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: Builder.per
                       reads="fcap.live.drain.FileDrain")
 # Every per-packet feature of the capture program, in the order the builder runs each stage's
 FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
-                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, kstack.STACKS,
+                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, verdicts.VERDICT,
+                                 kstack.STACKS,
                                  dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT,
                                  stats.COUNTS)
 

@@ -33,7 +33,7 @@ from bpf.btf import BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
-from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse
+from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse, has_skb
 from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
 from fcap.points import kinds
 from fcap.points.spec import Point, tracepoint
@@ -273,10 +273,10 @@ _MAP = MapUse("track", "the identity map: LRU hash, skb or head address -> TRACK
                       "sized by --track-max")
 _COUNTERS = MapUse("track_counters", "PERCPU_ARRAY, one TRACK_COUNTERS value: the id counters and the map's counts; "
                                      "the session's")
-PACKET_IDS = Feature("packet ids", on=lambda point, options, maps: options.ident != IDENT_NONE,
+PACKET_IDS = Feature("packet ids", on=lambda point, options, maps: options.ident != IDENT_NONE and has_skb(point),
                      stages={KEPT: emit_filter_done}, fields=("id",), maps=(_MAP, _COUNTERS),
                      reads="fcap.kernel.track.read_counters")
-TRACKING = Feature("track", on=lambda point, options, maps: options.ident == IDENT_TRACK,
+TRACKING = Feature("track", on=lambda point, options, maps: options.ident == IDENT_TRACK and has_skb(point),
                    stages={ENTRY: emit_lookup, SELECTED: emit_tracked_label, BEFORE_FILTER: emit_skip_filter},
                    turns_away=True,
                    maps=(_MAP, _COUNTERS), reads="fcap.kernel.track.evicted")

@@ -3,6 +3,7 @@ multi-attach group's); what the kernel refuses skipped where a glob allows it, e
 
 from __future__ import annotations
 
+import re
 import time
 
 from bpf.errors import BPFError, VerifierError
@@ -67,7 +68,7 @@ class Attach:
         self.loaded = loaded
 
     def _load(self, p: Point, items: list) -> Program:
-        name = f"fcap_{p.name}"[:15]
+        name = re.sub(r"[^A-Za-z0-9_.]", "_", f"fcap_{p.name}")[:15]   # (the characters the kernel takes)
         refused = p.kind.refusal(p, suggestion(p.name))
         if refused is not None:
             raise KernelRefusal(refused)

@@ -149,7 +149,8 @@ class FileSink(Sink):
 
 class PrintSink(Sink):
     """Printed lines, tcpdump's (a fcap.text.printer.Printer): each record's, with its dumps; several points: the
-    point's name on each line, --context's cgroup and names and a drop point's reason and location after it."""
+    point's name on each line, --context's cgroup and names, a drop point's reason and location and a BPF program's
+    verdict after it."""
 
     pipe = True
     failures = (BrokenPipeError,)
@@ -165,8 +166,8 @@ class PrintSink(Sink):
     def write(self, rec) -> None:
         session = self.session
         name = self.names.get(rec.point)
-        why = (self.options.context_text(rec) + self.options.drop_text(rec)).strip()
-        if why:   # the point's name, then --context's names, why and where it dropped the packet
+        why = (self.options.context_text(rec) + self.options.drop_text(rec) + self.options.verdict_text(rec)).strip()
+        if why:   # the point's name, then --context's names, why and where it dropped the packet, a BPF verdict
             name = f"{name or session.points[0].if_name} [{why}]"
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)

@@ -18,15 +18,16 @@ from bpf.uapi import MapFlags
 
 from fcap.kernel import layout
 
-from fcap.points import kinds, pointcaps
+from fcap.points import kinds, pointcaps, progpoints
 
 from fcap.kernel import stats
 
 from fcap.kernel import track
-from fcap.kernel import program as cprog
+from fcap.kernel import builders, program as cprog
+from fcap.kernel.feature import has_skb
 from fcap.kernel.filter import compile_filter
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.points.spec import Point, expand, is_device_point, is_glob, resolve
+from fcap.points.spec import Point, expand, is_glob, resolve
 from fcap.kernel.drops import is_drop_point
 from fcap.live import multi
 from fcap.live.attach import Attach
@@ -72,7 +73,7 @@ class Stats:
 def default_linktype(points: list[Point]) -> LinkType:
     """EN10MB where every point is at the device layer (a MAC header is in place); LINUX_SLL2 elsewhere,
     which decodes for any protocol and carries the interface and direction."""
-    if all(is_device_point(p.name) for p in points):
+    if all(p.device_layer for p in points):
         return lookup("EN10MB")
     return lookup("LINUX_SLL2")
 
@@ -147,6 +148,8 @@ class Session(Attach):
         from fcap.points.semantic import is_semantic, resolve_semantic
         if is_semantic(spec):
             return resolve_semantic(spec)
+        if progpoints.is_program_spec(spec):
+            return progpoints.resolve(spec)
         kind = self._best_function_kind(spec)
         return expand(spec, kind) if is_glob(spec) else [resolve(spec, default_func_kind=kind)]
 
@@ -187,7 +190,7 @@ class Session(Attach):
 
     def ident(self) -> str:
         """How records get their packet ids (fcap.kernel.track.mode)."""
-        return track.mode(self.cfg.track, len(self.points), self.cfg.meta)
+        return track.mode(self.cfg.track, sum(has_skb(p) for p in self.points), self.cfg.meta)
 
     def counts_ring_records(self) -> bool:
         """Whether programs writing the file rings count each point's records too (an ISB per point says how many
@@ -199,7 +202,7 @@ class Session(Attach):
         try:
             opts = self.options(point)
             self.counts_hits = stats.counts_hits(opts)
-            return cprog.build(point, opts, maps)
+            return builders.build(point, opts, maps)
         except (cprog.ProgramError, PredicateError, PointError) as e:
             raise CaptureError(str(e)) from None
         except CBPFError as e:   # what the filter asks that fcap cannot run at this point

@@ -1,7 +1,9 @@
-"""One object per kind of capture point (fentry, fexit, tp_btf, raw_tp, kprobe, and the multi-attach kinds that run
-one program at many functions: fentry.multi, fexit.multi, kprobe.multi): the program type the kernel loads there, how the program's context holds the arguments on each architecture, how it attaches, which kernel feature it
-needs and how a refusal reads. A Point holds its kind (point.kind); everything else asks the kind's attributes, so
-no module but this one knows a kind by its name (the -i grammar maps text to a kind with get())."""
+"""One object per kind of capture point (fentry, fexit, tp_btf, raw_tp, kprobe, the multi-attach kinds that run
+one program at many functions: fentry.multi, fexit.multi, kprobe.multi, and fentry/fexit on loaded XDP and tc
+programs: xdp.entry, xdp.exit, tc.entry, tc.exit): the program type the kernel loads there, how the program's
+context holds the arguments on each architecture, how it attaches, which kernel feature it needs and how a refusal
+reads. A Point holds its kind (point.kind); everything else asks the kind's attributes, so no module but this one
+knows a kind by its name (the -i grammar maps text to a kind with get())."""
 
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ class Kind:
     summary = ""          # what a point of this kind is, in one line (fcap --help, man fcap)
     multi = False         # one program at many functions: the point id is the attach cookie, not a constant
     single: Kind | None = None   # a multi kind: the kind of the points it runs at (fentry, fexit, kprobe)
+    operand = "TP"        # what follows KIND/ in the -i grammar (fcap --help)
+    context = "sk_buff"   # the kernel struct the context argument points to: the skb, or an XDP program's xdp_buff
+    on_program = False    # at a loaded BPF program (its fd is the load's attach_prog_fd), not a kernel function
 
     def __str__(self) -> str:
         return self.name
@@ -140,6 +145,7 @@ class _Trampoline(Kind):
     typed = True
     function = True
     family = "fentry/fexit"
+    operand = "FUNC"
 
     def refusal(self, point: Point, alternative: str) -> str | None:
         refused = self.probe(point.btf_id)
@@ -193,6 +199,7 @@ class _Kprobe(Kind):
     summary = "a kprobe at FUNC's entry, arguments from registers (linear bytes only)"
     prog_type = ProgType.KPROBE
     function = True
+    operand = "FUNC"
     at_entry = True
     by_symbol = True
 
@@ -305,14 +312,91 @@ def multi_for(kind: Kind) -> tuple[Kind, ...]:
         return (KPROBE_MULTI,)
     return ()
 
+
+# ---- kinds on BPF programs: fentry/fexit on a loaded XDP or tc program ------------------------------------------
+
+class _OnProgram(_Trampoline):
+    """fentry/fexit on a loaded BPF program: attach_btf_id is its main function in the program's own BTF and the
+    program's fd the load's attach_prog_fd (point.target); the verifier types the context argument as the kernel
+    struct the program's context stands for (struct xdp_md: xdp_buff, struct __sk_buff: sk_buff)."""
+
+    on_program = True
+    operand = "PROG"
+    target_type: ProgType     # the type of the programs it attaches to
+    word = ""                 # how -i names both ends (xdp/PROG), and the programs in list-devices
+    label = ""                # how a message names those programs ("no XDP program ...")
+    ctx_name = ""             # how the target's BTF names its context struct
+    alternative = ""          # what sees the same packets where the kernel refuses fentry/fexit
+
+    def refusal(self, point: Point, alternative: str) -> str | None:
+        refused = features.tracing_program(self.attach_type, point.btf_id, point.target.fd,
+                                           label=f"{self.name} programs")
+        if refused is not None and refused.errno == errno.EPERM:
+            return self.explain(point, refused, alternative)
+        return None
+
+    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+        return super().explain(point, e, self.alternative)
+
+
+class _XdpEntry(_OnProgram):
+    name = "xdp.entry"
+    summary = "an XDP program's entry: the packet as it arrives (xdp/PROG: entry and exit)"
+    attach_type = AttachType.TRACE_FENTRY
+    at_entry = True
+    context = "xdp_buff"
+    target_type = ProgType.XDP
+    word, label = "xdp", "XDP"
+    ctx_name = "xdp_md"
+    alternative = "tp_btf/netif_receive_skb (the packets XDP passes, after it)"
+
+
+class _XdpExit(_XdpEntry):
+    name = "xdp.exit"
+    summary = "an XDP program's return: the packet as it left it, and its verdict (XDP_DROP, ...)"
+    attach_type = AttachType.TRACE_FEXIT
+    at_entry = False
+    sees_return = True
+
+
+class _TcEntry(_OnProgram):
+    name = "tc.entry"
+    summary = "a tc program's entry: the skb as it arrives (tc/PROG: entry and exit)"
+    attach_type = AttachType.TRACE_FENTRY
+    at_entry = True
+    target_type = ProgType.SCHED_CLS
+    word, label = "tc", "tc"
+    ctx_name = "__sk_buff"
+    alternative = "tp_btf/netif_receive_skb (before tc ingress) or tp_btf/net_dev_queue (before tc egress)"
+
+
+class _TcExit(_TcEntry):
+    name = "tc.exit"
+    summary = "a tc program's return: the skb as it left it, and its verdict (TC_ACT_SHOT, ...)"
+    attach_type = AttachType.TRACE_FEXIT
+    at_entry = False
+    sees_return = True
+
+
+XDP_ENTRY, XDP_EXIT, TC_ENTRY, TC_EXIT = _XdpEntry(), _XdpExit(), _TcEntry(), _TcExit()
+# -i's words for a program's entry and exit together
+PROGRAM_WORDS: dict[str, tuple[Kind, ...]] = {ks[0].word: ks for ks in ((XDP_ENTRY, XDP_EXIT), (TC_ENTRY, TC_EXIT))}
+
 # Every kind -i spells, in the order the grammar lists them (the multi kinds above are fcap's choice for many
-# points of one of these, never spelled). Room for kinds not built yet, each one more Kind here (nothing else names
-# kinds):
-#   - kinds on BPF programs: fentry/fexit on an XDP or tc program (attach_btf_id a function of the target
-#     program's BTF, attach_prog_fd instead of vmlinux): a _Trampoline whose target is a loaded program, its
-#     context an xdp_buff or an skb.
-ALL: tuple[Kind, ...] = (FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE)
+# points of one of these, never spelled; nothing else names kinds).
+ALL: tuple[Kind, ...] = (FENTRY, FEXIT, TP_BTF, RAW_TP, KPROBE, XDP_ENTRY, XDP_EXIT, TC_ENTRY, TC_EXIT)
 _BY_NAME = {k.name: k for k in ALL}
+
+
+def program_kinds(word: str) -> tuple[Kind, ...]:
+    """The kinds on BPF programs -i's `word` names: xdp and tc both ends, xdp.entry etc. one; () for others."""
+    k = _BY_NAME.get(word)
+    return PROGRAM_WORDS.get(word) or ((k,) if k is not None and k.on_program else ())
+
+
+def for_program_type(prog_type: int) -> tuple[Kind, ...]:
+    """The (entry, exit) kinds on programs of type `prog_type`, or ()."""
+    return next((ks for ks in PROGRAM_WORDS.values() if ks[0].target_type == prog_type), ())
 
 
 def names() -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from fcap.points.spec import Point
 
 def dynptr_kfunc(point: Point) -> int:
     """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
-    if not point.typed:
+    if not point.typed or point.kind.on_program:   # (a program's exit verdict: records through the perf buffer)
         return 0
     f = BTF.vmlinux().find("bpf_dynptr_from_skb", "func")
     if f is None:
@@ -35,7 +35,7 @@ def dynptr_kfunc(point: Point) -> int:
 def head_loads(point: Point) -> bool:
     """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
     untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
-    if not point.typed:
+    if not point.typed or point.kind.context != "sk_buff":
         return False
 
     def fn():
@@ -66,7 +66,11 @@ def task_btf(point: Point) -> bool:
 
 @contextlib.contextmanager
 def btf_obj_fd(point: Point):
-    """The fd of the module BTF object `point` lives in, for a load's attach_btf_obj_fd (0 for vmlinux)."""
+    """The fd of the module BTF object `point` lives in, for a load's attach_btf_obj_fd (0 for vmlinux); at a BPF
+    program, that program's fd (the union's attach_prog_fd)."""
+    if point.target is not None:
+        yield point.target.fd
+        return
     if point.btf.base is None:
         yield 0
         return

@@ -30,7 +30,7 @@ class Point:
     """A resolved capture point. A capture numbers its points (id) and names what serves a semantic point (alias)
     after resolving them."""
 
-    __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias")
+    __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias", "target")
 
     def __init__(self, kind: Kind, name: str, btf: BTF, btf_id: int, params: list[Argument], skb_index: int,
                  ret: Type | None = None):
@@ -44,6 +44,7 @@ class Point:
         self.id = 0                   # this point's number in a capture (records carry it)
         self.origin = ""              # the -i glob it came from ("" when named on its own)
         self.alias = ""               # the semantic point it serves (skb:drop, ...), if any
+        self.target = None            # a point on a BPF program: the program (fcap.points.progpoints.Target)
 
     def __repr__(self) -> str:
         return f"Point({self.label!r}, id={self.id})"
@@ -82,7 +83,14 @@ class Point:
 
     @property
     def direction(self) -> str | None:
+        if self.kind.on_program:   # XDP: received; tc: either way, as attached
+            return "in" if self.kind.context == "xdp_buff" else None
         return direction_of(self.name)
+
+    @property
+    def device_layer(self) -> bool:
+        """Is a link-layer header in place (EN10MB by default)?"""
+        return self.kind.on_program or is_device_point(self.name)
 
     def prototype(self) -> str:
         try:
@@ -160,6 +168,9 @@ def parse(spec: str) -> tuple[Kind | None, str, str | None]:
     kind = kinds.get(word)
     if not sep:
         kind, rest = None, spec
+    elif kinds.program_kinds(word):
+        raise PointError(f"{spec}: {word}/PROG names a BPF program's entry and exit, not a function or tracepoint "
+                         f"(capture there with -i {spec})")
     elif word == "tp":
         sub, sep2, rest = rest.partition("/")
         if not sep2 or not sub:

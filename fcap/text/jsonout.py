@@ -10,6 +10,8 @@ import ipaddress
 import json
 import struct
 
+from fcap.files.pcapfile import verdict_name
+
 # the Packet attributes written as they are, in this order, when known
 _META = ("point", "packet_id", "skb", "pid", "tid", "comm", "ifindex", "netns", "netns_name", "mark", "cgroup",
          "cgroup_path", "container", "pod", "direction", "queue", "reason", "location", "stack")
@@ -28,6 +30,8 @@ def packet_object(p) -> dict:
         value = getattr(p, name, None)
         if value is not None:
             out[name] = f"0x{value:016x}" if name == "skb" else value   # (an address: jq's doubles would round it)
+    if p.verdict is not None and verdict_name(*p.verdict) is not None:
+        out["verdict"] = verdict_name(*p.verdict)
     if p.dumps:
         out["dumps"] = {path: _dump_value(d) for path, d in p.dumps.items()}
     out["len"] = p.orig_len

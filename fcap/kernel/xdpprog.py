@@ -1,0 +1,123 @@
+"""The capture program at an XDP program's entry or exit (kinds xdp.entry, xdp.exit): the context is a struct
+xdp_buff, not an skb. The packet is [data, data_end) (linear; an XDP multi-buffer's frags are not read), read with
+probe_read_kernel into the scratch value and handed to the perf buffer as an untyped point's bytes; the device is
+xdp->rxq->dev, the direction in (PACKET_HOST), no mark. The rest of the program (predicates, filter, record) is
+the skb program's (fcap.kernel.program.Builder)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from bpf.asm import (DW, FP, JEQ, JLT, R0, R1, R2, R3, R6, R7, R8, R9, SUB, H, W, addi, alu64, be, call, jmp,
+                     label, ldx, mov, movi, st, stx)
+from bpf.btf import BTF
+from bpf.cbpf import ANCILLARY, CBPFError
+from bpf.uapi import Helper
+
+from fcap.kernel.feature import DEVICE
+from fcap.kernel.layout import META, PKT, START_NETWORK, START_SLL2, STACK
+from fcap.kernel.program import Builder
+
+ETH_HLEN = 14
+ADDR_AT = 6            # the Ethernet source address: SLL2's address
+PROTO_AT = 12          # the EtherType
+
+
+class XdpOffsets:
+    """Where struct xdp_buff and struct xdp_rxq_info hold what the program reads, from BTF."""
+
+    def __init__(self, vm: BTF):
+        xdp, rxq = vm.find("xdp_buff", "struct"), vm.find("xdp_rxq_info", "struct")
+        self.data = xdp.member("data")[1] // 8
+        self.data_end = xdp.member("data_end")[1] // 8
+        self.rxq = xdp.member("rxq")[1] // 8
+        self.rxq_dev = rxq.member("dev")[1] // 8
+
+
+@lru_cache(maxsize=2)
+def xdp_offsets(vm: BTF) -> XdpOffsets:
+    return XdpOffsets(vm)
+
+
+class XdpBuilder(Builder):
+    """A Builder whose R6 is the struct xdp_buff (R7 the scratch value as ever)."""
+
+    def __init__(self, point, opts, maps):
+        super().__init__(point, opts, maps)
+        self.copies_bytes = True   # (no skb for bpf_skb_output)
+        self.xdp = xdp_offsets(point.btf if point.btf.base is None else point.btf.base)
+
+    def device(self, dst: int) -> None:
+        """dst = xdp->rxq->dev (NULL loads give 0: the pointers are BTF-typed)."""
+        self.emit(ldx(DW, dst, R6, self.xdp.rxq), ldx(DW, dst, dst, self.xdp.rxq_dev))
+
+    def nonlinear_len(self, dst: int) -> None:
+        self.emit(movi(dst, 0))
+
+    def skb_mark(self, dst: int) -> None:
+        self.emit(movi(dst, 0))
+
+    def metadata(self) -> None:
+        """META's address (the xdp_buff's), len = data_end - data, the EtherType, PACKET_HOST, the device; data
+        kept at STACK.head (STACK.dataoff 0), where the copies read from."""
+        x, f = self.xdp, self.offsets
+        self.emit(META.store(R7, "skb", R6), ldx(DW, R8, R6, x.data), ldx(DW, R9, R6, x.data_end),
+                  stx(DW, FP, STACK.head, R8), st(DW, FP, STACK.dataoff, 0), alu64(SUB, R9, R8, reg=True),
+                  META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, "xdp_proto"),
+                  mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 2), mov(R3, R8), addi(R3, PROTO_AT),
+                  st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(H, R0, FP, STACK.tmp),
+                  label("xdp_proto"), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", 0),
+                  self.store_point_id(R7, "point", R0), META.store_imm(R7, "flags", 0),
+                  META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0), META.store_imm(R7, "netns", 0))
+        if not (self.options.meta or self.options.start == START_SLL2):
+            return
+        self.device(R8)
+        self.emit(jmp(JEQ, R8, 0, "no_dev"))
+        self._read_store(R8, f.ifindex, "ifindex")
+        self._read_store(R8, f.hatype, "hatype")
+        self.emit(label("no_dev"))
+        self.stage(DEVICE)
+
+    def headers(self) -> None:
+        """The bytes start at data (EN10MB); RAW/IPV4/IPV6 skip the Ethernet header; LINUX_SLL2 puts its header
+        first (the source address from the Ethernet header) and skips it. Leaves R8 = hdr_total."""
+        start = self.options.start
+        skip = ETH_HLEN if start in (START_NETWORK, START_SLL2) else 0
+        self.emit(META.store_imm(R7, "skip", skip))
+        if start == START_SLL2:
+            self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
+                      META.load(R0, R7, "ifindex"), be(R0, 32), stx(W, R7, PKT + 4, R0),
+                      META.load(R0, R7, "hatype"), be(R0, 16), stx(H, R7, PKT + 8, R0),
+                      st(H, R7, PKT + 10, 6 << 8), st(DW, R7, PKT + 12, 0),
+                      META.load(R9, R7, "len"), jmp(JLT, R9, ETH_HLEN, "sll2_noaddr"),
+                      mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head), addi(R3, ADDR_AT),
+                      call(Helper.probe_read_kernel), label("sll2_noaddr"))
+        self.emit(movi(R8, 20 if start == START_SLL2 else 0), META.store(R7, "hdr", R8))
+
+    def mark_and_netns(self) -> None:
+        """No mark at XDP; the network namespace of xdp->rxq->dev."""
+        f = self.offsets
+        self.emit(META.store_imm(R7, "mark", 0))
+        if f.net_inum is None:
+            return
+        self.device(R8)
+        self.emit(jmp(JEQ, R8, 0, "no_netns"), ldx(DW, R8, R8, f.dev_net), jmp(JEQ, R8, 0, "no_netns"))
+        self._read_store(R8, f.net_inum, "netns")
+        self.emit(label("no_netns"))
+
+    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+        """The ancillary fields an XDP packet has: inbound (always), the CPU, a random number, ifindex and the
+        EtherType; the others are the skb's."""
+        name = ANCILLARY[field]
+        if field == 4:
+            return [movi(dst, 0)]
+        if field == 36:
+            return [call(Helper.get_smp_processor_id), mov(dst, R0)]
+        if field == 56:
+            return [call(Helper.get_prandom_u32), mov(dst, R0)]
+        if field == 0:   # the EtherType the metadata read
+            return [ldx(DW, R1, FP, STACK.scratch), META.load(dst, R1, "proto"), be(dst, 16)]
+        if field == 8:   # xdp->rxq->dev->ifindex (the xdp_buff saved at STACK.skb while the filter runs)
+            return [ldx(DW, R1, FP, STACK.skb), ldx(DW, R1, R1, self.xdp.rxq), ldx(DW, R1, R1, self.xdp.rxq_dev),
+                    jmp(JEQ, R1, 0, reject), ldx(W, dst, R1, self.offsets.ifindex)]
+        raise CBPFError(f"Linux ancillary field {name}: an XDP packet has no skb to hold it")
