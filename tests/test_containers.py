@@ -2,9 +2,9 @@
 from local root file systems with `podman import`): a container in a network namespace of the test's own pings the
 host through a veth pair beside a process of the same namespace that is no container's; `--context` names the
 container (its id, podman's cgroup layout) on its packets and no other's, and `--container NAME` (podman's name for
-it) keeps exactly its packets of what tcpdump saw. Then fcap's own image (Containerfile, on a base deploy/base-image makes with
-debootstrap) built and run with the host's network and pids: its file, read back, holds what was sent. Each skips
-with the reason where this machine cannot run containers."""
+it) keeps exactly its packets of what tcpdump saw. Then fcap's own image (Containerfile, on a base
+deploy/base-image makes with debootstrap) built and run with the host's network and pids: its file, read back, holds
+what was sent. Each skips with the reason where this machine cannot run containers."""
 
 from __future__ import annotations
 
@@ -241,3 +241,25 @@ def test_runtime_names_from_podmans_and_dockers_records(tmp_path, monkeypatch):
     monkeypatch.setattr(ctxnames, "DOCKER_CONTAINERS", str(tmp_path / "docker"))
     assert ctxnames.runtime_ids("web") == [a, c] and ctxnames.runtime_ids("db") == [b]
     assert ctxnames.runtime_ids("nothing") == []
+
+
+def test_the_daemonsets_arguments_are_fcaps():
+    """deploy/daemonset.yaml (not run here: no Kubernetes): a DaemonSet whose pods have the node's network and pids,
+    privileged, BTF and bpffs mounted, a volume for the files, and arguments fcap's own parser takes."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads the manifest")
+    from fcap.commands.cli import _parser
+    with open(os.path.join(ROOT, "deploy", "daemonset.yaml")) as f:
+        docs = {d["kind"]: d for d in yaml.safe_load_all(f)}
+    ds = docs["DaemonSet"]
+    template = ds["spec"]["template"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    spec = template["spec"]
+    assert spec["hostNetwork"] is True and spec["hostPID"] is True
+    (c,) = spec["containers"]
+    assert c["securityContext"]["privileged"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert {"/sys/kernel/btf", "/sys/fs/bpf", "/var/lib/fcap"} <= set(mounts)
+    assert set(mounts.values()) <= {v["name"] for v in spec["volumes"]}
+    args = _parser().parse_args([a.replace("$(NODE_NAME)", "node1") for a in c["args"]])
+    assert args.write == "/var/lib/fcap/node1.pcapng" and args.points == ["skb:drop"] and args.nft
+    assert any(e["name"] == "NODE_NAME" for e in c["env"])

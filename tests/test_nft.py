@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 
 from fcap.kernel import nftables as nft
 from fcap.kernel import nftrace
-from netns import SLOW, free_port, run_fcap, sh, start_fcap, subprocess_env
+from netns import SLOW, free_port, run_fcap, subprocess_env
 
 # ---- the netlink encoding (pure) ---------------------------------------------------------------------------------
 
@@ -271,7 +270,7 @@ def test_a_chains_policy_printed_and_the_table_gone_after_sigint(veth):
         accepted = [ln for ln in lines if f".{p_ok}: UDP" in ln]
         assert len(dropped) == 2 and len(accepted) == 1, lines
         for ln in dropped:
-            assert f"reason=NETFILTER_DROP" in ln and f"nft_family=inet nft_table={name} nft_chain=inp " \
+            assert "reason=NETFILTER_DROP" in ln and f"nft_family=inet nft_table={name} nft_chain=inp " \
                 "nft_policy=drop]" in ln and "nft_rule" not in ln, ln
         assert "reason=NO_SOCKET" in accepted[0] and "nft_" not in accepted[0], accepted
     finally:
@@ -335,3 +334,42 @@ def test_nft_usage_errors_are_one_line(root, tmp_path, args, message):
     err = r.stderr.decode()
     assert r.returncode != 0 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "x.pcap").exists()
+
+
+def test_wiresharks_fcap_fields_select_the_rule(veth, tmp_path, tshark):
+    """The Lua dissector `fcap extcap --install` makes from the comment's declaration: fcap.nft_rule == HANDLE and
+    fcap.nft_chain select exactly the packets fcap.read() says that rule dropped."""
+    import fcap
+    from test_wireshark_lua import _numbers, _rows
+    v = veth
+    p1, p2 = free_port(), free_port()
+    name = f"fcapnftw{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain inp {{ type filter hook input priority 0; policy accept;
+            udp dport {p1} drop comment "w1"
+            udp dport {p2} drop comment "w2"
+        }}
+    }}""", name, ns=v.ns)
+    try:
+        handles = table.handles()
+        path = tmp_path / "w.pcapng"
+        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-c", "3", "-w", str(path),
+                                  f"udp and (dst port {p1} or dst port {p2})"])
+        try:
+            send(v.peer, [(p1, "w1-a"), (p2, "w2-a"), (p1, "w1-b")])
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+    finally:
+        table.delete()
+    env = subprocess_env()
+    env["HOME"] = str(tmp_path / "home")
+    env.pop("XDG_CONFIG_HOME", None)
+    assert run_fcap(["extcap", "--install"], env=env).returncode == 0
+    got = list(fcap.read(str(path)))
+    for comment, (_chain, handle) in handles.items():
+        want = [i + 1 for i, p in enumerate(got) if p.nft_rule == handle]
+        assert len(want) == (2 if comment == "w1" else 1)
+        assert _numbers(tshark, env, path, f"fcap.nft_rule == {handle} && fcap.nft_chain == \"inp\"") == want
+    rows = _rows(tshark, env, path, "fcap.nft_table", "fcap.nft_family")
+    assert rows == [[name, "inet"]] * 3
