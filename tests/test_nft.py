@@ -84,6 +84,15 @@ def test_a_drop_record_matches_its_packets_headers():
     assert nftrace.network_bytes(eth + IP, 1) == IP and nftrace.network_bytes(IP, 101) == IP
 
 
+def test_names_with_spaces_stay_one_word_of_the_comment():
+    d = nftrace.Decision("inet", "my table", "in put", None, IP, b"", 0, 0)
+    assert nftrace.text(d.values()) == " nft_family=inet nft_table=my\\x20table nft_chain=in\\x20put nft_policy=drop"
+    from fcap.api import parse_comment
+    base = "skb=0x" + "0" * 16 + " pid=1 tid=1 comm=x ifindex=1 mark=0x0 netns=1 proto=0x0800 pkt_type=0 len=1"
+    assert parse_comment(base + " reason=NETFILTER_DROP at=nf_hook_slow+0x1" + nftrace.text(d.values()))[
+        "nft_table"] == "my\\x20table"
+
+
 def test_what_counts_as_a_netfilter_drop():
     assert nftrace.is_netfilter_drop("NETFILTER_DROP", "nf_hook_slow+0x9f")
     assert not nftrace.is_netfilter_drop("NO_SOCKET", "__udp4_lib_rcv+0x4bc")

@@ -49,7 +49,7 @@ class Decision(NamedTuple):
 
     def values(self) -> dict:
         """{Packet attribute: value} of NFT_COMMENT's keys."""
-        return {"nft_family": self.family, "nft_table": self.table, "nft_chain": self.chain,
+        return {"nft_family": self.family, "nft_table": word(self.table), "nft_chain": word(self.chain),
                 "nft_rule": self.rule, "nft_policy": "drop" if self.rule is None else None}
 
     def matches(self, l3: bytes, mark: int) -> bool:
@@ -65,6 +65,12 @@ class Decision(NamedTuple):
         at = _transport_offset(l3, len(self.network))
         have = l3[at:at + len(self.transport)]
         return have == self.transport[:len(have)]
+
+
+def word(name: str) -> str:
+    """A table's or chain's name as one word of the comment (nft allows quoted names with spaces): white space and
+    backslashes as \\xHH."""
+    return "".join(f"\\x{ord(c):02x}" if c.isspace() or c == "\\" else c for c in name)
 
 
 def _transport_offset(l3: bytes, network_len: int) -> int:
