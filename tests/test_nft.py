@@ -338,6 +338,53 @@ def test_the_api_names_the_rule_in_this_namespace(veth):
         table.delete()
 
 
+FILTERED = r"""
+import socket, sys, time
+from fcap.kernel import nftables as nft, nftrace
+ok, no = int(sys.argv[1]), int(sys.argv[2])
+t = nftrace.Tracer()
+every = nft.NfSocket(trace=True, rcvbuf=1 << 22)     # no filter: every event
+r = socket.socket(2, 2)
+r.bind(("127.0.0.1", ok))
+s = socket.socket(2, 2)
+for i in range(20):
+    s.sendto(b"ok", ("127.0.0.1", ok))
+for i in range(2):
+    try:
+        s.sendto(b"no", ("127.0.0.1", no))
+    except OSError:
+        pass
+time.sleep(0.2)
+kept, all_ = t.listener.traces()[0], every.traces()[0]
+t.close()
+print(t.filtered, len(kept), sum(e.decides_drop() for e in kept), len(all_), sum(e.decides_drop() for e in all_))
+"""
+
+
+def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
+    """fcap.kernel.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 2 a rule drops (at output),
+    fcap's trace socket gets the 2 drop verdicts and, of the accepted ones, only the end of the output chain they
+    match no rule of (its headers, kept for a policy of drop), where a socket without the filter gets each chain's
+    events (fcap's own two, the output chain's end and policy, the input chain's accept)."""
+    v = veth
+    ok, no = free_port(), free_port()
+    name = f"fcapnftf{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain out {{ type filter hook output priority 0; policy accept; udp dport {no} drop; }}
+        chain inp {{ type filter hook input priority 0; policy accept; udp dport {ok} accept; }}
+    }}""", name, ns=v.ns)
+    try:
+        r = subprocess.run(["ip", "netns", "exec", v.ns, sys.executable, "-c", FILTERED, str(ok), str(no)],
+                           capture_output=True, text=True, timeout=60 * SLOW, env=subprocess_env())
+        assert r.returncode == 0, r.stderr
+        filtered, kept, kept_drops, every, every_drops = r.stdout.split()
+        assert filtered == "True" and (int(kept), int(kept_drops)) == (20 + 2, 2), r.stdout
+        assert int(every) >= 20 * 5 and int(every_drops) == 2, r.stdout
+        assert trace_tables(v.ns) == []
+    finally:
+        table.delete()
+
+
 @pytest.mark.parametrize("args,message", [
     (["-i", "tp_btf/net_dev_queue", "--nft", "-c", "1"], "--nft names the nftables rule of each netfilter drop"),
     (["-i", "skb:drop", "--nft", "-c", "1", "-w", "x.pcap"], "--nft: a pcap file has no room"),

@@ -120,6 +120,12 @@ class Tracer:
     def __init__(self, table: str | None = None):
         self.table = table or f"{TABLE_PREFIX}{os.getpid()}"
         self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)   # first: no event of the table's is missed
+        try:   # only the events a drop needs are queued (fcap.kernel.nftfilter); without it, all of them
+            from fcap.kernel import nftfilter
+            nftfilter.attach(self.listener.sock)
+            self.filtered = True
+        except OSError:
+            self.filtered = False
         self.control = nft.NfSocket()
         self.owned = True
         err = self.control.transact(nft.Family.inet, *self._parts(owner=True))
