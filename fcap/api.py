@@ -13,6 +13,7 @@ from fcap.errors import FcapError, UsageError
 from fcap.kernel.ctxnames import CONTEXT_COMMENT
 from fcap.kernel.drops import DROP_COMMENT
 from fcap.kernel.layout import COMMENT
+from fcap.kernel.nftrace import NFT_COMMENT
 from fcap.live.output import _METADATA, PacketSink
 from fcap.text.packet import Packet
 
@@ -27,7 +28,7 @@ class Capture:
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None, stack: bool = False, context: bool = False,
-                 cgroup: str | None = None, container: str | None = None):
+                 cgroup: str | None = None, container: str | None = None, nft: bool = False):
         from fcap.live.session import Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
@@ -41,7 +42,7 @@ class Capture:
         preds = [predicates.where_factory(text) for text in where] + _cgroup_predicates(cgroup, container)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True, predicates=preds,
-                     dumps=dump, track=bool(track), stack=bool(stack), context=bool(context),
+                     dumps=dump, track=bool(track), stack=bool(stack), context=bool(context), nft=bool(nft),
                      **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
@@ -125,6 +126,8 @@ class Capture:
 
     def _poll(self, ms: int) -> None:
         self.session.wait(self._pending, ms)
+        if self.session.nft is not None:   # (--nft's trace events: read at each poll, their buffer kept empty)
+            self.session.nft.pump()
         for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.live.order)
             self._sink.write(r)
 
@@ -167,7 +170,8 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     followed to every point under one packet id (`track_max`: the tracking map's entries); `stack`: each Packet's
     `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first); `context`: as --context,
     each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
-    --container. The programs are attached when this returns. Errors are fcap.FcapError types."""
+    --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy). The
+    programs are attached when this returns. Errors are fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
                    dump=dump, stack=stack, **kw)
 
@@ -176,10 +180,12 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
 
 _STYLE_RX = {"dec": r"(\d+)", "dec64": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})",
              "hex16": r"([0-9a-f]{16})", "str": r"(.*?)"}
-# fcap's comment: COMMENT's keys, then --context's (CONTEXT_COMMENT, each there when known), then a drop point's
+# fcap's comment: COMMENT's keys, then --context's (CONTEXT_COMMENT, each there when known), then a drop point's,
+# then --nft's (NFT_COMMENT, a netfilter drop's: each there when known)
 _COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT)
                          + "".join(f"(?:{re.escape(pre)}{_STYLE_RX[style]})?" for pre, _a, style in CONTEXT_COMMENT)
-                         + "(?:(?:{}(\\S+))?{}(\\S+))?$".format(*(re.escape(pre) for pre, _a, _s in DROP_COMMENT)))
+                         + "(?:(?:{}(\\S+))?{}(\\S+))?".format(*(re.escape(pre) for pre, _a, _s in DROP_COMMENT))
+                         + "".join(f"(?:{re.escape(pre)}(\\S+))?" for pre, _a, _s in NFT_COMMENT) + "$")
 _BASE = {"dec": 10, "dec64": 10, "hex": 16, "hex4": 16, "hex16": 16}
 
 
@@ -197,15 +203,15 @@ def read(path) -> Iterator[Packet]:
 
 
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.kernel.layout's COMMENT, --context's keys, at drop points ' reason=R at=L', then
-    with --stack ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {}
-    when it is not one."""
+    """fcap's metadata comment (fcap.kernel.layout's COMMENT, --context's keys, at drop points ' reason=R at=L', with
+    --nft a netfilter drop's nft_* keys, then with --stack ' stack=F<F...') back as {attribute: value} (reason and
+    location as text, the stack as frames); {} when it is not one."""
     from fcap.kernel import kstack
     text, stack = kstack.split_text(text)
     m = _COMMENT_RX.match(text)
     if not m:
         return {}
-    keys = COMMENT + CONTEXT_COMMENT + DROP_COMMENT
+    keys = COMMENT + CONTEXT_COMMENT + DROP_COMMENT + NFT_COMMENT
     out = {attr: (value if style == "str" else int(value, _BASE[style]))
            for (_pre, attr, style), value in zip(keys, m.groups()) if value is not None}
     if stack is not None:
@@ -227,7 +233,7 @@ def file_packet(rec) -> Packet:
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
                   linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
                   location=meta.get("location"), verdict=rec.verdict, comment=rec.comment,
-                  **{attr: meta.get(attr) for _pre, attr, _s in CONTEXT_COMMENT},
+                  **{attr: meta.get(attr) for _pre, attr, _s in CONTEXT_COMMENT + NFT_COMMENT},
                   direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue, stack=meta.get("stack"))
 
 

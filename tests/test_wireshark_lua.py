@@ -81,14 +81,15 @@ def capture(root, tmp_path) -> tuple:
 
 def test_field_table_is_the_comments_declaration():
     """Every key the comment declares (layout.COMMENT, ctxnames.CONTEXT_COMMENT, drops.DROP_COMMENT,
-    kstack.STACK_COMMENT) has its field, named as fcap reads it."""
+    nftrace.NFT_COMMENT, kstack.STACK_COMMENT) has its field, named as fcap reads it."""
     from fcap.kernel.ctxnames import CONTEXT_COMMENT
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.kstack import STACK_COMMENT
     from fcap.kernel.layout import COMMENT
+    from fcap.kernel.nftrace import NFT_COMMENT
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
-    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in
-                                                     COMMENT + CONTEXT_COMMENT + DROP_COMMENT + STACK_COMMENT]
+    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + CONTEXT_COMMENT + DROP_COMMENT
+                                                     + NFT_COMMENT + STACK_COMMENT]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()
     text = dissector_text()
     for key, name, style in comment_fields():

@@ -29,7 +29,9 @@ def cmd_capture(args, command: list[str]) -> int:
         if fmt == "pcap" and _dumps(args):
             flag = "--dump" if args.dump else "--ct"
             raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
-        for flag, asked, what in (("--stack", args.stack, "stack"), ("--context", args.context, "context")):
+        _nft_points(args, session)
+        for flag, asked, what in (("--stack", args.stack, "stack"), ("--context", args.context, "context"),
+                                  ("--nft", args.nft, "nftables rules")):
             if fmt == "pcap" and asked:
                 raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
         if fmt is not None:
@@ -71,7 +73,15 @@ def _config(args):
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
-                  track_max=track_max, stack=args.stack, context=args.context), count
+                  track_max=track_max, stack=args.stack, context=args.context, nft=args.nft), count
+
+
+def _nft_points(args, session) -> None:
+    """--nft names the rules of netfilter drops: it needs a drop point."""
+    from fcap.kernel.drops import is_drop_point
+    if args.nft and not any(is_drop_point(p) for p in session.points):
+        raise UsageError("--nft names the nftables rule of each netfilter drop: capture at a drop point "
+                         "(-i skb:drop, tp_btf/kfree_skb)")
 
 
 def _dumps(args) -> list:

@@ -97,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="only packets of sockets (else tasks) in cgroup2 cgroup PATH or under it (relative to the "
                         "cgroup2 mount, e.g. /system.slice/ssh.service)")
     g.add_argument("--container", metavar="NAME",
-                   help="only packets of the container (docker, containerd, cri-o, podman; its id or a prefix) or "
-                        "Kubernetes pod (its uid) NAME: its cgroup, as --cgroup")
+                   help="only packets of the container (docker, containerd, cri-o, podman; its id, a prefix, or "
+                        "the name podman or docker gave it) or Kubernetes pod (its uid) NAME: its cgroup, as --cgroup")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
     g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--context", action="store_true",
                    help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, "
                         "container, pod and network namespace name in the comment, --json and the API")
+    g.add_argument("--nft", action="store_true",
+                   help="at drop points, the nftables table, chain and rule handle that dropped each packet netfilter "
+                        "dropped (fcap adds table inet fcap_nftrace_PID to this netns while it runs)")
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "

@@ -1,8 +1,8 @@
 """fcap's metadata as Wireshark fields: the Lua postdissector `fcap extcap --install` puts into Wireshark's personal
 Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.kernel.layout.COMMENT,
-fcap.kernel.ctxnames.CONTEXT_COMMENT, fcap.kernel.drops.DROP_COMMENT, fcap.kernel.kstack.STACK_COMMENT), so a key
-the comment gains gets its field with the next install; the Lua (wireshark.lua beside this file) holds only how to
-read the text."""
+fcap.kernel.ctxnames.CONTEXT_COMMENT, fcap.kernel.drops.DROP_COMMENT, fcap.kernel.nftrace.NFT_COMMENT,
+fcap.kernel.kstack.STACK_COMMENT), so a key the comment gains gets its field with the next install; the Lua
+(wireshark.lua beside this file) holds only how to read the text."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fcap.kernel.ctxnames import CONTEXT_COMMENT
 from fcap.kernel.drops import DROP_COMMENT
 from fcap.kernel.kstack import STACK_COMMENT
 from fcap.kernel.layout import COMMENT
+from fcap.kernel.nftrace import NFT_COMMENT
 
 MARK = "fcap Wireshark dissector"          # the line uninstall looks for before removing a file
 FILE_NAME = "fcap.lua"
@@ -23,7 +24,7 @@ def comment_fields() -> list[tuple[str, str, str]]:
     """(key as the text writes it, field name, style) for every key of the comment, in its order: `skb=0x...`
     is ("skb", "skb", "hex16"), a drop's `at=` is ("at", "location", "str") (the field: fcap.location)."""
     out = []
-    for pre, attr, style in COMMENT + CONTEXT_COMMENT + DROP_COMMENT + STACK_COMMENT:
+    for pre, attr, style in COMMENT + CONTEXT_COMMENT + DROP_COMMENT + NFT_COMMENT + STACK_COMMENT:
         if style not in STYLES:
             raise ValueError(f"comment key {pre!r}: style {style!r} has no Wireshark field type")
         out.append((pre.strip().partition("=")[0], attr, style))

@@ -12,6 +12,9 @@ from fcap.errors import PredicateError
 from fcap.kernel import containers
 
 MOUNTINFO = "/proc/self/mountinfo"
+# where container runtimes keep their containers' names (--container NAME): podman's (rootful) storage, docker's
+PODMAN_CONTAINERS = "/var/lib/containers/storage/overlay-containers/containers.json"
+DOCKER_CONTAINERS = "/var/lib/docker/containers"
 NETNS_DIRS = (("/run/netns", ""), ("/run/docker/netns", "docker:"))
 REFRESH_NS = 1_000_000_000      # an id a walk did not find makes the next walk no sooner than this
 # What the comment of a --context capture adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text
@@ -106,13 +109,17 @@ class CgroupNames:
         return os.stat(full).st_ino, len(parts), "/" + "/".join(parts)
 
     def container(self, name: str) -> tuple[int, int, str]:
-        """--container NAME: the target (as target()) of the container's cgroup, NAME its id, a prefix of it, or its
-        pod's uid; the outermost cgroup that names it (a pod: the pod's)."""
+        """--container NAME: the target (as target()) of the container's cgroup, NAME its id, a prefix of it, its
+        pod's uid, or the name podman or docker gave it; the outermost cgroup that names it (a pod: the pod's)."""
+        scan = sorted(_scan_cgroups(self.root).items(), key=lambda kv: kv[1].count("/"))
         found = []
-        for _ino, path in sorted(_scan_cgroups(self.root).items(), key=lambda kv: kv[1].count("/")):
-            c = containers.parse(path)
-            if c is not None and containers.matches(c, name):
-                found.append(path)
+        for key in [name] + runtime_ids(name):
+            for _ino, path in scan:
+                c = containers.parse(path)
+                if c is not None and containers.matches(c, key):
+                    found.append(path)
+            if found:
+                break
         if not found:
             raise PredicateError(f"--container: no cgroup of a container or pod {name!r} under "
                                  f"{self.root or 'a cgroup2 mount'}")
@@ -121,6 +128,29 @@ class CgroupNames:
             raise PredicateError(f"--container: {name!r} names several containers ({found[0]}, {others[0]}); "
                                  "give more of the id")
         return self.target(found[0])
+
+
+def runtime_ids(name: str) -> list[str]:
+    """The ids of the containers podman (rootful) or docker named `name`, from their own records."""
+    import json
+    out = []
+    try:
+        with open(PODMAN_CONTAINERS) as f:
+            out += [c["id"] for c in json.load(f) if name in (c.get("names") or ())]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    try:
+        ids = sorted(os.listdir(DOCKER_CONTAINERS))
+    except OSError:
+        ids = []
+    for cid in ids:
+        try:
+            with open(os.path.join(DOCKER_CONTAINERS, cid, "config.v2.json")) as f:
+                if json.load(f).get("Name", "").lstrip("/") == name:
+                    out.append(cid)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
 
 
 class NetnsNames:

@@ -61,12 +61,16 @@ QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and queue_
 class EpbOptions:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also
-    says why and where the packet was dropped; with --stack it ends with the kernel stack (fcap.kernel.kstack)."""
+    says why and where the packet was dropped, and with --nft (`nft`: the session's fcap.kernel.nftrace.Tracer, the
+    records' link type number `linktype`) which nftables rule dropped a packet netfilter dropped; with --stack it
+    ends with the kernel stack (fcap.kernel.kstack)."""
 
-    def __init__(self, points: list[Point], context: bool = False):
+    def __init__(self, points: list[Point], context: bool = False, nft=None, linktype: int = 0):
         from fcap.kernel import drops
         from fcap.kernel.ctxnames import Context
         self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
+        self.nft, self.linktype = nft, linktype
+        self._nft_last: tuple = (None, {})               # (record, its nft values): each record matched once
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
         self.decided = {p.id: p for p in points if verdicts.records_verdict(p)}   # each record's own verdict
@@ -74,8 +78,8 @@ class EpbOptions:
         self.drop_names = drops.Names() if self.drop_points else None
 
     def __call__(self, rec) -> dict:
-        comment = format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + self.verdict_text(rec) + \
-            kstack.text(rec.stack)
+        comment = (format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + self.nft_text(rec)
+                   + self.verdict_text(rec) + kstack.text(rec.stack))
         return {"flags": self.flags.get(rec.point), "comment": comment,
                 "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdict(rec)}
 
@@ -103,6 +107,28 @@ class EpbOptions:
         if rec.point not in self.drop_points:
             return ""
         return self.drop_names.text(rec, self.drop_points[rec.point])
+
+    def nft_values(self, rec) -> dict:
+        """{Packet attribute: value} of the nftables rule that dropped a netfilter drop's packet (--nft), else {}."""
+        if self.nft is None or rec.point not in self.drop_points:
+            return {}
+        last, values = self._nft_last
+        if last is not rec:
+            from fcap.kernel import nftrace
+            reason, location = self.drop(rec)
+            values = {}
+            if nftrace.is_netfilter_drop(reason, location):
+                d = self.nft.attribute(nftrace.network_bytes(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns)
+                values = d.values() if d is not None else {}
+            self._nft_last = (rec, values)
+        return values
+
+    def nft_text(self, rec) -> str:
+        """' nft_family=inet nft_table=T nft_chain=C nft_rule=H' (fcap.kernel.nftrace.NFT_COMMENT), else ''."""
+        if self.nft is None:
+            return ""
+        from fcap.kernel import nftrace
+        return nftrace.text(self.nft_values(rec))
 
     def drop(self, rec) -> tuple:
         """(reason name or None, location) of a record of a drop point; (None, None) elsewhere."""

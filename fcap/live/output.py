@@ -37,8 +37,9 @@ class Sink(ABC):
         """Take the session's points (and, for a file, write its header and interfaces)."""
         from fcap.kernel.epbopts import EpbOptions
         self.session = session
-        # (pcapng options, what a drop point's records say, --context's names)
-        self.options = EpbOptions(session.points, session.cfg.context)
+        # (pcapng options, what a drop point's records say, --context's names, --nft's rules)
+        self.options = EpbOptions(session.points, session.cfg.context, nft=getattr(session, "nft", None),
+                                  linktype=session.linktype.number if session.linktype is not None else 0)
 
     @abstractmethod
     def write(self, rec) -> None:
@@ -166,8 +167,10 @@ class PrintSink(Sink):
     def write(self, rec) -> None:
         session = self.session
         name = self.names.get(rec.point)
-        why = (self.options.context_text(rec) + self.options.drop_text(rec) + self.options.verdict_text(rec)).strip()
-        if why:   # the point's name, then --context's names, why and where it dropped the packet, a BPF verdict
+        opts = self.options
+        why = (opts.context_text(rec) + opts.drop_text(rec) + opts.nft_text(rec) + opts.verdict_text(rec)).strip()
+        if why:   # the point's name, then --context's names, why and where it dropped the packet (--nft: which
+            # rule), a BPF program's verdict
             name = f"{name or session.points[0].if_name} [{why}]"
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)
@@ -203,7 +206,7 @@ class PacketSink(Sink):
                       dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
                       location=location, verdict=opts["verdict"], comment=opts["comment"],
                       direction=self.directions.get(r.point), queue=r.queue, stack=r.stack,
-                      **self.options.context_values(r))
+                      **self.options.context_values(r), **self.options.nft_values(r))
 
 
 class JsonSink(PacketSink):

@@ -57,6 +57,7 @@ class Config(NamedTuple):
     track_max: int = TRACK_MAX
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
     context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
+    nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.kernel.nftrace, user space)
 
 
 class Stats:
@@ -110,6 +111,7 @@ class Session(Attach):
         self.track_report: dict = {}
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
+        self.nft = None          # --nft: fcap.kernel.nftrace.Tracer (its trace table), from open() to close()
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -250,6 +252,9 @@ class Session(Attach):
             else:
                 wake = 1 if self.cfg.immediate else pages * PAGE // 4
                 self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
+            if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
+                from fcap.kernel.nftrace import Tracer
+                self.nft = Tracer()
         except BPFError as e:
             self.close()
             raise CaptureError(f"{e}") from None
@@ -418,6 +423,8 @@ class Session(Attach):
     def close(self) -> None:
         self.detach()
         self.read_counters()
+        if self.nft is not None:   # (its counts stay readable)
+            self.nft.close()
         if self.drain is not None:
             self.drain.close()
             self.drain = None

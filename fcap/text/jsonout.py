@@ -14,7 +14,8 @@ from fcap.files.pcapfile import verdict_name
 
 # the Packet attributes written as they are, in this order, when known
 _META = ("point", "packet_id", "skb", "pid", "tid", "comm", "ifindex", "netns", "netns_name", "mark", "cgroup",
-         "cgroup_path", "container", "pod", "direction", "queue", "reason", "location", "stack")
+         "cgroup_path", "container", "pod", "direction", "queue", "reason", "location", "nft_family", "nft_table",
+         "nft_chain", "nft_rule", "nft_policy", "stack")
 _TCP_FLAGS = ("FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR")
 _IP6_EXTENSIONS = frozenset((0, 43, 60))     # hop-by-hop, routing, destination options: skipped to what they carry
 _IP6_FRAGMENT = 44

@@ -40,6 +40,11 @@ class Packet:
     container: str | None = None   # the container that path names, runtime:id ("docker:<64 hex>")
     pod: str | None = None         # the Kubernetes pod uid it names
     netns_name: str | None = None  # the name of the device's network namespace (`ip netns`; docker:NAME)
+    nft_family: str | None = None  # --nft, a netfilter drop: the nftables table's family (inet, ip, ip6, ...)
+    nft_table: str | None = None   # the table whose chain dropped it
+    nft_chain: str | None = None   # the chain (the one holding the rule, also when jumped to)
+    nft_rule: int | None = None    # the rule's handle (`nft -a list ruleset`); None when the policy decided
+    nft_policy: str | None = None  # "drop" when the base chain's policy dropped it
 
     def scapy(self):
         """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""

@@ -1,0 +1,202 @@
+"""--nft: which nftables table, chain and rule dropped a packet netfilter dropped (reason NETFILTER_DROP), from
+nf_tables' own tracing, in user space: fcap adds a table of its own (`inet fcap_nftrace_PID`, base chains at
+prerouting and output before every other, each `meta nftrace set 1`, so that every packet of this network namespace
+carries the trace bit), listens to the kernel's trace events (NFNLGRP_NFTRACE: table, chain, rule handle, verdict
+and the packet's headers for each chain a packet runs through) and gives each drop record the event that decided
+its drop: the oldest drop verdict not yet given whose packet headers are the record's. The table is the trace
+socket's (NFT_TABLE_F_OWNER, 5.12+: the kernel removes it when fcap's socket closes, even when fcap is killed) and
+fcap deletes it when the capture ends. No BPF: it works where kprobes and fentry do not (this host)."""
+
+from __future__ import annotations
+
+import collections
+import errno as errnos
+import os
+import struct
+import time
+from typing import NamedTuple
+
+from fcap.errors import CaptureError
+from fcap.kernel import nftables as nft
+
+TABLE_PREFIX = "fcap_nftrace_"
+HOOKS = (("pre", nft.Hook.prerouting), ("out", nft.Hook.output))   # a packet's first hook: received, or made here
+RCVBUF = 32 << 20           # the trace socket's buffer (every chain a packet runs through sends an event)
+EXPIRE_NS = 1_000_000_000   # a drop verdict read this long before a drop record was made is not that record's
+HEADERS_MAX = 8192          # trace ids whose packet headers are kept (the events after the first carry none)
+VERDICTS_MAX = 65536        # drop verdicts waiting for their record
+NETFILTER_DROP = "NETFILTER_DROP"
+# What a netfilter drop's comment adds after the drop's reason and location (fcap.kernel.drops.DROP_COMMENT), declared
+# as it is: (text before, Packet attribute, style). A rule decided: its handle (`nft -a list ruleset`); the base
+# chain's policy decided: nft_policy=drop, no rule. Read back by Wireshark's fcap fields.
+NFT_COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "str"),
+               (" nft_chain=", "nft_chain", "str"), (" nft_rule=", "nft_rule", "dec64"),
+               (" nft_policy=", "nft_policy", "str"))
+_ETH_VLAN = (0x8100, 0x88A8)
+
+
+class Decision(NamedTuple):
+    """A drop verdict of nf_tables, waiting for its drop record."""
+
+    family: str
+    table: str
+    chain: str
+    rule: int | None          # the rule's handle; None: the chain's policy
+    network: bytes            # the packet's network header as the trace event gave it
+    transport: bytes          # the first bytes of its transport header (b"": none)
+    mark: int
+    read_ns: int              # CLOCK_MONOTONIC when fcap read the event
+
+    def values(self) -> dict:
+        """{Packet attribute: value} of NFT_COMMENT's keys."""
+        return {"nft_family": self.family, "nft_table": word(self.table), "nft_chain": word(self.chain),
+                "nft_rule": self.rule, "nft_policy": "drop" if self.rule is None else None}
+
+    def matches(self, l3: bytes, mark: int) -> bool:
+        """Whether a drop record's bytes from its network header (`l3`, as far as captured) and skb mark are this
+        packet's."""
+        if self.mark and mark != self.mark:
+            return False
+        n = min(len(l3), len(self.network))
+        if n == 0 or l3[:n] != self.network[:n]:
+            return False
+        if not self.transport or len(l3) <= len(self.network):
+            return True
+        at = _transport_offset(l3, len(self.network))
+        have = l3[at:at + len(self.transport)]
+        return have == self.transport[:len(have)]
+
+
+def word(name: str) -> str:
+    """A table's or chain's name as one word of the comment (nft allows quoted names with spaces): white space and
+    backslashes as \\xHH."""
+    return "".join(f"\\x{ord(c):02x}" if c.isspace() or c == "\\" else c for c in name)
+
+
+def _transport_offset(l3: bytes, network_len: int) -> int:
+    """Where the transport header starts in l3: IPv4's header length; IPv6's 40 when the next header is one
+    (no extension headers), else past the part of them the trace gave (the network header, cut at 40 bytes)."""
+    if l3[0] >> 4 == 4:
+        return (l3[0] & 0xF) * 4
+    if l3[0] >> 4 == 6 and len(l3) > 6 and l3[6] in (6, 17, 58, 132):
+        return 40
+    return network_len
+
+
+def network_bytes(data: bytes, linktype: int) -> bytes:
+    """A record's bytes from its network header on, by its link type (b"": a link type or frame without one)."""
+    if linktype == 1 and len(data) >= 14:                 # EN10MB, VLAN tags skipped
+        off, etype = 14, struct.unpack_from("!H", data, 12)[0]
+        while etype in _ETH_VLAN and len(data) >= off + 4:
+            etype = struct.unpack_from("!H", data, off + 2)[0]
+            off += 4
+        return data[off:]
+    if linktype == 276:                                   # LINUX_SLL2
+        return data[20:]
+    if linktype == 113:                                   # LINUX_SLL
+        return data[16:]
+    if linktype in (101, 12, 14, 228, 229):               # raw IP
+        return data
+    return b""
+
+
+def is_netfilter_drop(reason: str | None, location: str | None) -> bool:
+    """A drop netfilter decided: reason NETFILTER_DROP; where the kernel has no reasons (before 5.17), freed in
+    nf_hook_slow."""
+    if reason is not None:
+        return reason == NETFILTER_DROP
+    return bool(location) and location.split("+", 1)[0] == "nf_hook_slow"
+
+
+def text(values: dict) -> str:
+    """The comment's nft part of these values (the keys whose value is known)."""
+    return "".join(f"{pre}{values[attr]}" for pre, attr, _s in NFT_COMMENT if values.get(attr) is not None)
+
+
+class Tracer:
+    """The trace table (made when this is made) and the trace events, matched to drop records: attribute().
+    close() deletes the table; the kernel deletes it too when the socket goes (kernels with owner tables)."""
+
+    def __init__(self, table: str | None = None):
+        self.table = table or f"{TABLE_PREFIX}{os.getpid()}"
+        self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)   # first: no event of the table's is missed
+        try:   # only the events a drop needs are queued (fcap.kernel.nftfilter); without it, all of them
+            from fcap.kernel import nftfilter
+            nftfilter.attach(self.listener.sock)
+            self.filtered = True
+        except OSError:
+            self.filtered = False
+        self.control = nft.NfSocket()
+        self.owned = True
+        err = self.control.transact(nft.Family.inet, *self._parts(owner=True))
+        if err in (errnos.EOPNOTSUPP, errnos.EINVAL):   # before 5.12: no owner flag
+            self.owned = False
+            err = self.control.transact(nft.Family.inet, *self._parts(owner=False))
+        if err:
+            self.listener.close()
+            self.control.close()
+            why = "a table of that name exists" if err == errnos.EEXIST else os.strerror(err)
+            raise CaptureError(f"--nft: cannot add the trace table inet {self.table} ({why})")
+        self.added = True
+        self.headers: collections.OrderedDict = collections.OrderedDict()   # trace id -> (network, transport)
+        self.waiting: collections.deque = collections.deque()
+        self.lost = self.attributed = self.unattributed = 0
+
+    def _parts(self, owner: bool) -> list:
+        parts = [nft.new_table(self.table, owner)]
+        for chain, hook in HOOKS:
+            parts += [nft.new_base_chain(self.table, chain, hook, nft.PRIORITY_FIRST),
+                      nft.new_trace_rule(self.table, chain)]
+        return parts
+
+    def pump(self) -> None:
+        """Read the events waiting: each packet's headers by trace id, the drop verdicts (not the trace table's)."""
+        events, lost = self.listener.traces()
+        self.lost += lost
+        now = time.monotonic_ns()
+        for t in events:
+            if t.network is not None:
+                self.headers[t.id] = (t.network, t.transport or b"")
+                self.headers.move_to_end(t.id)
+                if len(self.headers) > HEADERS_MAX:
+                    self.headers.popitem(last=False)
+            if not t.decides_drop() or (t.family == "inet" and t.table == self.table):
+                continue
+            head = self.headers.get(t.id)
+            if head is None:
+                continue
+            self.waiting.append(Decision(t.family, t.table, t.chain, t.rule if t.type == nft.TraceType.RULE
+                                         else None, head[0], head[1], t.mark, now))
+            if len(self.waiting) > VERDICTS_MAX:
+                self.waiting.popleft()
+
+    def attribute(self, l3: bytes, mark: int, ts_ns: int) -> Decision | None:
+        """The drop verdict of a netfilter drop record (its bytes from the network header, skb mark and
+        CLOCK_MONOTONIC time): the oldest waiting one of the same packet, taken; None when none is."""
+        self.pump()
+        while self.waiting and self.waiting[0].read_ns < ts_ns - EXPIRE_NS:
+            self.waiting.popleft()
+        for i, d in enumerate(self.waiting):
+            if d.matches(l3, mark):
+                del self.waiting[i]
+                self.attributed += 1
+                return d
+        self.unattributed += 1
+        return None
+
+    def note(self) -> str:
+        """One line when netfilter drops went unattributed, else ""."""
+        if not self.unattributed:
+            return ""
+        why = (f"{self.lost} reads of trace events failed for want of buffer (ENOBUFS)" if self.lost else
+               "no nftables drop verdict of this network namespace matched (iptables-legacy, a netdev, bridge or "
+               "arp table, or another namespace)")
+        return f"--nft: {self.unattributed} netfilter drops not attributed: {why}"
+
+    def close(self) -> None:
+        """Delete the trace table (once) and close the sockets."""
+        if self.added:
+            self.added = False
+            self.control.transact(nft.Family.inet, nft.del_table(self.table))
+            self.control.close()
+            self.listener.close()

@@ -1,0 +1,435 @@
+"""--nft: which nftables table, chain and rule dropped each packet netfilter dropped (fcap.kernel.nftrace over
+fcap.kernel.nftables). The netlink encoding read back by the kernel and by `nft` itself; then live, with real
+nftables tables made by `nft` dropping chosen datagrams between veth namespaces: each NETFILTER_DROP record names the
+table, chain and the rule handle `nft -a -j list` shows for the rule that dropped it (a rule in a base chain, one in a
+chain jumped to, a chain's policy), a packet dropped for another reason is not attributed, in the comment, --json,
+fcap.read(), the API and printed lines; and fcap's trace table is gone after it exits, ends on SIGINT or is
+killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fcap.kernel import nftables as nft
+from fcap.kernel import nftrace
+from netns import SLOW, free_port, run_fcap, subprocess_env
+
+# ---- the netlink encoding (pure) ---------------------------------------------------------------------------------
+
+
+def test_attributes_round_trip():
+    data = nft.string(1, "filter") + nft.be32(4, 3) + nft.nested(5, nft.be32(1, -1), nft.string(2, "sub"))
+    a = nft.parse_attrs(data)
+    assert a[1] == b"filter\0" and struct.unpack("!I", a[4])[0] == 3
+    v = nft.parse_attrs(a[5])
+    assert struct.unpack("!i", v[1])[0] == -1 and v[2] == b"sub\0"
+    assert all(len(x) % 4 == 0 for x in (nft.string(1, "ab"), nft.attr(2, b"\1\2\3\4\5")))
+
+
+def _trace_msg(family, table, chain, kind, tid, handle=None, code=None, policy=None, network=None, transport=None,
+               mark=0) -> bytes:
+    attrs = [nft.string(nft.TRACE_TABLE, table), nft.string(nft.TRACE_CHAIN, chain), nft.be32(nft.TRACE_TYPE, kind),
+             nft.be32(nft.TRACE_ID, tid), nft.be32(nft.TRACE_NFPROTO, 2)]
+    if handle is not None:
+        attrs.append(nft.attr(nft.TRACE_RULE_HANDLE, struct.pack("!Q", handle)))
+    if code is not None:
+        attrs.append(nft.nested(nft.TRACE_VERDICT, nft.be32(nft.VERDICT_CODE, code)))
+    if policy is not None:
+        attrs.append(nft.be32(nft.TRACE_POLICY, policy))
+    if network is not None:
+        attrs.append(nft.attr(nft.TRACE_NETWORK_HEADER, network))
+    if transport is not None:
+        attrs.append(nft.attr(nft.TRACE_TRANSPORT_HEADER, transport))
+    if mark:
+        attrs.append(nft.be32(nft.TRACE_MARK, mark))
+    return nft.message(nft.nft_type(nft.Msg.TRACE), 0, 0, family, b"".join(attrs))
+
+
+IP = bytes.fromhex("4500002100004000401100007f0000017f000001")
+UDP = struct.pack("!HHHH", 40000, 9999, 13, 0) + b"hello"
+
+
+def test_trace_events_parse():
+    msgs = _trace_msg(1, "filter", "input", nft.TraceType.RULE, 7, handle=5, code=nft.NF_DROP, network=IP,
+                      transport=UDP) + _trace_msg(2, "t", "c", nft.TraceType.POLICY, 8, policy=nft.NF_DROP) \
+        + _trace_msg(1, "t", "c", nft.TraceType.RULE, 9, handle=3, code=-3)
+    (k1, _f, _s, p1), (_k2, _f2, _s2, p2), (_k3, _f3, _s3, p3) = nft.split(msgs)
+    assert k1 == nft.nft_type(nft.Msg.TRACE)
+    t1, t2, t3 = (nft.parse_trace(p) for p in (p1, p2, p3))
+    assert (t1.family, t1.table, t1.chain, t1.rule, t1.verdict, t1.network, t1.transport) == \
+        ("inet", "filter", "input", 5, 0, IP, UDP)
+    assert t1.decides_drop() and t2.decides_drop() and (t2.family, t2.rule) == ("ip", None)
+    assert not t3.decides_drop() and t3.verdict == -3
+
+
+def test_a_drop_record_matches_its_packets_headers():
+    d = nftrace.Decision("inet", "t", "c", 5, IP, UDP[:8], 0, 0)
+    sll2 = b"\x08\x00" + bytes(18)
+    assert d.matches(nftrace.network_bytes(sll2 + IP + UDP, 276), 0)
+    assert d.matches(IP + UDP[:4], 0)                                    # as far as captured
+    assert not d.matches(IP + struct.pack("!HH", 40000, 9998) + UDP[4:], 0)   # another port
+    assert not d.matches(IP[:8] + b"\x3f" + IP[9:] + UDP, 0)             # another TTL
+    assert not nftrace.Decision("inet", "t", "c", 5, IP, UDP, 7, 0).matches(IP + UDP, 0)   # another mark
+    eth = bytes(12) + b"\x81\x00\x00\x05\x08\x00"
+    assert nftrace.network_bytes(eth + IP, 1) == IP and nftrace.network_bytes(IP, 101) == IP
+
+
+def test_names_with_spaces_stay_one_word_of_the_comment():
+    d = nftrace.Decision("inet", "my table", "in put", None, IP, b"", 0, 0)
+    assert nftrace.text(d.values()) == " nft_family=inet nft_table=my\\x20table nft_chain=in\\x20put nft_policy=drop"
+    from fcap.api import parse_comment
+    base = "skb=0x" + "0" * 16 + " pid=1 tid=1 comm=x ifindex=1 mark=0x0 netns=1 proto=0x0800 pkt_type=0 len=1"
+    assert parse_comment(base + " reason=NETFILTER_DROP at=nf_hook_slow+0x1" + nftrace.text(d.values()))[
+        "nft_table"] == "my\\x20table"
+
+
+def test_what_counts_as_a_netfilter_drop():
+    assert nftrace.is_netfilter_drop("NETFILTER_DROP", "nf_hook_slow+0x9f")
+    assert not nftrace.is_netfilter_drop("NO_SOCKET", "__udp4_lib_rcv+0x4bc")
+    assert nftrace.is_netfilter_drop(None, "nf_hook_slow+0x9f")          # before 5.17: no reason, the location
+    assert not nftrace.is_netfilter_drop(None, "kfree_skb_list+0x1")
+
+
+def test_the_comment_declares_its_keys_for_wireshark():
+    from fcap.commands.wireshark import comment_fields
+    keys = {key: (name, style) for key, name, style in comment_fields()}
+    assert keys["nft_rule"] == ("nft_rule", "dec64") and keys["nft_table"] == ("nft_table", "str")
+    assert {"nft_family", "nft_chain", "nft_policy"} <= set(keys)
+
+
+# ---- live: real nftables tables dropping chosen datagrams between veth namespaces ---------------------------------
+
+def _need_nft():
+    if shutil.which("nft") is None:
+        pytest.skip("no nft command (Debian: nftables): the test's own rules are made with it")
+    r = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"nftables is not usable here: {r.stderr.strip()}")
+
+
+@pytest.fixture
+def veth(root):
+    _need_nft()
+    from netns import make_veth_ns, remove_veth_ns
+    v = make_veth_ns()
+    try:
+        yield v
+    finally:
+        remove_veth_ns(v)
+
+
+class Table:
+    """A table of the test's own (`nft -f`), in the host's namespace or in `ns`; deleted at the end, also when the
+    test fails."""
+
+    def __init__(self, text: str, name: str, ns: str | None = None):
+        self.name, self.ns = name, ns
+        r = subprocess.run(self._argv("-f", "-"), input=text, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+
+    def _argv(self, *args: str) -> list[str]:
+        return (["ip", "netns", "exec", self.ns] if self.ns else []) + ["nft", *args]
+
+    def handles(self) -> dict:
+        """{rule comment: (chain, handle)} as `nft -a -j list table` shows them."""
+        r = subprocess.run(self._argv("-a", "-j", "list", "table", "inet", self.name), capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        rules = [i["rule"] for i in json.loads(r.stdout)["nftables"] if "rule" in i]
+        return {rule["comment"]: (rule["chain"], rule["handle"]) for rule in rules if "comment" in rule}
+
+    def delete(self) -> None:
+        subprocess.run(self._argv("delete", "table", "inet", self.name), capture_output=True, timeout=30)
+
+
+def trace_tables(ns: str | None = None) -> list[str]:
+    """The tables fcap's --nft made (inet fcap_nftrace_PID) in the host's namespace or in `ns`."""
+    argv = (["ip", "netns", "exec", ns] if ns else []) + ["nft", "list", "tables"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+    return re.findall(rf"table inet ({nftrace.TABLE_PREFIX}\d+)", out)
+
+
+SEND = "import socket, sys\n" \
+       "s = socket.socket(2, 2)\n" \
+       "for arg in sys.argv[2:]:\n" \
+       "    port, text = arg.split(':', 1)\n" \
+       "    try:\n" \
+       "        s.sendto(text.encode(), (sys.argv[1], int(port)))\n" \
+       "    except OSError:\n" \
+       "        pass\n"   # (a datagram dropped at output: EPERM)
+
+
+def send(dst: str, datagrams: list[tuple[int, str]], ns: str | None = None) -> None:
+    argv = (["ip", "netns", "exec", ns] if ns else []) + [sys.executable, "-c", SEND, dst] + \
+        [f"{port}:{text}" for port, text in datagrams]
+    subprocess.run(argv, check=True, timeout=30, env=subprocess_env())
+
+
+def start_fcap_in(ns: str | None, args: list[str], **kw):
+    """fcap with `args` in namespace `ns` (ip netns exec), waited for until it listens."""
+    from netns import Proc, fcap_argv
+    p = Proc((["ip", "netns", "exec", ns] if ns else []) + fcap_argv() + args, name="fcap", **kw)
+    try:
+        p.wait_for(r"^listening on ")
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def _nf_drop(p) -> bool:
+    """A netfilter drop: reason NETFILTER_DROP; before 5.17 (no reasons), freed in nf_hook_slow."""
+    return nftrace.is_netfilter_drop(p.reason, p.location)
+
+
+def _text(p) -> str:
+    return bytes(p.data[-4:]).decode(errors="replace")
+
+
+def test_nft_names_the_rule_of_each_netfilter_drop(veth, tmp_path):
+    """fcap in the peer's namespace (ip netns exec), whose table of the test's own drops datagrams the host sends in
+    (a rule of the input chain, a rule of a chain it jumps to) and datagrams it sends out (the output chain); a
+    datagram the rules accept is dropped later for want of a socket. Each NETFILTER_DROP record names the table,
+    the chain holding the rule and the handle `nft -a` shows for it; the NO_SOCKET ones name none; fcap's trace table
+    is in that namespace while it runs (none in the host's) and gone after."""
+    v = veth
+    p1, p2, p3, p4 = (free_port() for _ in range(4))
+    name = f"fcapnft{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain inp {{ type filter hook input priority 0; policy accept;
+            iifname "{v.b}" udp dport {p1} counter drop comment "p1"
+            iifname "{v.b}" udp dport {p2} jump sub comment "jump"
+        }}
+        chain sub {{ udp dport {p2} counter drop comment "p2"; }}
+        chain out {{ type filter hook output priority 0; policy accept;
+            oifname "{v.b}" udp dport {p4} counter drop comment "p4"
+        }}
+    }}""", name, ns=v.ns)
+    try:
+        handles = table.handles()
+        path = tmp_path / "nft.pcapng"
+        flt = f"udp and (dst port {p1} or dst port {p2} or dst port {p3} or dst port {p4})"
+        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-c", "8", "-w", str(path), flt])
+        try:
+            assert trace_tables(v.ns) == [f"{nftrace.TABLE_PREFIX}{fc.pid}"] and trace_tables() == []
+            send(v.peer, [(p1, "p1-a"), (p2, "p2-a"), (p3, "p3-a"), (p1, "p1-b"), (p2, "p2-b"), (p3, "p3-b")])
+            send(v.local, [(p4, "p4-a"), (p4, "p4-b")], ns=v.ns)
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+        assert trace_tables(v.ns) == [], "fcap left its trace table behind"
+        import fcap
+        got = {_text(p): p for p in fcap.read(str(path))}
+        assert sorted(got) == ["p1-a", "p1-b", "p2-a", "p2-b", "p3-a", "p3-b", "p4-a", "p4-b"]
+        want = {"p1": ("inp", handles["p1"][1]), "p2": ("sub", handles["p2"][1]), "p4": ("out", handles["p4"][1])}
+        for key, p in got.items():
+            rule = key.split("-")[0]
+            if rule == "p3":
+                assert not _nf_drop(p) and p.nft_rule is None and "nft_" not in p.comment, p.comment
+                continue
+            assert _nf_drop(p), p.comment
+            assert (p.nft_family, p.nft_table, p.nft_chain, p.nft_rule, p.nft_policy) == \
+                ("inet", name, *want[rule], None), (p.comment, fc.stderr)
+            assert f" nft_family=inet nft_table={name} nft_chain={want[rule][0]} nft_rule={want[rule][1]}" \
+                in p.comment
+        r = run_fcap(["-r", str(path), "--json"])
+        objs = [json.loads(line) for line in r.stdout.decode().splitlines()]
+        assert r.returncode == 0 and len(objs) == 8
+        assert sorted(str((o.get("nft_table"), o.get("nft_chain"), o.get("nft_rule"))) for o in objs) == sorted(
+            str((p.nft_table, p.nft_chain, p.nft_rule)) for p in got.values())
+    finally:
+        table.delete()
+
+
+def test_a_chains_policy_printed_and_the_table_gone_after_sigint(veth):
+    """A base chain of policy drop in the peer's namespace: its drops name the chain and nft_policy=drop, no rule,
+    on fcap's printed lines (-l); a datagram a rule accepts names nothing; SIGINT ends fcap and its table goes."""
+    v = veth
+    p_in, p_ok = free_port(), free_port()
+    name = f"fcapnftp{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain inp {{ type filter hook input priority 0; policy drop;
+            udp dport {p_ok} accept comment "ok"
+            meta l4proto != udp accept
+        }}
+    }}""", name, ns=v.ns)
+    try:
+        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-l", f"udp and (dst port {p_in} or dst port {p_ok})"],
+                           stdout=subprocess.PIPE)
+        try:
+            send(v.peer, [(p_in, "in-a"), (p_ok, "ok-a"), (p_in, "in-b")])
+            deadline = time.monotonic() + 30 * SLOW
+            lines: list[str] = []
+            while len(lines) < 3 and time.monotonic() < deadline:
+                line = fc.p.stdout.readline().decode()
+                if not line:
+                    break
+                lines.append(line)
+            assert trace_tables(v.ns) == [f"{nftrace.TABLE_PREFIX}{fc.pid}"]
+            assert fc.stop(signal.SIGINT) == 0, fc.stderr
+        finally:
+            fc.kill()
+        assert trace_tables(v.ns) == [], "fcap left its trace table behind after SIGINT"
+        dropped = [ln for ln in lines if f".{p_in}: UDP" in ln]
+        accepted = [ln for ln in lines if f".{p_ok}: UDP" in ln]
+        assert len(dropped) == 2 and len(accepted) == 1, lines
+        for ln in dropped:
+            assert f"nft_family=inet nft_table={name} nft_chain=inp nft_policy=drop]" in ln and "nft_rule" not in ln, ln
+            assert "reason=NETFILTER_DROP" in ln or "reason=" not in ln and "at=nf_hook_slow" in ln, ln
+        assert "nft_" not in accepted[0] and "NETFILTER_DROP" not in accepted[0], accepted
+    finally:
+        table.delete()
+
+
+def test_a_killed_fcaps_table_goes_with_its_socket(veth):
+    """SIGKILL: nothing of fcap runs, yet its trace table goes (owned by its netlink socket, Linux 5.12+; on older
+    kernels it stays, and the test deletes it)."""
+    v = veth
+    fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-w", "/dev/null"])
+    try:
+        table = f"{nftrace.TABLE_PREFIX}{fc.pid}"
+        assert trace_tables(v.ns) == [table]
+        fc.p.kill()
+        fc.wait()
+    finally:
+        fc.kill()
+    left = trace_tables(v.ns)
+    release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
+    if release < (5, 12):
+        subprocess.run(["ip", "netns", "exec", v.ns, "nft", "delete", "table", "inet", table], timeout=30)
+        assert left == [table]
+    else:
+        assert left == [], f"a killed fcap left {left} (owner tables: Linux 5.12+)"
+
+
+def test_the_api_names_the_rule_in_this_namespace(veth):
+    """fcap.capture(nft=True) in the test's own (the host's) namespace: a rule of the test's table drops datagrams
+    sent to the peer at output; the Packet names it."""
+    import fcap
+    v = veth
+    port = free_port()
+    name = f"fcapnfta{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain out {{ type filter hook output priority 0; policy accept;
+            oifname "{v.a}" udp dport {port} drop comment "api"
+        }}
+    }}""", name)
+    try:
+        handle = table.handles()["api"][1]
+        with fcap.capture("skb:drop", filter=f"udp dst port {port}", count=2, nft=True, timeout=30 * SLOW) as cap:
+            send(v.peer, [(port, "api1"), (port, "api2")])
+            got = list(cap)
+            lost = cap.session.nft.lost if cap.session is not None else 0
+        assert trace_tables() == []
+        if lost and any(p.nft_rule is None for p in got):
+            pytest.skip(f"this host's other traffic overflowed the trace socket ({lost} reads failed: ENOBUFS)")
+        assert [(_nf_drop(p), p.nft_table, p.nft_chain, p.nft_rule) for p in got] == [(True, name, "out", handle)] * 2
+    finally:
+        table.delete()
+
+
+FILTERED = r"""
+import socket, sys, time
+from fcap.kernel import nftables as nft, nftrace
+ok, no = int(sys.argv[1]), int(sys.argv[2])
+t = nftrace.Tracer()
+every = nft.NfSocket(trace=True, rcvbuf=1 << 22)     # no filter: every event
+r = socket.socket(2, 2)
+r.bind(("127.0.0.1", ok))
+s = socket.socket(2, 2)
+for i in range(20):
+    s.sendto(b"ok", ("127.0.0.1", ok))
+for i in range(2):
+    try:
+        s.sendto(b"no", ("127.0.0.1", no))
+    except OSError:
+        pass
+time.sleep(0.2)
+kept, all_ = t.listener.traces()[0], every.traces()[0]
+t.close()
+print(t.filtered, len(kept), sum(e.decides_drop() for e in kept), len(all_), sum(e.decides_drop() for e in all_))
+"""
+
+
+def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
+    """fcap.kernel.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 2 a rule drops (at output),
+    fcap's trace socket gets the 2 drop verdicts and, of the accepted ones, only the end of the output chain they
+    match no rule of (its headers, kept for a policy of drop), where a socket without the filter gets each chain's
+    events (fcap's own two, the output chain's end and policy, the input chain's accept)."""
+    v = veth
+    ok, no = free_port(), free_port()
+    name = f"fcapnftf{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain out {{ type filter hook output priority 0; policy accept; udp dport {no} drop; }}
+        chain inp {{ type filter hook input priority 0; policy accept; udp dport {ok} accept; }}
+    }}""", name, ns=v.ns)
+    try:
+        r = subprocess.run(["ip", "netns", "exec", v.ns, sys.executable, "-c", FILTERED, str(ok), str(no)],
+                           capture_output=True, text=True, timeout=60 * SLOW, env=subprocess_env())
+        assert r.returncode == 0, r.stderr
+        filtered, kept, kept_drops, every, every_drops = r.stdout.split()
+        assert filtered == "True" and (int(kept), int(kept_drops)) == (20 + 2, 2), r.stdout
+        assert int(every) >= 20 * 5 and int(every_drops) == 2, r.stdout
+        assert trace_tables(v.ns) == []
+    finally:
+        table.delete()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-i", "tp_btf/net_dev_queue", "--nft", "-c", "1"], "--nft names the nftables rule of each netfilter drop"),
+    (["-i", "skb:drop", "--nft", "-c", "1", "-w", "x.pcap"], "--nft: a pcap file has no room"),
+])
+def test_nft_usage_errors_are_one_line(root, tmp_path, args, message):
+    r = run_fcap(args, cwd=tmp_path)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "x.pcap").exists()
+
+
+def test_wiresharks_fcap_fields_select_the_rule(veth, tmp_path, tshark):
+    """The Lua dissector `fcap extcap --install` makes from the comment's declaration: fcap.nft_rule == HANDLE and
+    fcap.nft_chain select exactly the packets fcap.read() says that rule dropped."""
+    import fcap
+    from test_wireshark_lua import _numbers, _rows
+    v = veth
+    p1, p2 = free_port(), free_port()
+    name = f"fcapnftw{os.getpid() % 100000}"
+    table = Table(f"""table inet {name} {{
+        chain inp {{ type filter hook input priority 0; policy accept;
+            udp dport {p1} drop comment "w1"
+            udp dport {p2} drop comment "w2"
+        }}
+    }}""", name, ns=v.ns)
+    try:
+        handles = table.handles()
+        path = tmp_path / "w.pcapng"
+        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-c", "3", "-w", str(path),
+                                  f"udp and (dst port {p1} or dst port {p2})"])
+        try:
+            send(v.peer, [(p1, "w1-a"), (p2, "w2-a"), (p1, "w1-b")])
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+    finally:
+        table.delete()
+    env = subprocess_env()
+    env["HOME"] = str(tmp_path / "home")
+    env.pop("XDG_CONFIG_HOME", None)
+    assert run_fcap(["extcap", "--install"], env=env).returncode == 0
+    got = list(fcap.read(str(path)))
+    for comment, (_chain, handle) in handles.items():
+        want = [i + 1 for i, p in enumerate(got) if p.nft_rule == handle]
+        assert len(want) == (2 if comment == "w1" else 1)
+        assert _numbers(tshark, env, path, f"fcap.nft_rule == {handle} && fcap.nft_chain == \"inp\"") == want
+    rows = _rows(tshark, env, path, "fcap.nft_table", "fcap.nft_family")
+    assert rows == [[name, "inet"]] * 3
