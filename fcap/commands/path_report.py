@@ -53,6 +53,20 @@ def end_of(h: Hop) -> str | None:
     return None
 
 
+def place(h: Hop) -> tuple:
+    """Where a hop is: (ifindex, netns), None each where the record does not say."""
+    return h.ifindex, h.netns
+
+
+def heading(h: Hop) -> str:
+    """The line over the hops at one device and namespace: '-- ifindex 3, netns 4026532281 --', or '-- no device
+    --' before the skb has one (the kernel's 0)."""
+    if not h.ifindex and not h.netns:
+        return "-- no device --"
+    return "-- " + ", ".join(f"{k} {v}" for k, v in (("ifindex", h.ifindex), ("netns", h.netns)) if v is not None) + \
+        " --"
+
+
 @dataclass
 class _Hops:
     hops: list[Hop] = field(default_factory=list)
@@ -136,11 +150,14 @@ class Tracker:
         hops = self.packets.pop(pid).hops
         first = hops[0]
         out = [f"packet {pid:#x}: {first.line}".rstrip()]
+        if len(hops) > 1:
+            out.append(f"  {len(hops)} points in {hops[-1].ts_ns - first.ts_ns} ns")
         prev = None
         for h in hops:
+            if place(h) != (None, None) and (prev is None or place(h) != place(prev)):
+                out.append(f"  {heading(h)}")   # where the device or the namespace changes
             when = format_time(h.ts_ns, "nano") if prev is None else f"+{h.ts_ns - prev.ts_ns} ns"
-            where = "".join(f"  {k} {v}" for k, v in (("ifindex", h.ifindex), ("netns", h.netns)) if v is not None)
-            out.append(f"  {when:>18}  {h.point}{where}")
+            out.append(f"  {when:>18}  {h.point}")
             if h.stack is not None:
                 out += [f"{'':>22}{frame}" for frame in h.stack or ("(stack unknown)",)]
             if prev is not None:
