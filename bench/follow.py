@@ -2,7 +2,7 @@
 
     python -m bench.follow attach [GLOB ...] [--sizes 10,100,all] [--reps 3]
     python -m bench.follow cost [--points 1,50] [--first POINT] [--glob GLOB] [-n 20000]
-    python -m bench.follow track [--points P,P,P] [-n 20000]
+    python -m bench.follow track [--points P,P,P] [-n 20000] [--filter F]
     python -m bench.follow retarget
 
 `attach`: for each glob and each size N (the first N matches, in list-devices order), a capture session as the
@@ -153,12 +153,13 @@ def cost_table(first: str, glob: str, sizes: list[int], n: int, reps: int) -> li
     return lines
 
 
-def track_table(points: list[str], n: int, reps: int) -> list[str]:
-    """The tracking map's cost: the same points and filter with and without --track."""
+def track_table(points: list[str], n: int, reps: int, filt: str = "udp") -> list[str]:
+    """The tracking map's cost: the same points and filter with and without --track (a filter that matches
+    nothing: what an untracked hit costs beside the filter's reject)."""
     lines = [f"Tracking cost on {os.uname().release}: {n} × 64-byte UDP on lo, points {', '.join(points)}, filter "
-             f"'udp', median of {reps}:", ""] + HEAD
+             f"'{filt}', median of {reps}:", ""] + HEAD
     for track in (False, True):
-        m = _median([cost_once(points, None, n, filter="udp", track=track) for _ in range(reps)])
+        m = _median([cost_once(points, None, n, filter=filt, track=track) for _ in range(reps)])
         lines.append(_row("--track" if track else "filter at every point", m))
     return lines
 
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--points", default="tp_btf/net_dev_queue,tp_btf/netif_receive_skb,tp_btf/kfree_skb")
     t.add_argument("-n", type=int, default=20000)
     t.add_argument("--reps", type=int, default=3)
+    t.add_argument("--filter", default="udp", help="'host 192.0.2.1': no datagram on lo matches (untracked hits)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.follow: needs root", file=sys.stderr)
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "retarget":
         lines = retarget()
     else:
-        lines = track_table(args.points.split(","), args.n, args.reps)
+        lines = track_table(args.points.split(","), args.n, args.reps, args.filter)
     print("\n".join(lines))
     return 0
 

@@ -155,15 +155,17 @@ def _find(b, found: str) -> None:
     """Is this skb (R6) a known packet? Its entry counts only when the skb's head is the one recorded, the head's
     entry is still there with the same id, and the skb was not seen at this point and device before; a stale entry
     goes. An skb without one, cloned, whose head has an entry, is a clone of that packet: it joins. Known: on to
-    `found` with STACK.track_id = the id, this point marked seen; else STACK.track_id = 0 and on. Uses R0-R5, R8,
-    R9 (R8 = skb->head after)."""
+    `found` with STACK.track_id = the id, this point marked seen; else STACK.track_id = 0 and on. An skb of no
+    packet costs one lookup and one read (its cloned bit): the point's bit and the head are read only for an skb
+    the map knows or a clone. Uses R0-R5, R8, R9."""
     stale, byhead, unknown = b.fresh("tstale"), b.fresh("tbyhead"), b.fresh("tunknown")
     b.emit(st(DW, FP, STACK.track_id, 0))
-    _seen_bit(b)
-    b.read(DW, R8, R6, b.offsets.head)
     _key(b, R6)
     _lookup(b, byhead)
-    b.emit(mov(R9, R0), TRACK.load(R1, R9, "head"), jmp(JNE, R1, R8, stale, reg=True),
+    b.emit(mov(R9, R0))
+    _seen_bit(b)
+    b.read(DW, R8, R6, b.offsets.head)
+    b.emit(TRACK.load(R1, R9, "head"), jmp(JNE, R1, R8, stale, reg=True),
            TRACK.load(R1, R9, "seen"), ldx(DW, R2, FP, STACK.track_bit), alu64(AND, R1, R2, reg=True),
            jmp(JNE, R1, 0, stale))
     _key(b, R8, 1)
@@ -177,6 +179,8 @@ def _find(b, found: str) -> None:
     byte, bit = _cloned_bit(b)
     b.read(asm.B, R1, R6, byte)
     b.emit(asm.rshi(R1, bit), andi(R1, 1), jmp(JEQ, R1, 0, unknown))
+    _seen_bit(b)
+    b.read(DW, R8, R6, b.offsets.head)
     _key(b, R8, 1)
     _lookup(b, unknown)
     # a clone of a known packet (the same head): under its id, and by its own address
@@ -192,7 +196,8 @@ def _find(b, found: str) -> None:
 
 def _start(b) -> None:
     """A new packet (R6): a new id in STACK.track_id, entered by the skb's address and its head's (an old head key
-    left by a free fcap did not see goes first). STACK.track_bit must be set. Uses R0-R5, R8."""
+    left by a free fcap did not see goes first), seen at this point and device. Uses R0-R5, R8."""
+    _seen_bit(b)
     _new_id(b)
     b.read(DW, R8, R6, b.offsets.head)
     b.emit(ldx(DW, R1, FP, STACK.track_id), stx(DW, FP, STACK.track_val + TRACK.off("id"), R1),
