@@ -1,22 +1,65 @@
 """Attach and detach time for 1, 100, 1,000 and every skb function (fcap.live.multi): the same capture sessions fcap
 runs, timed from open (build and load) through attach, and from detach through close, as ratios to one function
-within one run, with functions attached per second. Run as root where fentry or kprobes work (the guests):
-python3 -m bench.multi_attach [KIND] [--per-point] (KIND fentry or kprobe; --per-point: a program per point)."""
+within one run, with functions attached per second and where the attach time goes (BTF, build, verification, links,
+the rest); then a sender's rate with every function attached and a filter that matches nothing (with and without
+--track) against the same sender with nothing attached, with the programs' own run time per hit. Run as root where
+fentry or kprobes work (the guests): python3 -m bench.multi_attach [KIND] [--per-point] [--no-rate] [--sizes=1,100,1000,all]
+(KIND fentry or kprobe; --per-point: a program per point)."""
 
 from __future__ import annotations
 
+import collections
+import socket
 import sys
 import time
 
+NOTHING = "host 192.0.2.1"   # a filter no datagram on lo matches (TEST-NET-1)
+SEND_S = 3.0                 # seconds each sender rate is measured over
 
-def one(specs: list[str], per_point: bool) -> tuple[float, float, int, int]:
-    """(seconds to attach, seconds to detach and close, points attached, links) of one session at `specs`; a
-    function the kernel refuses (an error when named on its own) is taken out and the session made again."""
+
+class Phases:
+    """Seconds spent in named session steps (wrapped methods), summed over calls."""
+
+    STEPS = (("fcap.live.session", "Session", "resolve", "BTF"), ("fcap.live.session", "Session", "build", "build"),
+             ("fcap.live.session", "Session", "_load", "verify"), ("fcap.points.kinds", None, "attach_tracing_multi",
+                                                                  "links"),
+             ("fcap.points.kinds", None, "attach_kprobe_multi", "links"), ("fcap.live.multi", None, "traceable",
+                                                                          "ftrace list"))
+
+    def __init__(self):
+        import importlib
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        for module, cls, name, label in self.STEPS:
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            setattr(owner, name, self._timed(getattr(owner, name), label))
+
+    def _timed(self, f, label: str):
+        def timed(*a, **k):
+            t = time.monotonic()
+            try:
+                return f(*a, **k)
+            finally:
+                self.seconds[label] += time.monotonic() - t
+        return timed
+
+    def text(self, total: float) -> str:
+        parts = [f"{label} {s:.2f}" for label, s in sorted(self.seconds.items(), key=lambda x: -x[1]) if s >= 0.005]
+        rest = total - sum(self.seconds.values())
+        return ", ".join(parts + [f"rest {rest:.2f}"])
+
+
+def one(specs: list[str], per_point: bool, phases: Phases | None = None, hold=None, **cfg):
+    """(seconds to attach, seconds to detach and close, points attached, links, what `hold(session)` returned) of
+    one session at `specs`; a function the kernel refuses (an error when named on its own) is taken out and the
+    session made again."""
     from fcap.errors import CaptureError
     from fcap.live import multi
     from fcap.live.session import Config, Session
     while True:
-        s = Session(Config(points=specs))
+        s = Session(Config(points=specs, **cfg))
+        if phases is not None:
+            phases.seconds.clear()
         t0 = time.monotonic()
         s.resolve()
         if per_point:
@@ -32,8 +75,60 @@ def one(specs: list[str], per_point: bool) -> tuple[float, float, int, int]:
             specs = [x for x in specs if x != bad]
     t1 = time.monotonic()
     attached, links = len(s.points) - len(s.unattached), len(s.links)
+    held = hold(s) if hold is not None else None
+    t2 = time.monotonic()
     s.close()
-    return t1 - t0, time.monotonic() - t1, attached, links
+    return t1 - t0, time.monotonic() - t2, attached, links, held
+
+
+def send_rate(seconds: float = SEND_S) -> float:
+    """Datagrams per second one socket sends on lo (64 bytes, to a sink that never reads: they are dropped)."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sink.bind(("127.0.0.1", 0))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(sink.getsockname())
+    data, n = b"\x5a" * 64, 0
+    t0 = time.monotonic()
+    end = t0 + seconds
+    while True:
+        for _ in range(100):
+            s.send(data)
+        n += 100
+        if time.monotonic() >= end:
+            break
+    rate = n / (time.monotonic() - t0)
+    s.close()
+    sink.close()
+    return rate
+
+
+def loaded_rate(s) -> tuple[float, float, float]:
+    """(datagrams per second, the capture programs' hits per datagram, their ns per hit) with `s` attached."""
+    from bpf.sys import enable_stats
+    progs = s.programs + [prog for _p, prog in s.helpers]
+    with enable_stats():
+        before = [p.stats() for p in progs]
+        rate = send_rate()
+        after = [p.stats() for p in progs]
+    ns = sum(a.run_time_ns - b.run_time_ns for a, b in zip(after, before))
+    hits = sum(a.run_cnt - b.run_cnt for a, b in zip(after[:len(s.programs)], before))
+    sent = rate * SEND_S
+    return rate, hits / sent, ns / hits if hits else 0.0
+
+
+def rates(kind: str) -> list[str]:
+    """The sender's rate bare and with every function attached (a filter matching nothing; then --track too)."""
+    lines = []
+    bare = send_rate()
+    for label, cfg in (("filter", {}), ("filter, --track", {"track": True})):
+        _up, _down, attached, links, (rate, hits, ns) = one([f"{kind}/*"], False, hold=loaded_rate, filter=NOTHING,
+                                                             **cfg)
+        lines.append(f"  {attached} functions, {links} links, '{NOTHING}' ({label}): {rate:8.0f} datagrams/s, "
+                     f"{rate / bare:5.2f}x bare; {hits:5.1f} hits per datagram, {ns:6.0f} ns per hit")
+    again = send_rate()
+    lines.insert(0, f"  bare: {bare:8.0f} datagrams/s (after: {again:8.0f})")
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -44,15 +139,20 @@ def main(argv: list[str]) -> int:
     traceable = multi.traceable() or set()
     names = [i.name for i in list_points() if i.kind == "fentry" and i.module == "vmlinux" and i.name in traceable]
     names = list(dict.fromkeys(names))
+    phases = Phases()
+    one([f"{kind}/{names[0]}"], per_point)   # (once before: the kernel's features are probed by the first session)
     base = None
     print(f"{kind}, {'a program per point' if per_point else 'multi-attach where the kernel has it'}:")
-    for n in (1, 100) if per_point else (1, 100, 1000, len(names)):   # (a program per point: the issue's figures
-        #                                                                    for all of them, 104.6 s on 7.2, 86.5 s on 6.1)
+    sizes = next((a.split("=", 1)[1] for a in argv if a.startswith("--sizes=")), "1,100" if per_point else
+                 "1,100,1000,all")   # (a program per point: the issue's figures for all, 104.6 s on 7.2, 86.5 s on 6.1)
+    for n in [len(names) if x == "all" else int(x) for x in sizes.split(",")]:
         specs = [f"{kind}/{f}" for f in names[:n]] if n < len(names) else [f"{kind}/*"]
-        up, down, attached, links = one(specs, per_point)
+        up, down, attached, links, _ = one(specs, per_point, phases)
         base = base or up
         print(f"  {n:5} functions: attach {up:7.2f} s ({up / base:6.1f}x one), {attached / up:7.1f} functions/s, "
-              f"{links} links; detach {down:6.2f} s", flush=True)
+              f"{links} links; detach {down:6.2f} s\n      attach: {phases.text(up)}", flush=True)
+    if not per_point and "--no-rate" not in argv:
+        print("\n".join(["a sender on lo, every function attached:"] + rates(kind)), flush=True)
     return 0
 
 

@@ -353,20 +353,24 @@ def test_track_evictions_are_counted(tmp_path, veth_ns):
 
 def test_path_streams_in_time_order():
     """Pure: hops out of order (within the window) come out in order; a packet id seen again at a point and
-    device it passed is a new packet; percentiles are nearest-rank; the summary counts the ends."""
+    device it passed is the same packet, unless the id is an skb's address (files before packet ids: then a new
+    packet); percentiles are nearest-rank; the summary counts the ends."""
     from fcap.commands.path_report import Hop, Tracker
     t = Tracker(window_ns=1000, idle_ns=10**12)
+    skb = 0xffff893bc13a5c00
     hops = [Hop(110, 1, "b", 2), Hop(100, 1, "a", 1), Hop(130, 1, "skb:drop", 2, drop="NO_SOCKET at f+0x1"),
-            Hop(200, 1, "a", 1), Hop(260, 1, "skb:consume", 1), Hop(300, 2, "a", 1), Hop(5000, 3, "a", 1)]
+            Hop(200, skb, "a", 1), Hop(230, skb, "a", 1), Hop(260, skb, "skb:consume", 1), Hop(300, 2, "a", 1),
+            Hop(320, 2, "a", 1), Hop(5000, 3, "a", 1)]
     out = "".join(text for h in hops for text in t.feed(h)) + "".join(t.finish())
     packets = out.split("packet 0x")[1:]
-    assert [p.split(":")[0] for p in packets] == ["1", "1", "2", "3"], out
+    assert [p.split(":")[0] for p in packets] == ["1", f"{skb:x}", f"{skb:x}", "2", "3"], out
+    assert "  2 points in 20 ns" in packets[3]
     assert packets[0].splitlines()[1:] == ["  3 points in 30 ns", "  -- ifindex 1 --", "  00:00:00.000000100  a",
                                            "  -- ifindex 2 --", "              +10 ns  b", "              +20 ns  skb:drop",
                                            "  dropped: NO_SOCKET at f+0x1"], out
-    assert "+60 ns  skb:consume" in packets[1] and packets[1].rstrip().endswith("consumed")
-    assert "in flight at the end" in packets[3]
-    assert "4 packets: 1 dropped, 1 consumed, 2 in flight" in out
+    assert "+30 ns  skb:consume" in packets[2] and packets[2].rstrip().endswith("consumed")
+    assert "in flight at the end" in packets[4]
+    assert "5 packets: 1 dropped, 1 consumed, 3 in flight" in out
     assert re.search(r"^a -> b +1 +10 +10$", out, re.M) and "dropped 1: NO_SOCKET at f+0x1" in out
 
 

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loads BPF
 # points of their own, fcap.live.multi)
 PATH_FUNCS = ("ip_output", "ip_finish_output", "ip_finish_output2", "ip_rcv", "ip_rcv_finish", "ip_local_deliver",
               "ip_local_deliver_finish", "udp_rcv")
+# and device functions, out (a transmit queue) and in (a receive queue): one program for every direction and queue
+DEVICE_FUNCS = ("dev_hard_start_xmit", "__netif_receive_skb")
 
 
 def multi_kind():
@@ -131,14 +133,20 @@ def _capture(points: list[str], per_point: bool):
 def test_records_equal_a_program_per_point():
     """The same datagrams seen through one shared program and through a program per point, both attached at once:
     at each function the same skbs with the same bytes, lengths, device and namespace."""
+    from fcap.live import multi
     single, m = multi_kind()
-    points = [f"{single}/{f}" for f in PATH_FUNCS]
+    traceable = multi.traceable() or set(DEVICE_FUNCS)
+    points = [f"{single}/{f}" for f in PATH_FUNCS + tuple(f for f in DEVICE_FUNCS if f in traceable)]
     v = netns.make_veth_ns()
     grouped = alone = None
     try:
         grouped = _capture(points, False)
         alone = _capture(points, True)
         assert any(u.kind is m for u in grouped.units), grouped.units
+        # one program per skb argument position, whatever the functions' directions and queues
+        positions = {p.skb_index for u in grouped.units if u.kind is m for p in u.points}
+        assert len([u for u in grouped.units if u.kind is m]) == len(positions), grouped.units
+        assert len({p.direction for u in grouped.units if u.kind is m for p in u.points}) >= 2
         assert all(u.kind is None for u in alone.units)
         payloads = [netns.payload(7, n) for n in (32, 200, 900)]
         peer = netns.Peer(v, 0, 7)
@@ -151,10 +159,11 @@ def test_records_equal_a_program_per_point():
             recs = []
             s.run(recs.append, stop=lambda: True)
             names = {p.id: p.name for p in s.points}
-            out[name] = sorted((names[r.point], r.skb, r.len, r.ifindex, r.netns, r.protocol, r.pkt_type, r.data)
-                               for r in recs if any(pl in r.data for pl in payloads))
+            out[name] = sorted((names[r.point], r.skb, r.len, r.ifindex, r.netns, r.protocol, r.pkt_type, r.queue,
+                                r.data) for r in recs if any(pl in r.data for pl in payloads))
         assert out["grouped"], "no datagram seen"
-        assert {r[0] for r in out["grouped"]} >= {"ip_output", "udp_rcv"}
+        assert {r[0] for r in out["grouped"]} >= {"ip_output", "udp_rcv"} | {p.name for p in grouped.points
+                                                                             if p.name in DEVICE_FUNCS}
         assert out["grouped"] == out["alone"]
     finally:
         for s in (grouped, alone):
@@ -212,3 +221,57 @@ def test_ctrl_c_during_the_attach_leaves_nothing():
         if fc.p.poll() is None:
             fc.kill()
     nothing_of_ours()
+
+
+def test_fcap_path_over_every_skb_function(tmp_path):
+    """fcap -i KIND/* --track -w, a datagram into a namespace (closed port: dropped there): the functions of all
+    directions share a program per skb argument, yet each record's direction is its function's (the SLL2 header's
+    packet type the program wrote from the cookie: outgoing exactly at the transmit functions) and the device
+    queue is only where the function has one; fcap path prints the datagram's tens of functions one line each,
+    its ns since the one before equal to the records' timestamps, with a heading exactly where the device or the
+    namespace changes."""
+    import fcap
+    from fcap.kernel.epbopts import queue_source
+    from fcap.points.spec import resolve
+    single, m = multi_kind()
+    v = netns.make_veth_ns()
+    out = tmp_path / "all.pcapng"
+    try:
+        fc = netns.start_fcap(["-i", f"{single}/*", "--track", "-w", str(out), f"udp and host {v.peer}"])
+        try:
+            netns.send_udp(v.peer, 9, [b"fcap-path-0"])
+            time.sleep(1 * netns.SLOW)
+        finally:
+            assert fc.stop() == 0, fc.stderr
+    finally:
+        netns.remove_veth_ns(v)
+    pkts = [p for p in fcap.read(out) if p.packet_id is not None]
+    ids = {p.packet_id for p in pkts if b"fcap-path-0" in p.data}
+    by_id = {i: sorted((p for p in pkts if p.packet_id == i), key=lambda p: p.ts_ns) for i in ids}
+    # (the datagram's: the functions the kernel runs while it frees the skb, after the kfree_skb tracepoint ended
+    # its tracking, see it as a new packet)
+    path = max(by_id.values(), key=len)
+    ours = {path[0].packet_id}
+    assert len(path) >= 30, [p.point for p in path]
+    outgoing = {p.point: p.data[10] == 4 for p in path}   # (SLL2: the packet type at byte 10)
+    assert outgoing == {p.point: p.direction == "out" for p in path}, outgoing
+    sources = {p.point: queue_source(resolve(p.point)) for p in path}
+    assert "tx" in sources.values(), sources
+    for p in path:   # (a receive queue only where a driver recorded one: veth does not)
+        assert (p.queue is not None) == (sources[p.point] == "tx") or sources[p.point] == "rx", (p.point, p.queue)
+    text = netns.run_fcap(["path", str(out)]).stdout.decode()
+    block = next(b for b in text.split("packet 0x")[1:] if int(b.split(":", 1)[0], 16) in ours)
+    lines = block.splitlines()
+    assert lines[1] == f"  {len(path)} points in {path[-1].ts_ns - path[0].ts_ns} ns", lines[:3]
+    shown, deltas = [], []
+    for ln in lines[2:]:
+        if ln.startswith("  -- "):
+            shown.append(ln.strip())
+        elif re.match(r"^ +\+\d+ ns  ", ln):
+            deltas.append((int(ln.split()[0][1:]), ln.split()[-1]))
+    assert deltas == [(b.ts_ns - a.ts_ns, b.point) for a, b in zip(path, path[1:])], deltas[:5]
+    places = [(p.ifindex, p.netns) for p in path]
+    changes = [pl for i, pl in enumerate(places) if i == 0 or pl != places[i - 1]]
+    assert len(shown) == len(changes) >= 2, (shown, changes)
+    for h, (ifindex, ns) in zip(shown, changes):
+        assert h == ("-- no device --" if not ifindex and not ns else f"-- ifindex {ifindex}, netns {ns} --"), h

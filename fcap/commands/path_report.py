@@ -24,6 +24,7 @@ SAMPLE_MAX = 10_000         # latencies kept per hop (reservoir sampling past th
 HOLD_MAX = 100_000          # records held for reordering at most (at high rates the window is shorter)
 DROP_POINTS = ("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "skb:drop")
 CONSUME_POINTS = ("consume_skb", "skb:consume")
+ADDRESS_IDS = 1 << 63       # packet ids from here up are skb addresses (files fcap wrote before packet ids)
 
 
 class PathInputError(FcapError):
@@ -129,9 +130,11 @@ class Tracker:
 
     def _take(self, hop: Hop) -> Iterator[str]:
         pkt = self.packets.get(hop.packet)
-        if pkt is not None and any(h.point == hop.point and h.ifindex == hop.ifindex for h in pkt.hops):
+        if pkt is not None and hop.packet >= ADDRESS_IDS and \
+                any(h.point == hop.point and h.ifindex == hop.ifindex for h in pkt.hops):
             # the same point and device again: a new packet (files before packet ids: the kernel gave a freed
-            # skb's address, their packet id, to a new packet)
+            # skb's address, their packet id, to a new packet). A packet id is the kernel's word: a packet passes
+            # a function twice (nf_hook_slow at two hooks) and stays one.
             yield self._report(hop.packet, "end not seen")
             pkt = None
         if pkt is None:

@@ -11,6 +11,7 @@ from bpf.asm import (ADD, JEQ, JGT, JNE, NEG, R0, R1, R2, R3, R6, R7, R8, R9, B,
                      call, jmp, label, ldx, mov, mov32, movi, rshi, st, stx)
 from bpf.btf import BTF
 from bpf.cbpf import ANCILLARY, CBPFError
+from bpf.cbpf_plan import ancillary_field
 from bpf.uapi import Helper
 
 from fcap.kernel.feature import HEADERS, Feature, has_skb
@@ -21,6 +22,7 @@ NBYTES = {B: 1, H: 2, W: 4, DW: 8}
 # field → (sk_buff member, size, big-endian): the plain loads
 SKB = {0: ("protocol", H, True), 12: ("mark", W, False), 16: ("queue_mapping", H, False), 32: ("hash", W, False),
        44: ("vlan_tci", H, False), 60: ("vlan_proto", H, True)}
+DIRECTION = 4   # pkt_type: the point's direction decides it at a transmit point and where the skb cannot say
 DEV = {8: ("ifindex", W), 28: ("type", H)}   # through skb->dev (no device: the filter does not match)
 REFUSED = {20: "netlink attributes exist only on netlink sockets",
            24: "netlink attributes exist only on netlink sockets",
@@ -81,7 +83,7 @@ def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int)
         member, size = DEV[field]
         return items + _read(point.typed, DW, R1, R1, off.skb["dev"], skb_slot, tmp_slot) + [
             jmp(JEQ, R1, 0, reject)] + read(size, off.dev[member])
-    if field == 4:
+    if field == DIRECTION:
         byte, shift, mask = off.pkt_type
         return items + read(B, byte) + ([rshi(dst, shift)] if shift else []) + [andi(dst, mask)]
     if field == 48:
@@ -94,6 +96,12 @@ def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int)
     raise CBPFError(f"Linux ancillary field {name}: not served")   # pragma: no cover - ANCILLARY is covered
 
 
+def reads_direction(cbpf: list | None) -> bool:
+    """Whether a cBPF filter loads the packet's type (`inbound`, `outbound`), which the code for a point builds from
+    the point's direction."""
+    return any(ancillary_field(code, k) == DIRECTION for code, _jt, _jf, k in cbpf or ())
+
+
 def _without_skb(point, field: int, dst: int, name: str) -> list | None:
     """Code for the fields that do not read the skb (the CPU, a random number, the direction the point implies);
     None for the others."""
@@ -101,9 +109,9 @@ def _without_skb(point, field: int, dst: int, name: str) -> list | None:
         return [call(Helper.get_smp_processor_id)] + ([mov32(dst, R0)] if dst != R0 else [])
     if field == 56:
         return [call(Helper.get_prandom_u32)] + ([mov32(dst, R0)] if dst != R0 else [])
-    if field == 4 and point.direction == "out":
+    if field == DIRECTION and point.direction == "out":
         return [movi(dst, PACKET_OUTGOING)]   # what packet sockets see on transmit, whatever the skb says
-    if field == 4 and point.direction is None:
+    if field == DIRECTION and point.direction is None:
         raise CBPFError(f"Linux ancillary field {name} (inbound/outbound): {point.spec} sees packets in both "
                         "directions and the skb does not say which (locally made ones say PACKET_HOST); "
                         "filter on direction at a transmit or a receive point")

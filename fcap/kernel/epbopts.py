@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
-from fcap.kernel import kstack, verdicts
+from fcap.kernel import kstack, pointinfo, verdicts
 from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
 from fcap.files.pcapfile import VERDICT_TC
@@ -40,20 +40,27 @@ def queue_source(point: Point) -> str | None:
 
 
 def emit_queue(b) -> None:
-    """In the capture program (after the metadata): META's queue and FLAG_QUEUE where the point has a queue.
-    Uses R0, R8."""
-    source = queue_source(b.point)
+    """In the capture program (after the metadata): META's queue and FLAG_QUEUE where the point has a queue (a
+    multi-attach program: where the point's bits say so, fcap.kernel.pointinfo). Uses R0, R8."""
+    multi = b.point.kind.multi
+    source = None if multi else queue_source(b.point)
     vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
     _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
     done = b.fresh("queue_done")
+    if multi:
+        b.emit(pointinfo.unless(R0, pointinfo.QUEUE, done))
     b.read(H, R8, R6, bits // 8)          # R6: the skb, R7: META
+    if multi:   # rx as below, where the bits say so
+        tx = b.fresh("queue_tx")
+        b.emit(pointinfo.unless(R0, pointinfo.QUEUE_RX, tx), jmp(JEQ, R8, 0, done), addi(R8, -1), label(tx))
     if source == "rx":   # skb_get_rx_queue(): recorded as queue + 1, 0 when no driver recorded one
         b.emit(jmp(JEQ, R8, 0, done), addi(R8, -1))
     b.emit(META.store(R7, "queue", R8), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_QUEUE),
            META.store(R7, "flags", R0), label(done))
 
 
-QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and queue_source(point) is not None,
+QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and (point.kind.multi or
+                                                                           queue_source(point) is not None),
                 stages={RECORD_META: emit_queue}, fields=("queue",), flags=(FLAG_QUEUE,),
                 reads="fcap.kernel.epbopts.EpbOptions")
 

@@ -185,6 +185,7 @@ ID_CPU_BITS = 12
 # ---- stack slots: (offset from the frame pointer, bytes); checked for overlaps below -------------------------------
 class _Stack(NamedTuple):
     key: int = -4            # u32 key (the point id) for the scratch and counter lookups
+    point_bits: int = -8     # u32: a multi-attach program's point's bits (fcap.kernel.pointinfo, from the cookie)
     tmp: int = -16           # 8-byte temporary for untyped reads
     dynptr: int = -32        # struct bpf_dynptr (16 bytes)
     head: int = -40          # skb->head
@@ -212,7 +213,7 @@ class _Stack(NamedTuple):
 
 
 STACK = _Stack()
-_STACK_BYTES = {"key": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
+_STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
                 "drop_key": 16}
 
 

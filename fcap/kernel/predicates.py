@@ -139,6 +139,7 @@ def direction(want: str) -> Callable[[Point], Predicate]:
                 b.emit(alu64(AND, R8, b.offsets.pkt_type_mask))
             return [jmp(JNE if want == "out" else JEQ, R8, PACKET_OUTGOING, "out")]
         return emit
+    make.by_direction = True   # (a program shared by points: one per direction, fcap.live.multi)
     return make
 
 

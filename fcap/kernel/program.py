@@ -12,7 +12,8 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import ancillary, context, drops, dumps, epbopts, kstack, predicates, ringrec, stats, track, verdicts
+from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, pointinfo, predicates, ringrec, stats,
+                         track, verdicts)
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
 from fcap.kernel.layout import (COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP, META,
@@ -122,7 +123,7 @@ class Builder:
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten.
         # A multi-attach program runs at many points: the attach cookie is the point id.
         if p.kind.multi:
-            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), stx(W, FP, STACK.key, R0))
+            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), pointinfo.keep(self))
         else:
             self.emit(st(W, FP, STACK.key, p.id))
         self.emit(ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),
@@ -153,7 +154,10 @@ class Builder:
         if f.pkt_type_shift:
             self.emit(rshi(R8, f.pkt_type_shift))
         self.emit(andi(R8, f.pkt_type_mask))
-        if self.point.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
+        if self.point.kind.multi:   # (the point's direction is in its cookie: fcap.kernel.pointinfo)
+            into = self.fresh("not_out")
+            self.emit(pointinfo.unless(R0, pointinfo.OUT, into), movi(R8, PACKET_OUTGOING), label(into))
+        elif self.point.direction == "out":   # what the point sees, whatever the link type (as AF_PACKET marks it)
             self.emit(movi(R8, PACKET_OUTGOING))
         self.emit(META.store(R7, "pkt_type", R8), self.store_point_id(R7, "point", R0),
                   META.store_imm(R7, "flags", 0), META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0),

@@ -90,10 +90,11 @@ class Attach:
         kernel attaches none of a glob's matches."""
         attached: set[str] = set()
         refused: dict[str, str] = {}   # glob -> why its first match was refused
+        names = multi.traceable() if any(u.kind is not None for u, _p in self.loaded) else None   # (once)
         try:
             for unit, prog in self.loaded:
                 if unit.kind is not None:
-                    self._attach_group(unit, prog, attached, refused)
+                    self._attach_group(unit, prog, attached, refused, names)
                     continue
                 p = unit.points[0]
                 try:
@@ -118,10 +119,11 @@ class Attach:
                 raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
         self.attached_ns = time.time_ns()
 
-    def _attach_group(self, unit: multi.Unit, prog: Program, attached: set, refused: dict) -> None:
+    def _attach_group(self, unit: multi.Unit, prog: Program, attached: set, refused: dict,
+                      names: set[str] | None) -> None:
         """One program at a group's functions (fcap.live.multi.attach): the functions the kernel refuses are
         skipped, each glob's only where it refuses all of them."""
-        dropped = multi.attach(unit.kind, prog.fileno(), unit.points, self.links)
+        dropped = multi.attach(unit.kind, prog.fileno(), unit.points, self.links, names)
         out = {p.id for p, _why in dropped}
         for p, why in dropped:
             if not p.origin:

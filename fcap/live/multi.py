@@ -9,7 +9,7 @@ from typing import NamedTuple
 from bpf.errors import BPFError
 from bpf.link import Link
 
-from fcap.kernel import drops, epbopts
+from fcap.kernel import drops, epbopts, pointinfo
 from fcap.points import kinds
 from fcap.points.spec import Point
 
@@ -35,19 +35,27 @@ def multi_kind(kind: kinds.Kind) -> kinds.Kind | None:
     return None
 
 
-def _key(m: kinds.Kind, p: Point) -> tuple | None:
-    """What the shared program must have alike at every point of a group: None where the point keeps a program of
-    its own (drop points: their records name the reason; tracing-multi: the program's BTF object is vmlinux)."""
+def _key(m: kinds.Kind, p: Point, by_direction: bool) -> tuple | None:
+    """What the shared program must have alike at every point of a group: its kind and skb argument (direction
+    and queue come with the cookie, fcap.kernel.pointinfo; the direction is in the key too where the filter or
+    -Q is built for it). None where the point keeps a program of its own (drop points: their records name the
+    reason; tracing-multi: the program's BTF object is vmlinux)."""
     if drops.is_drop_point(p) or epbopts.verdict(p) is not None:
         return None
     if m is not kinds.KPROBE_MULTI and p.btf.base is not None:
         return None
-    return m, p.skb_index, p.direction, epbopts.queue_source(p)
+    return (m, p.skb_index) + ((p.direction,) if by_direction else ())
 
 
-def plan(points: list[Point], allowed: bool = True) -> list[Unit]:
+def cookie(p: Point) -> int:
+    """The point's attach cookie: its id and its bits (fcap.kernel.pointinfo)."""
+    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p))
+
+
+def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Unit]:
     """The points in units, in the order of their first point. `allowed` False (per-point predicates or dumps that
-    read arguments other than the skb): a unit per point."""
+    read arguments other than the skb): a unit per point. `by_direction`: a program per direction too (the filter
+    or a predicate is built for the point's direction)."""
     if not allowed:
         return [Unit(None, [p]) for p in points]
     kind_for = {k: multi_kind(k) for k in {p.kind for p in points} if kinds.multi_for(k)}
@@ -55,7 +63,7 @@ def plan(points: list[Point], allowed: bool = True) -> list[Unit]:
     order: list[tuple] = []
     for i, p in enumerate(points):
         m = kind_for.get(p.kind)
-        key = _key(m, p) if m is not None else None
+        key = _key(m, p, by_direction) if m is not None else None
         key = key if key is not None else ("single", i)
         if key not in groups:
             groups[key] = []
@@ -98,13 +106,16 @@ def _suspect(p: Point) -> bool:
     return len(p.params) > MAX_REG_ARGS or by_value(p.ret) or any(by_value(a.type) for a in p.params)
 
 
-def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link]) -> list[tuple[Point, str]]:
+def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link],
+           names: set[str] | None = None) -> list[tuple[Point, str]]:
     """Attach the program at every point, links appended to `links` as they are made (so that an interrupt leaves
-    them to be closed). The kernel takes a link's functions all or none: functions ftrace cannot patch are left
-    out first, a refused link is tried again without the functions the kernel may refuse, and what is still
-    refused is halved until each function the kernel refuses is found. Returns (point, why) of those refused."""
+    them to be closed). The kernel takes a link's functions all or none: functions ftrace cannot patch (not in
+    `names`, traceable()'s answer, read once for all groups: its 40,000 lines are most of a group's attach time
+    otherwise) are left out first, a refused link is tried again without the functions the kernel may refuse, and
+    what is still refused is halved until each function the kernel refuses is found. Returns (point, why) of those
+    refused."""
     refused: list[tuple[Point, str]] = []
-    names = traceable()
+    names = traceable() if names is None else names
     if names is not None:
         refused += [(p, "not traceable (not in available_filter_functions: notrace or inlined)")
                     for p in points if p.name not in names]
@@ -112,7 +123,7 @@ def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link
     if not points:
         return refused
     try:
-        links.append(kind.attach_many(prog_fd, points))
+        links.append(kind.attach_many(prog_fd, points, [cookie(p) for p in points]))
         return refused
     except BPFError:
         pass
@@ -126,7 +137,7 @@ def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link
 
 def _halve(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link]) -> list[tuple[Point, str]]:
     try:
-        links.append(kind.attach_many(prog_fd, points))
+        links.append(kind.attach_many(prog_fd, points, [cookie(p) for p in points]))
         return []
     except BPFError as e:
         if len(points) == 1:

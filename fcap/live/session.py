@@ -16,7 +16,7 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
-from fcap.kernel import layout
+from fcap.kernel import ancillary, layout
 
 from fcap.points import kinds, pointcaps, progpoints
 
@@ -283,7 +283,9 @@ class Session(Attach):
         # --stack keeps a program per point too: its frames to skip are known per single kind (fcap.kernel.kstack)
         per_point_args = self.dump_area is not None or self.cfg.stack or any(getattr(m, "reads_args", False)
                                                                              for m in self.cfg.predicates)
-        return multi.plan(self.points, allowed=not per_point_args)
+        by_direction = ancillary.reads_direction(self.cbpf) or any(getattr(m, "by_direction", False)
+                                                                   for m in self.cfg.predicates)
+        return multi.plan(self.points, allowed=not per_point_args, by_direction=by_direction)
 
     def _program_points(self) -> list[Point]:
         """The points the programs are built for: each unit's point, or a group's stand-in."""

@@ -259,9 +259,11 @@ class _TracingMulti(Kind):
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
         return features.tracing_multi(self.attach_type.name)
 
-    def attach_many(self, prog_fd: int, points: list[Point]) -> Link:
-        return attach_tracing_multi(prog_fd, self.load_attach_type(), [p.btf_id for p in points],
-                                    [p.id for p in points], what=f"{self.name} ({len(points)} functions)")
+    def attach_many(self, prog_fd: int, points: list[Point], cookies: list[int]) -> Link:
+        """One link running the program at every point, bpf_get_attach_cookie() giving the cookie at the same
+        index."""
+        return attach_tracing_multi(prog_fd, self.load_attach_type(), [p.btf_id for p in points], cookies,
+                                    what=f"{self.name} ({len(points)} functions)")
 
 
 class _FentryMulti(_TracingMulti):
@@ -292,8 +294,8 @@ class _KprobeMulti(_Kprobe):
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
         return features.kprobe_multi()
 
-    def attach_many(self, prog_fd: int, points: list[Point]) -> Link:
-        return attach_kprobe_multi(prog_fd, [p.name for p in points], [p.id for p in points],
+    def attach_many(self, prog_fd: int, points: list[Point], cookies: list[int]) -> Link:
+        return attach_kprobe_multi(prog_fd, [p.name for p in points], cookies,
                                    what=f"{self.name} ({len(points)} functions)")
 
 

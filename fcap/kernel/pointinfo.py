@@ -1,0 +1,34 @@
+"""What a multi-attach program does differently per point, carried in the attach cookie beside the point id: the
+low 32 bits are the point id, the high 32 the point's bits (its packets go out; where its device queue is). So one
+program serves every point of a kind and skb argument, whatever their directions and queues, at no cost per packet
+(the cookie is read once anyway). Declared and read here once: the cookie's layout, the program's code."""
+
+from __future__ import annotations
+
+from bpf.asm import AND, FP, JEQ, R0, R1, W, alu64, jmp, ldx, mov, rshi, stx
+
+from fcap.kernel.layout import STACK
+
+OUT = 1          # the point sees packets going out (a transmit point): pkt_type PACKET_OUTGOING, as at one of its own
+QUEUE_TX = 2     # skb->queue_mapping is the device queue (fcap.kernel.epbopts.queue_source "tx")
+QUEUE_RX = 4     # queue_mapping - 1 when not 0 ("rx")
+QUEUE = QUEUE_TX | QUEUE_RX
+_QUEUE_BITS = {"tx": QUEUE_TX, "rx": QUEUE_RX, None: 0}
+
+
+def cookie(point_id: int, direction: str | None, queue: str | None) -> int:
+    """The attach cookie of a point in a multi-attach link: its id; above, its bits from its direction ("in",
+    "out", None) and its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None)."""
+    return point_id | ((OUT if direction == "out" else 0) | _QUEUE_BITS[queue]) << 32
+
+
+def keep(b) -> list:
+    """After bpf_get_attach_cookie (R0: the cookie): the point id into STACK.key, the bits into STACK.point_bits.
+    Uses R1."""
+    return [stx(W, FP, STACK.key, R0), mov(R1, R0), rshi(R1, 32), stx(W, FP, STACK.point_bits, R1)]
+
+
+def unless(dst: int, mask: int, label: str) -> list:
+    """dst = the point's bits & mask; to `label` when none is set."""
+    return [ldx(W, dst, FP, STACK.point_bits), alu64(AND, dst, mask), jmp(JEQ, dst, 0, label)]
+
