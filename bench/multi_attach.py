@@ -24,7 +24,12 @@ class Phases:
              ("fcap.live.session", "Session", "_load", "verify"), ("fcap.points.kinds", None, "attach_tracing_multi",
                                                                   "links"),
              ("fcap.points.kinds", None, "attach_kprobe_multi", "links"), ("fcap.live.multi", None, "traceable",
-                                                                          "ftrace list"))
+                                                                          "ftrace list"),
+             # detach and close
+             ("fcap.live.session", "Session", "detach", "unlink"), ("fcap.live.session", "Session", "read_counters",
+                                                                    "counters"),
+             ("fcap.live.session", None, "wait_freed", "programs freed"))
+    DETACH = ("unlink", "counters", "programs freed")
 
     def __init__(self):
         import importlib
@@ -43,9 +48,10 @@ class Phases:
                 self.seconds[label] += time.monotonic() - t
         return timed
 
-    def text(self, total: float) -> str:
-        parts = [f"{label} {s:.2f}" for label, s in sorted(self.seconds.items(), key=lambda x: -x[1]) if s >= 0.005]
-        rest = total - sum(self.seconds.values())
+    def text(self, total: float, detach: bool = False) -> str:
+        mine = {label: s for label, s in self.seconds.items() if (label in self.DETACH) == detach}
+        parts = [f"{label} {s:.2f}" for label, s in sorted(mine.items(), key=lambda x: -x[1]) if s >= 0.005]
+        rest = total - sum(mine.values())
         return ", ".join(parts + [f"rest {rest:.2f}"])
 
 
@@ -150,7 +156,8 @@ def main(argv: list[str]) -> int:
         up, down, attached, links, _ = one(specs, per_point, phases)
         base = base or up
         print(f"  {n:5} functions: attach {up:7.2f} s ({up / base:6.1f}x one), {attached / up:7.1f} functions/s, "
-              f"{links} links; detach {down:6.2f} s\n      attach: {phases.text(up)}", flush=True)
+              f"{links} links; detach {down:6.2f} s\n      attach: {phases.text(up)}\n      detach: "
+              f"{phases.text(down, detach=True)}", flush=True)
     if not per_point and "--no-rate" not in argv:
         print("\n".join(["a sender on lo, every function attached:"] + rates(kind)), flush=True)
     return 0

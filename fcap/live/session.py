@@ -405,17 +405,17 @@ class Session(Attach):
 
     def read_counters(self) -> Stats:
         if self.counters is not None and not self.counters.fd.closed:
-            keys = range(len(self.points))
-            self.stats.seen = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_SEEN) for k in keys)
-            self.stats.lost = sum(self.counters.sum_u64(k, 8 * layout.COUNTER_LOST) for k in keys)
+            per_point = stats.read(self.counters, self.points, self.counts_hits)
+            self.stats.seen = sum(s.seen for s in per_point)
+            self.stats.lost = sum(s.lost for s in per_point)
             ring_total = self.ring is not None and not self.counts_ring_records()
             if ring_total:   # file rings: the programs count failures only; a ring counts its records
                 from fcap.live.drain import ring_records
                 self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
-            self.point_stats = stats.read(self.counters, self.points, self.counts_hits,
-                                          self.stats.seen if ring_total else None)
+            self.point_stats = stats.with_seen(per_point, self.stats.seen, self.counts_hits) if ring_total else \
+                per_point
         if self.cfg.track and self.track_map is not None and not self.track_map.fd.closed:
             remaining = sum(1 for _ in self.track_map.keys())
             self.track_report = dict(track.read_counters(self.track_counters),
