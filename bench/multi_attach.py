@@ -3,7 +3,8 @@ runs, timed from open (build and load) through attach, and from detach through c
 within one run, with functions attached per second and where the attach time goes (BTF, build, verification, links,
 the rest); then a sender's rate with every function attached and a filter that matches nothing (with and without
 --track) against the same sender with nothing attached, with the programs' own run time per hit. Run as root where
-fentry or kprobes work (the guests): python3 -m bench.multi_attach [KIND] [--per-point] [--no-rate] [--sizes=1,100,1000,all]
+fentry or kprobes work (the guests):
+python3 -m bench.multi_attach [KIND] [--per-point] [--no-rate] [--sizes=1,100,1000,all]
 (KIND fentry or kprobe; --per-point: a program per point)."""
 
 from __future__ import annotations

@@ -365,9 +365,9 @@ def test_path_streams_in_time_order():
     packets = out.split("packet 0x")[1:]
     assert [p.split(":")[0] for p in packets] == ["1", f"{skb:x}", f"{skb:x}", "2", "3"], out
     assert "  2 points in 20 ns" in packets[3]
-    assert packets[0].splitlines()[1:] == ["  3 points in 30 ns", "  -- ifindex 1 --", "  00:00:00.000000100  a",
-                                           "  -- ifindex 2 --", "              +10 ns  b", "              +20 ns  skb:drop",
-                                           "  dropped: NO_SOCKET at f+0x1"], out
+    assert packets[0].splitlines()[1:] == [
+        "  3 points in 30 ns", "  -- ifindex 1 --", "  00:00:00.000000100  a", "  -- ifindex 2 --",
+        "              +10 ns  b", "              +20 ns  skb:drop", "  dropped: NO_SOCKET at f+0x1"], out
     assert "+30 ns  skb:consume" in packets[2] and packets[2].rstrip().endswith("consumed")
     assert "in flight at the end" in packets[4]
     assert "5 packets: 1 dropped, 1 consumed, 3 in flight" in out

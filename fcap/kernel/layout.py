@@ -213,7 +213,8 @@ class _Stack(NamedTuple):
 
 
 STACK = _Stack()
-_STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16, "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
+_STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
+                "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
                 "drop_key": 16}
 
 

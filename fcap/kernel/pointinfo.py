@@ -22,7 +22,7 @@ def cookie(point_id: int, direction: str | None, queue: str | None) -> int:
     return point_id | ((OUT if direction == "out" else 0) | _QUEUE_BITS[queue]) << 32
 
 
-def keep(b) -> list:
+def keep() -> list:
     """After bpf_get_attach_cookie (R0: the cookie): the point id into STACK.key, the bits into STACK.point_bits.
     Uses R1."""
     return [stx(W, FP, STACK.key, R0), mov(R1, R0), rshi(R1, 32), stx(W, FP, STACK.point_bits, R1)]

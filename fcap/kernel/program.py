@@ -121,9 +121,10 @@ class Builder:
         # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten.
-        # A multi-attach program runs at many points: the attach cookie is the point id.
+        # A multi-attach program runs at many points: the attach cookie's low half is the point id (the high half,
+        # what the program does differently there: fcap.kernel.pointinfo).
         if p.kind.multi:
-            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), pointinfo.keep(self))
+            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), pointinfo.keep())
         else:
             self.emit(st(W, FP, STACK.key, p.id))
         self.emit(ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),

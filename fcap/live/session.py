@@ -279,7 +279,7 @@ class Session(Attach):
 
     def plan(self) -> list[multi.Unit]:
         """The points by program (fcap.live.multi): many functions of one kind share a program and a link where the
-        kernel has a multi-attach link for them and the program does nothing per point but name it."""
+        kernel has a multi-attach link for them and the program does per point only what the attach cookie says."""
         # --stack keeps a program per point too: its frames to skip are known per single kind (fcap.kernel.kstack)
         per_point_args = self.dump_area is not None or self.cfg.stack or any(getattr(m, "reads_args", False)
                                                                              for m in self.cfg.predicates)
@@ -469,7 +469,7 @@ class Session(Attach):
                 out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
             else:
                 out.append(f"; {unit.kind}: {len(unit.points)} functions ({unit.points[0].name}, ...) in one link, "
-                           f"the attach cookie the point id  (skb: argument {p.skb_index})")
+                           f"the attach cookie the point id and its bits (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
         if track.uses_map(self.ident()):
             for p, items in self._helper_programs(maps):
