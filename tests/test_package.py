@@ -106,7 +106,8 @@ def test_installed_fcap_captures(dist, kind, tmp_path):
     t = threading.Thread(target=traffic, daemon=True)
     t.start()
     r = subprocess.run([str(venv / "bin" / "fcap"), "-i", "tp_btf/net_dev_queue", "-c", "2", "-w", str(out),
-                        "udp port 9"], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=CLEAN_ENV)
+                        "udp and dst host 127.0.0.1 and dst port 9"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env=CLEAN_ENV)
     t.join()
     assert r.returncode == 0 and "2 packets captured" in r.stderr, r.stderr[-2000:]
     read = subprocess.run([tcpdump, "-nn", "-r", str(out)], capture_output=True, text=True, timeout=30)
