@@ -161,7 +161,7 @@ def check_ringbuf() -> Result:
     return Result("ringbuf", False, f"no BPF_MAP_TYPE_RINGBUF: {err.reason} (Linux 5.8+)")
 
 
-# Two functions of one group (same skb argument and direction: fcap.live.multi) for the multi-attach rows
+# Two functions of one group (same kind and skb argument: fcap.live.multi) for the multi-attach rows
 MULTI_PAIR = ("ip_output", "ip_finish_output")
 
 
