@@ -131,9 +131,10 @@ class Proc:
                     pass
 
 
-def start_fcap(args: list[str], ready: bool = True, **kw) -> Proc:
-    """Start fcap with `args` and (by default) wait until it says it is listening (programs attached)."""
-    p = Proc(fcap_argv() + args, name="fcap", **kw)
+def start_fcap(args: list[str], ready: bool = True, netns: str | None = None, **kw) -> Proc:
+    """Start fcap with `args` (in namespace `netns`: ip netns exec) and (by default) wait until it says it is
+    listening (programs attached)."""
+    p = Proc((["ip", "netns", "exec", netns] if netns else []) + fcap_argv() + args, name="fcap", **kw)
     if ready:
         try:
             p.wait_for(r"^listening on ")

@@ -22,7 +22,7 @@ import pytest
 
 from fcap.kernel import nftables as nft
 from fcap.kernel import nftrace
-from netns import SLOW, free_port, run_fcap, subprocess_env
+from netns import SLOW, free_port, run_fcap, start_fcap, subprocess_env
 
 # ---- the netlink encoding (pure) ---------------------------------------------------------------------------------
 
@@ -175,18 +175,6 @@ def send(dst: str, datagrams: list[tuple[int, str]], ns: str | None = None) -> N
     subprocess.run(argv, check=True, timeout=30, env=subprocess_env())
 
 
-def start_fcap_in(ns: str | None, args: list[str], **kw):
-    """fcap with `args` in namespace `ns` (ip netns exec), waited for until it listens."""
-    from netns import Proc, fcap_argv
-    p = Proc((["ip", "netns", "exec", ns] if ns else []) + fcap_argv() + args, name="fcap", **kw)
-    try:
-        p.wait_for(r"^listening on ")
-    except BaseException:
-        p.kill()
-        raise
-    return p
-
-
 def _nf_drop(p) -> bool:
     """A netfilter drop: reason NETFILTER_DROP; before 5.17 (no reasons), freed in nf_hook_slow."""
     return nftrace.is_netfilter_drop(p.reason, p.location)
@@ -219,7 +207,7 @@ def test_nft_names_the_rule_of_each_netfilter_drop(veth, tmp_path):
         handles = table.handles()
         path = tmp_path / "nft.pcapng"
         flt = f"udp and (dst port {p1} or dst port {p2} or dst port {p3} or dst port {p4})"
-        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-c", "8", "-w", str(path), flt])
+        fc = start_fcap(["-i", "skb:drop", "--nft", "-c", "8", "-w", str(path), flt], netns=v.ns)
         try:
             assert trace_tables(v.ns) == [f"{nftrace.TABLE_PREFIX}{fc.pid}"] and trace_tables() == []
             send(v.peer, [(p1, "p1-a"), (p2, "p2-a"), (p3, "p3-a"), (p1, "p1-b"), (p2, "p2-b"), (p3, "p3-b")])
@@ -264,8 +252,8 @@ def test_a_chains_policy_printed_and_the_table_gone_after_sigint(veth):
         }}
     }}""", name, ns=v.ns)
     try:
-        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-l", f"udp and (dst port {p_in} or dst port {p_ok})"],
-                           stdout=subprocess.PIPE)
+        fc = start_fcap(["-i", "skb:drop", "--nft", "-l", f"udp and (dst port {p_in} or dst port {p_ok})"],
+                        netns=v.ns, stdout=subprocess.PIPE)
         try:
             send(v.peer, [(p_in, "in-a"), (p_ok, "ok-a"), (p_in, "in-b")])
             deadline = time.monotonic() + 30 * SLOW
@@ -295,7 +283,7 @@ def test_a_killed_fcaps_table_goes_with_its_socket(veth):
     """SIGKILL: nothing of fcap runs, yet its trace table goes (owned by its netlink socket, Linux 5.12+; on older
     kernels it stays, and the test deletes it)."""
     v = veth
-    fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-w", "/dev/null"])
+    fc = start_fcap(["-i", "skb:drop", "--nft", "-w", "/dev/null"], netns=v.ns)
     try:
         table = f"{nftrace.TABLE_PREFIX}{fc.pid}"
         assert trace_tables(v.ns) == [table]
@@ -413,8 +401,8 @@ def test_wiresharks_fcap_fields_select_the_rule(veth, tmp_path, tshark):
     try:
         handles = table.handles()
         path = tmp_path / "w.pcapng"
-        fc = start_fcap_in(v.ns, ["-i", "skb:drop", "--nft", "-c", "3", "-w", str(path),
-                                  f"udp and (dst port {p1} or dst port {p2})"])
+        fc = start_fcap(["-i", "skb:drop", "--nft", "-c", "3", "-w", str(path),
+                         f"udp and (dst port {p1} or dst port {p2})"], netns=v.ns)
         try:
             send(v.peer, [(p1, "w1-a"), (p2, "w2-a"), (p1, "w1-b")])
             assert fc.wait() == 0, fc.stderr
