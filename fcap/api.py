@@ -39,7 +39,8 @@ class Capture:
         self.count, self.timeout = count, timeout
         self.session = None
         from fcap.kernel import predicates
-        preds = [predicates.where_factory(text) for text in where] + _cgroup_predicates(cgroup, container)
+        from fcap.kernel.context import target_predicates
+        preds = [predicates.where_factory(text) for text in where] + target_predicates(cgroup, container)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True, predicates=preds,
                      dumps=dump, track=bool(track), stack=bool(stack), context=bool(context), nft=bool(nft),
@@ -140,17 +141,6 @@ class _Packets(PacketSink):
 
     def write(self, rec) -> None:
         self.queue.append(self.packet(rec))
-
-
-def _cgroup_predicates(cgroup: str | None, container: str | None) -> list:
-    """The --cgroup/--container predicates (fcap.kernel.context.under) of the targets named."""
-    if cgroup is None and container is None:
-        return []
-    from fcap.kernel import context, ctxnames
-    names = ctxnames.CgroupNames()
-    targets = ([names.target(cgroup)] if cgroup is not None else []) + \
-        ([names.container(container)] if container is not None else [])
-    return [lambda point, t=t: context.under(t[0], t[1]) for t in targets]
 
 
 def _strings(items, what: str) -> list[str]:

@@ -221,13 +221,17 @@ def test_without_a_socket_the_tasks_cgroup(tree, tmp_path):
     ("--cgroup", "top", {"docker", "cri", "other"}),         # a cgroup and every one under it
     ("--container", ID[:12], {"docker"}),
     ("--container", POD, {"cri"}),                           # a pod: its containers
-], ids=["cgroup", "cgroup-subtree", "container-id", "pod"])
+    ("cgroup ==", "top", {"docker", "cri", "other"}),        # the same as --where tests of the packet's context
+    ("container ==", ID[:12], {"docker"}),
+], ids=["cgroup", "cgroup-subtree", "container-id", "pod", "where-cgroup", "where-container"])
 def test_cgroup_predicates_keep_only_their_packets(tree, tmp_path, tcpdump, flag, target, inside):
-    """--cgroup/--container run in the kernel: of the same datagrams (tcpdump on lo sees every one), fcap writes
-    those whose socket is in the cgroup (or under it) and only those."""
+    """--cgroup/--container (or --where 'cgroup == PATH', 'container == NAME') run in the kernel: of the same
+    datagrams (tcpdump on lo sees every one), fcap writes those whose socket is in the cgroup (or under it) and only
+    those."""
     port = free_port()
     fpath, tpath = tmp_path / "f.pcapng", tmp_path / "t.pcap"
-    arg = target if flag == "--container" else ("/" + tree.top if target == "top" else tree.rel[target])
+    arg = target if "container" in flag else ("/" + tree.top if target == "top" else tree.rel[target])
+    flag, arg = ("--where", f"{flag} '{arg}'") if "==" in flag else (flag, arg)
     inside = inside | ({"moved"} if "docker" in inside else set())
     want = 2 * len(inside & {"docker", "cri", "other"}) + len(inside & {"moved"})
     td = start_tcpdump("lo", tpath, f"udp dst port {port}")
@@ -253,6 +257,7 @@ def test_cgroup_predicates_keep_only_their_packets(tree, tmp_path, tcpdump, flag
 @pytest.mark.parametrize("args,message", [
     (["--cgroup", "/no/such/cgroup/here"], "--cgroup: no cgroup"),
     (["--container", "feedfacefeedface"], "--container: no cgroup of a container"),
+    (["--where", "cgroup == /no/such/cgroup/here"], "--cgroup: no cgroup"),
 ])
 def test_a_cgroup_that_is_not_there_is_one_line(root, args, message):
     if cgroup2_mount() is None:

@@ -139,15 +139,11 @@ def _predicates(args) -> list:
         if args.netns is not None:
             out.append(const(pr.netns(int_flag(args.netns, "netns", 0, 1))))
         if args.cgroup is not None or args.container is not None:
-            from fcap.kernel import context, ctxnames
-            names = ctxnames.CgroupNames()
-            for target in ([names.target(args.cgroup)] if args.cgroup is not None else []) + \
-                    ([names.container(args.container)] if args.container is not None else []):
-                out.append(const(context.under(target[0], target[1])))
+            from fcap.kernel import context
+            out += context.target_predicates(args.cgroup, args.container)
+        out += [pr.where_factory(text) for text in args.where]
     except pr.PredicateError as e:
         raise UsageError(str(e)) from None
-    for text in args.where:
-        out.append(pr.where_factory(text))
     if args.direction is not None and args.direction.lower() != "inout":
         out.insert(0, pr.direction(args.direction.lower()))
     return out

@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="only packets of the container (docker, containerd, cri-o, podman; its id, a prefix, or "
                         "the name podman or docker gave it) or Kubernetes pod (its uid) NAME: its cgroup, as --cgroup")
     g.add_argument("--where", metavar="'PATH OP VALUE'", action="append", default=[],
-                   help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"' (repeatable)")
+                   help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"'; or of the packet's "
+                        "context: 'cgroup == PATH', 'container == NAME' (as --cgroup, --container) (repeatable)")
     g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
     g.add_argument("--dump", metavar="PATH", action="append", default=[],
                    help="an argument, a member chain ('skb->dev', 'skb->sk->__sk_common') or return (fexit), "

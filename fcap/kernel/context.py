@@ -7,6 +7,7 @@ has ancestor_ids[], later ones ancestors[]. User space names the ids (fcap.kerne
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from bpf.asm import (AND, B, DW, FP, JEQ, JNE, JSLT, R0, R1, R2, R3, R6, R7, R8, R9, W, addi, alu64, call, ja, jmp,
@@ -165,3 +166,26 @@ def _records_cgroup(point, options, maps) -> bool:
 
 CGROUP = Feature("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),
                  reads="fcap.kernel.ctxnames.Context")
+
+
+# --where's context terms: the --cgroup and --container predicates spelled as tests ('cgroup == /system.slice')
+WHERE_TERM = re.compile(r"""^\s*(?P<what>cgroup|container)\s*==\s*(?P<q>["']?)(?P<value>.+?)(?P=q)\s*$""")
+
+
+def where_term(text: str) -> tuple[str, str] | None:
+    """('cgroup' or 'container', the value) of a --where test of the packet's context, else None."""
+    m = WHERE_TERM.match(text)
+    return (m.group("what"), m.group("value")) if m else None
+
+
+def target_predicates(cgroup: str | None = None, container: str | None = None) -> list:
+    """Factories (point -> predicate) of --cgroup PATH and --container NAME: under() of each target, found by
+    walking the cgroup2 hierarchy now (fcap.kernel.ctxnames; PredicateError with one line when it is not there)."""
+    if cgroup is None and container is None:
+        return []
+    from fcap.kernel import ctxnames
+    names = ctxnames.CgroupNames()
+    targets = ([names.target(cgroup)] if cgroup is not None else []) + \
+        ([names.container(container)] if container is not None else [])
+    return [lambda point, t=t: under(t[0], t[1]) for t in targets]
+

@@ -153,7 +153,13 @@ _OPS_SIGNED = {"==": JNE, "!=": JEQ, "<": JSGE, "<=": JSGT, ">": JSLE, ">=": JSL
 
 def where_factory(text: str) -> Callable[[Point], Predicate]:
     """--where TEXT as a factory of per-point predicates; it reads the point's own arguments (reads_args: a program
-    shared by many functions cannot run it)."""
+    shared by many functions cannot run it). `cgroup == PATH` and `container == NAME` test the packet's context, as
+    --cgroup and --container do (fcap.kernel.context)."""
+    from fcap.kernel import context
+    term = context.where_term(text)
+    if term is not None:
+        return context.target_predicates(**{term[0]: term[1]})[0]
+
     def make(point: Point) -> Predicate:
         return where(point, text)
     make.reads_args = True
