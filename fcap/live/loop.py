@@ -18,7 +18,7 @@ GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then 
 def _per_record(session) -> bool:
     """User space lays out each record's block: --dump (its dumps), --stack (its stack, read after the record),
     --nft (the rule that dropped its packet, matched by its bytes)."""
-    return session.dump_area is not None or session.stacks is not None or getattr(session, "nft", None) is not None
+    return session.dump_area is not None or session.stacks is not None or session.nft is not None
 
 
 class CaptureLoop:
@@ -115,7 +115,7 @@ class CaptureLoop:
     def _should_stop(self) -> bool:
         if self.stopping or self.broken:
             return True
-        nft = getattr(self.session, "nft", None)
+        nft = self.session.nft
         if nft is not None:   # --nft: its trace events read at each poll too, so that their buffer does not fill
             nft.pump()
         try:
@@ -168,9 +168,10 @@ class CaptureLoop:
         late = self.session.window.late
         if late:   # (fcap.live.order: held up for longer than the window, written at once, after newer ones)
             out += f"{late} packet{'s' if late != 1 else ''} written out of time order (late)\n"
-        nft = getattr(self.session, "nft", None)
-        if nft is not None and nft.note():
-            out += nft.note() + "\n"
+        nft = self.session.nft
+        note = nft.note() if nft is not None else ""
+        if note:
+            out += note + "\n"
         t = self.session.track_report
         if t:
             out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "

@@ -38,7 +38,7 @@ class Sink(ABC):
         from fcap.kernel.epbopts import EpbOptions
         self.session = session
         # (pcapng options, what a drop point's records say, --context's names, --nft's rules)
-        self.options = EpbOptions(session.points, session.cfg.context, nft=getattr(session, "nft", None),
+        self.options = EpbOptions(session.points, session.cfg.context, nft=session.nft,
                                   linktype=session.linktype.number if session.linktype is not None else 0)
 
     @abstractmethod
