@@ -24,6 +24,7 @@ __all__ = ["BTF", "KIND_NAMES", "SYSFS_BTF", "Kind", "BTFError", "c_decl",
            "Typedef", "TypeTag", "Union", "Var", "VarSecinfo", "Void", "Volatile"]
 
 SYSFS_BTF = "/sys/kernel/btf"
+MEMO_NAMES = 128   # names of vmlinux remembered per boot: a start's few (past them, a run of many builds its index)
 
 Kind = IntEnum("Kind", "INT PTR ARRAY STRUCT UNION ENUM FWD TYPEDEF VOLATILE CONST RESTRICT FUNC FUNC_PROTO VAR "
                       "DATASEC FLOAT DECL_TAG TYPE_TAG ENUM64")  # BTF_KIND_*, numbered from 1
@@ -281,13 +282,16 @@ class BTF:
 
     def _ids_named(self, name: str) -> list[int]:
         """Own ids named `name`: remembered per boot for vmlinux (bpf.btf_cache: a start looks up the same few
-        names every time), else found by _scan_named."""
+        names every time: up to MEMO_NAMES, since the file is written again for each), else found by _scan_named."""
         memo = self._memo
         if memo is None:
             return self._scan_named(name)
         ids = memo.get(name)
         if ids is None:
-            ids = memo[name] = self._scan_named(name)
+            ids = self._scan_named(name)
+            if len(memo) >= MEMO_NAMES:
+                return ids
+            memo[name] = ids
             from . import btf_cache
             btf_cache.write("vmlinux-names", self._memo_key, "".join(
                 f"{n}\t{' '.join(map(str, i))}\n" for n, i in memo.items()).encode())

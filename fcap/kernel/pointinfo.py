@@ -13,13 +13,16 @@ OUT = 1          # the point sees packets going out (a transmit point): pkt_type
 QUEUE_TX = 2     # skb->queue_mapping is the device queue (fcap.kernel.epbopts.queue_source "tx")
 QUEUE_RX = 4     # queue_mapping - 1 when not 0 ("rx")
 QUEUE = QUEUE_TX | QUEUE_RX
+INSIDE_FREE = 8  # the function runs inside a free, after its tracepoint (fcap.kernel.track.inside_free)
 _QUEUE_BITS = {"tx": QUEUE_TX, "rx": QUEUE_RX, None: 0}
 
 
-def cookie(point_id: int, direction: str | None, queue: str | None) -> int:
+def cookie(point_id: int, direction: str | None, queue: str | None, inside_free: bool = False) -> int:
     """The attach cookie of a point in a multi-attach link: its id; above, its bits from its direction ("in",
-    "out", None) and its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None)."""
-    return point_id | ((OUT if direction == "out" else 0) | _QUEUE_BITS[queue]) << 32
+    "out", None), its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None) and whether it runs inside
+    a free."""
+    bits = (OUT if direction == "out" else 0) | _QUEUE_BITS[queue] | (INSIDE_FREE if inside_free else 0)
+    return point_id | bits << 32
 
 
 def keep() -> list:

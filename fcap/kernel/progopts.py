@@ -46,6 +46,7 @@ class ProgramOptions(NamedTuple):
     count_seen: bool = False         # file rings: count each record in the counters too (fcap.kernel.stats: ISBs)
     ident: str = "none"              # how records get their packet ids (fcap.kernel.track.mode)
     points: int = 1                  # points of the capture (fcap.kernel.track's seen bits share 64 among them)
+    starts_inside_free: bool = False  # packets start at functions inside a free (fcap.kernel.track.only_inside_free)
     stack: bool = False              # --stack: each record's kernel stack id (fcap.kernel.kstack)
     context: bool = False            # --context: record the packet's cgroup (fcap.kernel.context)
 

@@ -33,6 +33,7 @@ from bpf.btf import BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
+from fcap.kernel import pointinfo
 from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse, has_skb
 from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
 from fcap.points import kinds
@@ -46,6 +47,14 @@ FREE_POINTS = ("kfree_skb", "consume_skb")   # tracepoints: the skb is freed rig
 # life anyway: its head is another, or one whose free kfree saw)
 MEMORY_POINTS = (("kfree", (1,)), ("kmem_cache_free", (0, 1)))
 SEEN_BITS = 64         # a (point, device) bit each: see seen_slots
+# functions that run inside a free after its tracepoint ended the skb's entry (the free's own steps, and the socket
+# destructors skb_release_head_state calls): an skb they do not know is the freed packet, not a new one. There no
+# packet starts (--track: turned away; else an id of its own, not entered), unless every point of the capture is one.
+INSIDE_FREE = frozenset((
+    "__kfree_skb", "skb_release_all", "skb_release_head_state", "skb_release_data", "skb_free_head", "kfree_skbmem",
+    "napi_skb_cache_put", "__napi_kfree_skb", "_kfree_skb_defer", "skb_zcopy_clear",
+    "sock_wfree", "__sock_wfree", "sock_rfree", "tcp_wfree", "sock_efree", "sock_edemux", "sock_pfree", "sock_ofree",
+    "unix_destruct_scm", "netlink_skb_destructor", "tpacket_destruct_skb", "xsk_destruct_skb"))
 
 
 def mode(track: bool, points: int, ids: bool = True) -> str:
@@ -63,6 +72,16 @@ def uses_map(ident: str) -> bool:
 
 def is_free_point(p: Point) -> bool:
     return not p.kind.function and p.name in FREE_POINTS
+
+
+def inside_free(p: Point) -> bool:
+    """A function that runs inside a free, after its tracepoint (INSIDE_FREE)."""
+    return p.kind.function and p.name in INSIDE_FREE
+
+
+def only_inside_free(points: list[Point]) -> bool:
+    """Every point of a capture runs inside a free (then packets start there as anywhere)."""
+    return bool(points) and all(inside_free(p) for p in points)
 
 
 # ---- map operations on STACK.track_key / STACK.track_val -------------------------------------------------------
@@ -211,6 +230,29 @@ def _start(b) -> None:
     _insert(b)
 
 
+def _start_unless_inside_free(b) -> None:
+    """An skb the map does not know (R6): a new packet (_start), except at a function inside a free (a multi-attach
+    program: its cookie's bit says): there --track turns it away and otherwise it gets an id of its own, not entered.
+    On to "trk_known" either way."""
+    if b.options.starts_inside_free:
+        _start(b)
+        return
+    if not b.point.kind.multi and not inside_free(b.point):
+        _start(b)
+        return
+    starts = b.fresh("tstarts")
+    if b.point.kind.multi:
+        b.emit(pointinfo.unless(R0, pointinfo.INSIDE_FREE, starts))
+    if b.options.ident == IDENT_TRACK:
+        b.emit(asm.ja("out"))
+    else:
+        _new_id(b)
+        b.emit(asm.ja("trk_known"))
+    if b.point.kind.multi:
+        b.emit(label(starts))
+        _start(b)
+
+
 # ---- in the capture program ------------------------------------------------------------------------------------
 
 def emit_lookup(b) -> None:
@@ -244,7 +286,7 @@ def emit_filter_done(b) -> None:
         if is_free_point(b.point):
             _new_id(b)
         else:
-            _start(b)
+            _start_unless_inside_free(b)
         b.emit(label("trk_known"))
     b.emit(ldx(DW, R1, FP, STACK.track_id), META.store(R7, "id", R1))
     if uses_map(ident) and is_free_point(b.point):

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from bpf.errors import BPFError
 from bpf.link import Link
 
-from fcap.kernel import drops, epbopts, pointinfo
+from fcap.kernel import drops, epbopts, pointinfo, track
 from fcap.points import kinds
 from fcap.points.spec import Point
 
@@ -49,7 +49,7 @@ def _key(m: kinds.Kind, p: Point, by_direction: bool) -> tuple | None:
 
 def cookie(p: Point) -> int:
     """The point's attach cookie: its id and its bits (fcap.kernel.pointinfo)."""
-    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p))
+    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p), track.inside_free(p))
 
 
 def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Unit]:

@@ -187,6 +187,7 @@ class Session(Attach):
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
                              ident=self.ident(), points=len(self.points), stack=self.cfg.stack,
+                             starts_inside_free=track.only_inside_free(self.points),
                              context=self.cfg.context,
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
