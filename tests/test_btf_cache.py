@@ -110,3 +110,20 @@ def test_points_list_is_keyed_by_the_btf_it_came_from(cache_home, tmp_path, monk
     monkeypatch.setattr(BTF, "_vmlinux", None)
     real = {p.spec for p in list_points()}
     assert "fentry/skb_cmp" not in real and "tp_btf/netif_receive_skb" in real
+
+
+def test_names_remembered_up_to_the_bound_and_found_past_it(cache_home):
+    """A run that looks up many names (a list of 1,000 functions) remembers the first MEMO_NAMES for the next start
+    (the file is written again for each one remembered) and finds the others all the same, by the same ids."""
+    from bpf import btf as btfmod
+    _vmlinux_blob()
+    names = [f.name for f in BTF.load(_vmlinux_blob(), name="vmlinux").funcs()][:btfmod.MEMO_NAMES + 300]
+    code = ("import sys; from bpf.btf import BTF; b = BTF.vmlinux(); "
+            "print(' '.join(str(b.find(n, 'func').id) for n in sys.argv[1:]))")
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home), PYTHONPATH=ROOT)
+    runs = [subprocess.run([sys.executable, "-c", code, *names], env=env, capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)]
+    fresh = BTF.load(_vmlinux_blob(), name="vmlinux")
+    assert runs[0] == runs[1] == " ".join(str(fresh.find(n, "func").id) for n in names) + "\n"
+    kept = (cache_home / "fcap" / "vmlinux-names.btfcache").read_bytes().decode(errors="replace").splitlines()
+    assert len(kept) == btfmod.MEMO_NAMES, len(kept)
