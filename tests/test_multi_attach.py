@@ -88,6 +88,9 @@ def test_every_skb_function_through_one_link_per_group():
     """KIND/* over every skb function: the groups' programs each attached by one link (a few more only where the
     kernel refused functions the link had to be split around), the links' functions (the kernel's count) are the
     points attached, and each point keeps its own id."""
+    from bpf.errors import BPFError
+    from bpf.uapi import ProgType
+    from fcap.live import multi
     from fcap.live.session import Config, Session
     single, m = multi_kind()
     s = Session(Config(points=[f"{single}/*"]))
@@ -109,6 +112,15 @@ def test_every_skb_function_through_one_link_per_group():
         assert len(multi_links) <= len(groups) + 2 * refused * max(grouped.bit_length(), 1), (multi_links, refused)
         if not refused:
             assert len(multi_links) == len(groups)
+        if m.prog_type == ProgType.TRACING:
+            # what fcap leaves out because a trampoline cannot take it (multi.trampoline_refusal) the kernel refuses
+            # on its own too; all the rest of a group goes into its one link, no halving
+            predicted = [(p, prog) for u, prog in s.loaded if u.kind is m for p in u.points
+                         if multi.trampoline_refusal(p)]
+            for p, prog in predicted:
+                with pytest.raises(BPFError):
+                    m.attach_many(prog.fileno(), [p], [0]).close()
+            assert len(multi_links) == len(groups), (multi_links, [p.name for p, _ in predicted])
         assert [p.id for p in s.points] == list(range(len(s.points)))
     finally:
         s.close()

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from bpf.errors import BPFError
 from bpf.link import Link
+from bpf.uapi import ProgType
 
 from fcap.kernel import drops, epbopts, pointinfo, track
 from fcap.points import kinds
@@ -17,6 +18,8 @@ TRACE_FUNCTIONS = ("/sys/kernel/tracing/available_filter_functions",
                    "/sys/kernel/debug/tracing/available_filter_functions")
 MIN_GROUP = 2         # points of one key that share a program (fewer: a program each, as before)
 MAX_REG_ARGS = 6      # arguments a trampoline passes in registers (x86-64); more: the kernel may refuse the function
+MAX_TRAMPOLINE_ARGS = 12   # arguments a trampoline takes at all (the kernel's MAX_BPF_FUNC_ARGS)
+MAX_STRUCT_ARG = 16        # bytes of a struct a trampoline takes by value (two registers)
 
 
 class Unit(NamedTuple):
@@ -106,6 +109,26 @@ def _suspect(p: Point) -> bool:
     return len(p.params) > MAX_REG_ARGS or by_value(p.ret) or any(by_value(a.type) for a in p.params)
 
 
+def trampoline_refusal(p: Point) -> str | None:
+    """Why the kernel refuses a trampoline at function `p`, from its prototype as the kernel reads it (its BTF
+    function model: measured on 7.2, these are the functions a tracing-multi link refuses): None where it takes
+    one."""
+    def by_value(t) -> int | None:
+        t = t.strip() if t is not None else None
+        return t.size if t is not None and t.kind in ("struct", "union") else None
+    if len(p.params) > MAX_TRAMPOLINE_ARGS:
+        return f"{len(p.params)} arguments (a trampoline takes up to {MAX_TRAMPOLINE_ARGS})"
+    func = p.btf.type(p.btf_id)
+    if getattr(getattr(func, "proto", None), "variadic", False):
+        return "variadic (a trampoline takes a fixed list of arguments)"
+    if by_value(p.ret) is not None:
+        return "returns a struct or union by value (a trampoline cannot)"
+    big = next((a for a in p.params if (by_value(a.type) or 0) > MAX_STRUCT_ARG), None)
+    if big is not None:
+        return f"passes {big.name or 'an argument'} by value, over {MAX_STRUCT_ARG} bytes (a trampoline cannot)"
+    return None
+
+
 def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link],
            names: set[str] | None = None) -> list[tuple[Point, str]]:
     """Attach the program at every point, links appended to `links` as they are made (so that an interrupt leaves
@@ -120,6 +143,10 @@ def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link
         refused += [(p, "not traceable (not in available_filter_functions: notrace or inlined)")
                     for p in points if p.name not in names]
         points = [p for p in points if p.name in names]
+    if kind.prog_type == ProgType.TRACING:   # (what a trampoline cannot take, left out before trying)
+        whys = [(p, trampoline_refusal(p)) for p in points]
+        refused += [(p, f"the kernel refuses it: {why}") for p, why in whys if why is not None]
+        points = [p for p, why in whys if why is None]
     if not points:
         return refused
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import time
 from typing import Callable, NamedTuple
@@ -172,11 +173,15 @@ class Session(Attach):
             pass
         return kinds.FENTRY
 
-    def options(self, point: Point) -> cprog.ProgramOptions:
+    def predicates(self, point: Point) -> list:
+        """The predicates built for `point` (CaptureError: one it cannot have, e.g. an argument it lacks)."""
         try:
-            preds = [make(point) for make in self.cfg.predicates]
+            return [make(point) for make in self.cfg.predicates]
         except (PredicateError, PointError) as e:   # (PointError: an argument this kind cannot read here)
             raise CaptureError(str(e)) from None
+
+    def options(self, point: Point) -> cprog.ProgramOptions:
+        preds = self.predicates(point)
         want = PROTO_FOR.get(self.linktype.name)
         if want is not None:
             preds.insert(0, protocol_predicate(want))
@@ -193,7 +198,9 @@ class Session(Attach):
 
     def ident(self) -> str:
         """How records get their packet ids (fcap.kernel.track.mode)."""
-        return track.mode(self.cfg.track, sum(has_skb(p) for p in self.points), self.cfg.meta)
+        # (counted up to two, all it tells apart: options() asks once per point, and a glob makes thousands)
+        skb_points = sum(1 for _p in itertools.islice((p for p in self.points if has_skb(p)), 2))
+        return track.mode(self.cfg.track, skb_points, self.cfg.meta)
 
     def counts_ring_records(self) -> bool:
         """Whether programs writing the file rings count each point's records too (an ISB per point says how many
@@ -268,7 +275,7 @@ class Session(Attach):
         kept = []
         for p in self.points:
             try:
-                self.options(p)
+                self.predicates(p)
                 kept.append(p)
             except CaptureError as e:
                 if not p.origin:
