@@ -14,21 +14,30 @@ QUEUE_TX = 2     # skb->queue_mapping is the device queue (fcap.kernel.epbopts.q
 QUEUE_RX = 4     # queue_mapping - 1 when not 0 ("rx")
 QUEUE = QUEUE_TX | QUEUE_RX
 INSIDE_FREE = 8  # the function runs inside a free, after its tracepoint (fcap.kernel.track.inside_free)
+SKB_ARG_SHIFT, SKB_ARG_MASK = 4, 0xF   # which argument is the skb (so one program serves every position)
 _QUEUE_BITS = {"tx": QUEUE_TX, "rx": QUEUE_RX, None: 0}
 
 
-def cookie(point_id: int, direction: str | None, queue: str | None, inside_free: bool = False) -> int:
+def cookie(point_id: int, direction: str | None, queue: str | None, inside_free: bool = False,
+           skb_arg: int = 0) -> int:
     """The attach cookie of a point in a multi-attach link: its id; above, its bits from its direction ("in",
-    "out", None), its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None) and whether it runs inside
-    a free."""
+    "out", None), its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None), whether it runs inside
+    a free, and which of its arguments is the skb."""
+    if not 0 <= skb_arg <= SKB_ARG_MASK:
+        raise ValueError(f"skb argument {skb_arg}: past what the cookie holds")
     bits = (OUT if direction == "out" else 0) | _QUEUE_BITS[queue] | (INSIDE_FREE if inside_free else 0)
-    return point_id | bits << 32
+    return point_id | (bits | skb_arg << SKB_ARG_SHIFT) << 32
 
 
 def keep() -> list:
     """After bpf_get_attach_cookie (R0: the cookie): the point id into STACK.key, the bits into STACK.point_bits.
     Uses R1."""
     return [stx(W, FP, STACK.key, R0), mov(R1, R0), rshi(R1, 32), stx(W, FP, STACK.point_bits, R1)]
+
+
+def skb_arg(dst: int) -> list:
+    """dst = which argument is the skb (after keep())."""
+    return [ldx(W, dst, FP, STACK.point_bits), rshi(dst, SKB_ARG_SHIFT), alu64(AND, dst, SKB_ARG_MASK)]
 
 
 def unless(dst: int, mask: int, label: str) -> list:

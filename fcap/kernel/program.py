@@ -115,18 +115,20 @@ class Builder:
         """The skb pointer from the context (R6; the context saved at STACK.ctx) and this point's scratch value (R7,
         past the dump area); no skb or no value: out."""
         p, o = self.point, self.options
-        if not p.kind.has_arg(p.skb_index):
+        if not p.kind.multi and not p.kind.has_arg(p.skb_index):
             raise ProgramError(f"{p.spec}: the skb is argument {p.skb_index + 1}, past the registers")
-        self.emit(stx(DW, FP, STACK.ctx, R1), p.kind.load_arg(R6, p.skb_index, STACK.tmp), jmp(JEQ, R6, 0, "out"))
-        # scratch value
         # each point has its own scratch value and counters (key = point id): a program interrupted on its CPU
         # by another point's (a softirq in the middle of a transmit) must not find its record half overwritten.
-        # A multi-attach program runs at many points: the attach cookie's low half is the point id (the high half,
-        # what the program does differently there: fcap.kernel.pointinfo).
+        # A multi-attach program runs at many points: the attach cookie's low half is the point id, the high half
+        # what the program does differently there, the skb's argument too (fcap.kernel.pointinfo).
+        self.emit(stx(DW, FP, STACK.ctx, R1))
         if p.kind.multi:
-            self.emit(ldx(DW, R1, FP, STACK.ctx), call(Helper.get_attach_cookie), pointinfo.keep())
+            self.emit(call(Helper.get_attach_cookie), pointinfo.keep(), pointinfo.skb_arg(R2),
+                      ldx(DW, R1, FP, STACK.ctx), p.kind.load_arg_at(R6, STACK.tmp, "out"))
         else:
-            self.emit(st(W, FP, STACK.key, p.id))
+            self.emit(p.kind.load_arg(R6, p.skb_index, STACK.tmp), st(W, FP, STACK.key, p.id))
+        self.emit(jmp(JEQ, R6, 0, "out"))
+        # scratch value
         self.emit(ld_map_fd(R1, self.maps.scratch), mov(R2, FP), addi(R2, STACK.key),
                   call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), mov(R7, R0))
         if dump_area(o):

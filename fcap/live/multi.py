@@ -1,6 +1,6 @@
-"""Many functions, one program: which points a capture runs together through a multi-attach link (grouped by kind,
-skb argument and what the program does differently per point), the program's stand-in point, and the attach that
-drops the functions the kernel refuses instead of failing them all."""
+"""Many functions, one program: which points a capture runs together through a multi-attach link (grouped by kind;
+the attach cookie says what the program does differently per point), the program's stand-in point, and the attach
+that drops the functions the kernel refuses instead of failing them all."""
 
 from __future__ import annotations
 
@@ -39,20 +39,22 @@ def multi_kind(kind: kinds.Kind) -> kinds.Kind | None:
 
 
 def _key(m: kinds.Kind, p: Point, by_direction: bool) -> tuple | None:
-    """What the shared program must have alike at every point of a group: its kind and skb argument (direction
+    """What the shared program must have alike at every point of a group: its kind (the skb's argument, direction
     and queue come with the cookie, fcap.kernel.pointinfo; the direction is in the key too where the filter or
     -Q is built for it). None where the point keeps a program of its own (drop points: their records name the
-    reason; tracing-multi: the program's BTF object is vmlinux)."""
+    reason; tracing-multi: the program's BTF object is vmlinux; an skb past the arguments the kind reads)."""
     if drops.is_drop_point(p) or epbopts.verdict(p) is not None:
         return None
     if m is not kinds.KPROBE_MULTI and p.btf.base is not None:
         return None
-    return (m, p.skb_index) + ((p.direction,) if by_direction else ())
+    if not m.has_arg(p.skb_index) or p.skb_index > pointinfo.SKB_ARG_MASK:
+        return None
+    return (m,) + ((p.direction,) if by_direction else ())
 
 
 def cookie(p: Point) -> int:
     """The point's attach cookie: its id and its bits (fcap.kernel.pointinfo)."""
-    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p), track.inside_free(p))
+    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p), track.inside_free(p), p.skb_index)
 
 
 def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Unit]:

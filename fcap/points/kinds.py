@@ -106,6 +106,17 @@ class Kind:
         8-byte stack slot at `tmp`)."""
         return [asm.ldx(asm.DW, dst, asm.R1, self.arg_offset(index))]
 
+    def load_arg_at(self, dst: int, tmp: int, missing: str) -> list:
+        """A multi kind's: argument number R2 (known only when the program runs: the attach cookie says) into
+        `dst` from the context in R1; to `missing` where there is none. May use R1-R5 and the stack slot at
+        `tmp`. Here: a constant offset per argument (a context takes no other)."""
+        items, done = [], f"{missing}_arg_done"
+        for i in range(self.arg_count() or 0):
+            items += [asm.jmp(asm.JNE, asm.R2, i, f"{missing}_arg_{i + 1}"), asm.ldx(asm.DW, dst, asm.R1,
+                                                                                     self.arg_offset(i)),
+                      asm.ja(done), asm.label(f"{missing}_arg_{i + 1}")]
+        return items + [asm.ja(missing), asm.label(done)]
+
     # -- the kernel
     def load_attach_type(self) -> int:
         """The load's expected_attach_type as this kernel numbers it."""
@@ -246,7 +257,11 @@ class _TracingMulti(Kind):
     family = "fentry/fexit"
 
     def load_arg(self, dst: int, index: int, tmp: int) -> list:
-        return [asm.st(asm.DW, asm.FP, tmp, 0), asm.movi(asm.R2, index), asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, tmp),
+        return [asm.movi(asm.R2, index)] + self.load_arg_at(dst, tmp, "")
+
+    def load_arg_at(self, dst: int, tmp: int, missing: str) -> list:
+        """bpf_get_func_arg(ctx, R2, &tmp): any argument the function has (0 where it has no such one)."""
+        return [asm.st(asm.DW, asm.FP, tmp, 0), asm.mov(asm.R3, asm.FP), asm.addi(asm.R3, tmp),
                 asm.call(Helper.get_func_arg), asm.ldx(asm.DW, dst, asm.FP, tmp)]
 
     def arg_offset(self, index: int, machine_name: str | None = None) -> int:
