@@ -9,7 +9,7 @@ import os
 import struct
 
 from .errors import SyscallError
-from .sys import FD, FDOwner, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
+from .sys import FD, FDOwner, MapBatchAttr, MapCreateAttr, MapElemAttr, addr, bpf, bpf_errno
 from .uapi import BPF_OBJ_NAME_LEN, Cmd, MapType, UpdateFlags
 
 
@@ -144,6 +144,25 @@ class PerCPUArrayMap(Map):
     def lookup_percpu(self, key) -> list[bytes]:
         raw = self.lookup(key) or b""
         return [raw[i * self.stride: i * self.stride + self.value_size] for i in range(self.ncpus)]
+
+    def lookup_all_percpu(self) -> list[list[bytes]]:
+        """Every key's per-CPU values, in key order: a few BPF_MAP_LOOKUP_BATCH calls (5.6+), else a lookup per key
+        (thousands of keys: one call per key is most of a large capture's exit under TCG)."""
+        n = self.max_entries
+        keys = (ctypes.c_uint32 * n)()
+        values = ctypes.create_string_buffer(self._value_bytes * n)
+        token = ctypes.c_uint32()
+        attr = MapBatchAttr(out_batch=addr(token), keys=addr(keys), values=addr(values), count=n,
+                            map_fd=self.fd.fileno())
+        ret, err = bpf_errno(Cmd.MAP_LOOKUP_BATCH, attr)
+        if (ret < 0 and err != errno.ENOENT) or attr.count != n:   # (ENOENT: the end reached, all given)
+            return [self.lookup_percpu(k) for k in range(n)]
+        raw, vb = values.raw, self._value_bytes
+        out: list[list[bytes]] = [[] for _ in range(n)]
+        for i, k in enumerate(keys):
+            v = raw[i * vb: (i + 1) * vb]
+            out[k] = [v[c * self.stride: c * self.stride + self.value_size] for c in range(self.ncpus)]
+        return out
 
     def sum_u64(self, key, offset: int = 0) -> int:
         """Sum over CPUs of the u64 at `offset` in this key's value."""

@@ -28,6 +28,13 @@ class MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", u32), ("_pad", u32), ("key", u64), ("value", u64), ("flags", u64)]
 
 
+class MapBatchAttr(ctypes.Structure):
+    """BPF_MAP_LOOKUP_BATCH (5.6): from the position in_batch holds (NULL: the start), up to count keys and values;
+    out_batch gets where to go on, count how many came."""
+    _fields_ = [("in_batch", u64), ("out_batch", u64), ("keys", u64), ("values", u64), ("count", u32),
+                ("map_fd", u32), ("elem_flags", u64), ("flags", u64)]
+
+
 class ProgLoadAttr(ctypes.Structure):
     _fields_ = [("prog_type", u32), ("insn_cnt", u32), ("insns", u64), ("license", u64),
                 ("log_level", u32), ("log_size", u32), ("log_buf", u64), ("kern_version", u32),
