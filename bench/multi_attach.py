@@ -88,6 +88,30 @@ def one(specs: list[str], per_point: bool, phases: Phases | None = None, hold=No
     return t1 - t0, time.monotonic() - t2, attached, links, held
 
 
+def attached_points(s) -> list:
+    """The points a session attached (a hold for one())."""
+    return [p for p in s.points if p.id not in s.unattached]
+
+
+def kernel_floor(kind: str, points: list) -> tuple[float, float]:
+    """(seconds to make, seconds to close) one multi-attach link at `points` with a program that does nothing
+    (loaded before the clock starts): the kernel's own part of attaching them, the floor under fcap's."""
+    from bpf.asm import R0, exit_, movi
+    from bpf.prog import load
+    from fcap.live import multi
+    from fcap.points import kinds
+    m = multi.multi_kind(kinds.FENTRY if kind == "fentry" else kinds.KPROBE)
+    prog = load(m.prog_type, [movi(R0, 0), exit_()], name="fcap_floor", expected_attach_type=m.load_attach_type())
+    try:
+        t0 = time.monotonic()
+        link = m.attach_many(prog.fileno(), points, list(range(len(points))))
+        t1 = time.monotonic()
+        link.close()
+        return t1 - t0, time.monotonic() - t1
+    finally:
+        prog.close()
+
+
 def send_rate(seconds: float = SEND_S) -> float:
     """Datagrams per second one socket sends on lo (64 bytes, to a sink that never reads: they are dropped)."""
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -154,11 +178,15 @@ def main(argv: list[str]) -> int:
                  "1,100,1000,all")   # (a program per point: the issue's figures for all, 104.6 s on 7.2, 86.5 s on 6.1)
     for n in [len(names) if x == "all" else int(x) for x in sizes.split(",")]:
         specs = [f"{kind}/{f}" for f in names[:n]] if n < len(names) else [f"{kind}/*"]
-        up, down, attached, links, _ = one(specs, per_point, phases)
+        up, down, attached, links, pts = one(specs, per_point, phases, hold=attached_points)
         base = base or up
         print(f"  {n:5} functions: attach {up:7.2f} s ({up / base:6.1f}x one), {attached / up:7.1f} functions/s, "
               f"{links} links; detach {down:6.2f} s\n      attach: {phases.text(up)}\n      detach: "
               f"{phases.text(down, detach=True)}", flush=True)
+        if not per_point and n > 1:
+            make, close = kernel_floor(kind, pts)
+            print(f"      the kernel alone (one link at the {len(pts)} functions, a program that does nothing): "
+                  f"make {make:.2f} s ({make / base:.1f}x one), close {close:.2f} s", flush=True)
     if not per_point and "--no-rate" not in argv:
         print("\n".join(["a sender on lo, every function attached:"] + rates(kind)), flush=True)
     return 0

@@ -30,7 +30,8 @@ class Point:
     """A resolved capture point. A capture numbers its points (id) and names what serves a semantic point (alias)
     after resolving them."""
 
-    __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias", "target")
+    __slots__ = ("kind", "name", "btf", "btf_id", "params", "skb_index", "ret", "id", "origin", "alias", "target",
+                 "_skbs")
 
     def __init__(self, kind: Kind, name: str, btf: BTF, btf_id: int, params: list[Argument], skb_index: int,
                  ret: Type | None = None):
@@ -45,6 +46,7 @@ class Point:
         self.origin = ""              # the -i glob it came from ("" when named on its own)
         self.alias = ""               # the semantic point it serves (skb:drop, ...), if any
         self.target = None            # a point on a BPF program: the program (fcap.points.progpoints.Target)
+        self._skbs: int | None = None  # how many of the arguments are skbs (spec: counted once)
 
     def __repr__(self) -> str:
         return f"Point({self.label!r}, id={self.id})"
@@ -64,8 +66,9 @@ class Point:
 
     @property
     def spec(self) -> str:
-        skbs = [i for i, p in enumerate(self.params) if is_skb_ptr(p.type)]
-        suffix = f":{self.params[self.skb_index].name or self.skb_index}" if len(skbs) > 1 else ""
+        if self._skbs is None:
+            self._skbs = sum(1 for p in self.params if is_skb_ptr(p.type))
+        suffix = f":{self.params[self.skb_index].name or self.skb_index}" if self._skbs > 1 else ""
         return f"{self.kind}/{self.name}{suffix}"
 
     @property
