@@ -288,3 +288,51 @@ def test_fcap_path_over_every_skb_function(tmp_path):
     assert len(shown) == len(changes) >= 2, (shown, changes)
     for h, (ifindex, ns) in zip(shown, changes):
         assert h == ("-- no device --" if not ifindex and not ns else f"-- ifindex {ifindex}, netns {ns} --"), h
+
+
+def test_drop_reasons_through_the_shared_program(tmp_path):
+    """A drop function (its reason an argument) shares the program of the other functions of its kind, the attach
+    cookie naming its reason's argument: datagrams to a closed port in a namespace carry, at the drop function,
+    the reason the kernel's own kfree_skb tracepoint gives for the same skb (NO_SOCKET), and records at the other
+    functions carry none."""
+    import fcap
+    from fcap.live import multi
+    from fcap.points.spec import PointError, resolve
+    single, m = multi_kind()
+    traceable = multi.traceable() or set()
+    drop = None
+    for name in ("sk_skb_reason_drop", "kfree_skb_reason"):
+        try:
+            p = resolve(f"{single}/{name}")
+        except PointError:
+            continue
+        if name in traceable and m.has_arg(p.skb_index):
+            drop = name
+            break
+    if drop is None:
+        pytest.skip("no traceable drop function with its reason an argument here")
+    pts = [resolve(f"{single}/{drop}"), resolve(f"{single}/ip_rcv")]
+    for i, p in enumerate(pts):
+        p.id = i
+    assert [u.kind for u in multi.plan(pts)] == [m]   # (one program for both)
+    v = netns.make_veth_ns()
+    out = tmp_path / "drops.pcapng"
+    try:
+        fc = netns.start_fcap(["-i", f"{single}/{drop}", "-i", f"{single}/ip_rcv", "-i", "tp_btf/kfree_skb",
+                               "-w", str(out), f"udp and host {v.peer}"])
+        try:
+            time.sleep(0.5 * netns.SLOW)
+            netns.send_udp(v.peer, 9, [b"fcap-drop-%d" % i for i in range(3)])
+            time.sleep(1 * netns.SLOW)
+        finally:
+            assert fc.stop() == 0, fc.stderr
+    finally:
+        netns.remove_veth_ns(v)
+    pkts = [p for p in fcap.read(out) if b"fcap-drop-" in p.data]
+    at_drop = [p for p in pkts if p.point.endswith("/" + drop)]
+    at_tp = [p for p in pkts if p.point == "tp_btf/kfree_skb"]
+    assert len(at_drop) == len(at_tp) == 3, [(p.point, p.reason) for p in pkts]
+    for p in at_drop:   # (the tracepoint fires inside the drop function, for the same skb, next)
+        tp = min((t for t in at_tp if t.ts_ns >= p.ts_ns), key=lambda t: t.ts_ns)
+        assert p.reason == tp.reason == "NO_SOCKET" and p.skb == tp.skb, (p.reason, tp.reason)
+    assert all(p.reason is None for p in pkts if p.point.endswith("/ip_rcv")), [p.reason for p in pkts]

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from bpf.asm import DW, FP, R0, R1, R7, ldx
+from bpf.asm import DW, FP, R0, R1, R2, R7, label, ldx
 from bpf.btf import BTF, BTFError, Enum, Enum64, Type
 
-from fcap.kernel import kallsyms
+from fcap.kernel import kallsyms, pointinfo
 from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
 from fcap.points.spec import Point
@@ -44,8 +44,14 @@ def is_drop_point(point: Point) -> bool:
 
 def emit_meta(b) -> None:
     """The program's part: META's reason and location from the point's arguments (other points leave them 0:
-    each point has its own scratch value, zero at creation)."""
+    each point has its own scratch value, zero at creation). A multi-attach program: the reason from the argument
+    the attach cookie names, where it names one (fcap.kernel.pointinfo)."""
     p = b.point
+    if p.kind.multi:
+        none = b.fresh("no_reason")
+        b.emit(pointinfo.reason_arg(R2, none), ldx(DW, R1, FP, STACK.ctx), p.kind.load_arg_at(R0, STACK.tmp, none),
+               META.store(R7, "reason", R0), label(none))
+        return
     for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
         if index is None:
             continue
@@ -53,7 +59,8 @@ def emit_meta(b) -> None:
 
 
 def _records_drops(point, options, maps) -> bool:
-    return reason_arg(point) is not None or location_arg(point) is not None
+    """At a drop point; in every multi-attach program (its cookie says where: a few instructions elsewhere)."""
+    return point.kind.multi or reason_arg(point) is not None or location_arg(point) is not None
 
 
 DROP_META = Feature("drop reason", on=_records_drops, stages={DEVICE: emit_meta}, fields=("reason", "location"),

@@ -5,7 +5,7 @@ program serves every point of a kind and skb argument, whatever their directions
 
 from __future__ import annotations
 
-from bpf.asm import AND, FP, JEQ, R0, R1, W, alu64, jmp, ldx, mov, rshi, stx
+from bpf.asm import ADD, AND, FP, JEQ, R0, R1, W, alu64, jmp, ldx, mov, rshi, stx
 
 from fcap.kernel.layout import STACK
 
@@ -15,18 +15,20 @@ QUEUE_RX = 4     # queue_mapping - 1 when not 0 ("rx")
 QUEUE = QUEUE_TX | QUEUE_RX
 INSIDE_FREE = 8  # the function runs inside a free, after its tracepoint (fcap.kernel.track.inside_free)
 SKB_ARG_SHIFT, SKB_ARG_MASK = 4, 0xF   # which argument is the skb (so one program serves every position)
+REASON_SHIFT, REASON_MASK = 8, 0xF     # 1 + which argument is the drop reason (0: none; fcap.kernel.drops)
 _QUEUE_BITS = {"tx": QUEUE_TX, "rx": QUEUE_RX, None: 0}
 
 
 def cookie(point_id: int, direction: str | None, queue: str | None, inside_free: bool = False,
-           skb_arg: int = 0) -> int:
+           skb_arg: int = 0, reason_arg: int | None = None) -> int:
     """The attach cookie of a point in a multi-attach link: its id; above, its bits from its direction ("in",
     "out", None), its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None), whether it runs inside
-    a free, and which of its arguments is the skb."""
-    if not 0 <= skb_arg <= SKB_ARG_MASK:
-        raise ValueError(f"skb argument {skb_arg}: past what the cookie holds")
+    a free, which of its arguments is the skb and which the drop reason (None: none)."""
+    reason = 0 if reason_arg is None else reason_arg + 1
+    if not (0 <= skb_arg <= SKB_ARG_MASK and reason <= REASON_MASK):
+        raise ValueError(f"skb argument {skb_arg}, reason argument {reason_arg}: past what the cookie holds")
     bits = (OUT if direction == "out" else 0) | _QUEUE_BITS[queue] | (INSIDE_FREE if inside_free else 0)
-    return point_id | (bits | skb_arg << SKB_ARG_SHIFT) << 32
+    return point_id | (bits | skb_arg << SKB_ARG_SHIFT | reason << REASON_SHIFT) << 32
 
 
 def keep() -> list:
@@ -38,6 +40,12 @@ def keep() -> list:
 def skb_arg(dst: int) -> list:
     """dst = which argument is the skb (after keep())."""
     return [ldx(W, dst, FP, STACK.point_bits), rshi(dst, SKB_ARG_SHIFT), alu64(AND, dst, SKB_ARG_MASK)]
+
+
+def reason_arg(dst: int, none: str) -> list:
+    """dst = which argument is the drop reason (after keep()); to `none` where the point has none."""
+    return [ldx(W, dst, FP, STACK.point_bits), rshi(dst, REASON_SHIFT), alu64(AND, dst, REASON_MASK),
+            jmp(JEQ, dst, 0, none), alu64(ADD, dst, -1)]
 
 
 def unless(dst: int, mask: int, label: str) -> list:

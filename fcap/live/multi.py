@@ -39,22 +39,24 @@ def multi_kind(kind: kinds.Kind) -> kinds.Kind | None:
 
 
 def _key(m: kinds.Kind, p: Point, by_direction: bool) -> tuple | None:
-    """What the shared program must have alike at every point of a group: its kind (the skb's argument, direction
-    and queue come with the cookie, fcap.kernel.pointinfo; the direction is in the key too where the filter or
-    -Q is built for it). None where the point keeps a program of its own (drop points: their records name the
-    reason; tracing-multi: the program's BTF object is vmlinux; an skb past the arguments the kind reads)."""
-    if drops.is_drop_point(p) or epbopts.verdict(p) is not None:
-        return None
+    """What the shared program must have alike at every point of a group: its kind (which arguments are the skb
+    and the drop reason, the direction and the queue come with the cookie, fcap.kernel.pointinfo; the direction is
+    in the key too where the filter or -Q is built for it). None where the point keeps a program of its own
+    (tracing-multi: the program's BTF object is vmlinux; an argument past those the kind or the cookie reaches)."""
     if m is not kinds.KPROBE_MULTI and p.btf.base is not None:
         return None
+    reason = drops.reason_arg(p)
     if not m.has_arg(p.skb_index) or p.skb_index > pointinfo.SKB_ARG_MASK:
+        return None
+    if reason is not None and (not m.has_arg(reason) or reason + 1 > pointinfo.REASON_MASK):
         return None
     return (m,) + ((p.direction,) if by_direction else ())
 
 
 def cookie(p: Point) -> int:
     """The point's attach cookie: its id and its bits (fcap.kernel.pointinfo)."""
-    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p), track.inside_free(p), p.skb_index)
+    return pointinfo.cookie(p.id, p.direction, epbopts.queue_source(p), track.inside_free(p), p.skb_index,
+                            drops.reason_arg(p))
 
 
 def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Unit]:
