@@ -1,7 +1,8 @@
 """Attach and detach time for 1, 100, 1,000 and every skb function (fcap.live.multi): the same capture sessions fcap
 runs, timed from open (build and load) through attach, and from detach through close, as ratios to one function
 within one run, with functions attached per second and where the attach time goes (BTF, build, verification, links,
-the rest); then a sender's rate with every function attached and a filter that matches nothing (with and without
+the rest), the kernel's own part (one link, a program that does nothing) and the fcap command's time to
+'listening on' and back; then a sender's rate with every function attached and a filter that matches nothing (with and without
 --track) against the same sender with nothing attached, with the programs' own run time per hit. Run as root where
 fentry or kprobes work (the guests):
 python3 -m bench.multi_attach [KIND] [--per-point] [--no-rate] [--sizes=1,100,1000,all]
@@ -112,6 +113,28 @@ def kernel_floor(kind: str, points: list) -> tuple[float, float]:
         prog.close()
 
 
+def to_listening(spec: str, runs: int = 3) -> tuple[float, float]:
+    """(seconds from starting the fcap command to its 'listening on' line, seconds from SIGINT to its exit): the
+    median of `runs`, as a user waits for them (Python's start, BTF, build, load and attach; detach and close)."""
+    import os
+    import signal
+    import subprocess
+    ups, downs = [], []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-m", "fcap", "-i", spec, "-w", os.devnull], stderr=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, text=True)
+        for line in p.stderr:
+            if line.startswith("listening on"):
+                break
+        ups.append(time.monotonic() - t0)
+        t1 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=600)
+        downs.append(time.monotonic() - t1)
+    return sorted(ups)[len(ups) // 2], sorted(downs)[len(downs) // 2]
+
+
 def send_rate(seconds: float = SEND_S) -> float:
     """Datagrams per second one socket sends on lo (64 bytes, to a sink that never reads: they are dropped)."""
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -179,17 +202,24 @@ def main(argv: list[str]) -> int:
     for n in [len(names) if x == "all" else int(x) for x in sizes.split(",")]:
         specs = [f"{kind}/{f}" for f in names[:n]] if n < len(names) else [f"{kind}/*"]
         up, down, attached, links, pts = one(specs, per_point, phases, hold=attached_points)
+        where = f"      attach: {phases.text(up)}\n      detach: {phases.text(down, detach=True)}"
         if n == 1:   # (the ratios' base: the median of five, one session is at the mercy of a busy host)
-            runs = sorted([up] + [one(specs, per_point)[0] for _ in range(4)])
-            up = runs[2]
+            runs = sorted([(up, down)] + [one(specs, per_point)[:2] for _ in range(4)])
+            up, down = runs[2]
+            where += " (the first of the five)"
         base = base or up
         print(f"  {n:5} functions: attach {up:7.2f} s ({up / base:6.1f}x one), {attached / up:7.1f} functions/s, "
-              f"{links} links; detach {down:6.2f} s\n      attach: {phases.text(up)}\n      detach: "
-              f"{phases.text(down, detach=True)}", flush=True)
+              f"{links} links; detach {down:6.2f} s\n{where}", flush=True)
         if not per_point and n > 1:
             make, close = kernel_floor(kind, pts)
             print(f"      the kernel alone (one link at the {len(pts)} functions, a program that does nothing): "
                   f"make {make:.2f} s ({make / base:.1f}x one), close {close:.2f} s", flush=True)
+    if not per_point:
+        one_up, one_down = to_listening(f"{kind}/{names[0]}")
+        all_up, all_down = to_listening(f"{kind}/*")
+        print(f"the fcap command, to 'listening on' and from Ctrl-C to its exit (median of 3): one function "
+              f"{one_up:.2f} s / {one_down:.2f} s; every function {all_up:.2f} s ({all_up / one_up:.1f}x) / "
+              f"{all_down:.2f} s ({all_down / one_down:.1f}x)", flush=True)
     if not per_point and "--no-rate" not in argv:
         print("\n".join(["a sender on lo, every function attached:"] + rates(kind)), flush=True)
     return 0
