@@ -83,7 +83,8 @@ def _session(v, points, cbpf=None, **cfg):
     """A capture at `points` of what crosses v's local end (other traffic on the machine left out)."""
     from fcap.kernel import predicates
     from fcap.live.session import Config, Session
-    s = Session(Config(points=points, buffer_kib=1024, predicates=[lambda p: predicates.ifindex(v.a_index)], **cfg))
+    cfg.setdefault("predicates", [lambda p: predicates.ifindex(v.a_index)])
+    s = Session(Config(points=points, buffer_kib=1024, **cfg))
     s.resolve()
     if cbpf is not None:
         s.cbpf = cbpf
@@ -182,3 +183,25 @@ def test_ancillary_fields_keep_the_same_packets(veth, name):
         assert set(got.get((t, "raw_tp"), {})) == set(got.get((t, "tp_btf"), {})), f"{name} at {t}"
     if name in ("mark", "ifindex", "protocol", "hatype"):
         assert got.get(("net_dev_queue", "raw_tp")), f"{name} == {k:#x} kept nothing sent"
+
+
+WHERE = ("skb->mark == 42", "skb->pkt_type == 0", "skb->len > 200", "skb->protocol == 0x800", "skb->dev->ifindex > 0")
+
+
+@pytest.mark.parametrize("text", WHERE)
+def test_where_on_the_skb_keeps_the_same_packets(veth, text):
+    """--where over the point's skb (its members from the copy; through a pointer, read on their own) keeps the
+    same packets at raw_tp as at tp_btf."""
+    from fcap.kernel import predicates
+    v, peer = veth
+    points = [f"{kind}/{t}" for t in TRACEPOINTS for kind in ("tp_btf", "raw_tp")]
+    s = _session(v, points, linktype="EN10MB", predicates=[lambda p: predicates.ifindex(v.a_index),
+                                                           lambda p: predicates.where(p, text)])
+    try:
+        payloads = _traffic(v, peer)
+        got = _records(s, payloads)
+    finally:
+        s.close()
+    for t in TRACEPOINTS:
+        assert set(got.get((t, "raw_tp"), {})) == set(got.get((t, "tp_btf"), {})), f"{text} at {t}"
+    assert any(got.values()), f"{text} kept nothing"
