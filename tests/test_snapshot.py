@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from bpf.asm import DW, R2, R3, R6, R7, B
+from bpf.asm import DW, R2, R3, R6, R7, R8, B
 from bpf.uapi import Helper
 from fcap.kernel import program as cprog
 from fcap.kernel.layout import FLAG_LINEAR_ONLY, RECORD_PCAPNG, SKB_SNAP, SKB_SNAP_MAX, START_MAC, START_SLL2
@@ -36,6 +36,12 @@ def _calls(insns, helper) -> list[int]:
     return [k for k, i in enumerate(insns) if i.op == 0x85 and i.imm == helper]
 
 
+def _reads_from_skb(insns) -> list[int]:
+    """The bpf_probe_read_kernel calls whose source is the skb (R3 = R6 + offset)."""
+    return [k for k in _calls(insns, Helper.probe_read_kernel)
+            if any(i.op == 0xBF and i.dst == R3 and i.src == R6 for i in insns[k - 2:k])]
+
+
 def _snapshot_loads(insns) -> list:
     return [i for i in insns if i.op & 0x07 == 0x01 and i.src == R7 and SKB_SNAP <= i.off < SKB_SNAP + SKB_SNAP_MAX]
 
@@ -49,7 +55,7 @@ def test_typed_programs_make_no_copy(opts):
     """A BTF-typed program loads the skb's members directly: no copy, nothing read from the copy's area."""
     b, insns = _builder("tp_btf/net_dev_queue", **opts)
     assert b.snap is None
-    assert not _snapshot_loads(insns)
+    assert not _snapshot_loads(insns) and not _reads_from_skb(insns)
 
 
 @pytest.mark.parametrize("opts", OPTIONS, ids=["plain", "filter", "sll2-pcapng-context", "ancillary-track"])
@@ -57,8 +63,7 @@ def test_untyped_programs_read_the_skb_once(opts):
     """An untyped program copies the skb's members it reads with one bpf_probe_read_kernel from the skb (the only
     one whose source is the skb itself), at its start, of a range no wider than the struct and the reserve."""
     b, insns = _builder("raw_tp/net_dev_queue", **opts)
-    reads = _calls(insns, Helper.probe_read_kernel)
-    from_skb = [k for k in reads if any(i.op == 0xBF and i.dst == R3 and i.src == R6 for i in insns[k - 2:k])]
+    from_skb = _reads_from_skb(insns)
     assert len(from_skb) == 1, f"{len(from_skb)} reads from the skb"
     first = from_skb[0]
     assert first < min(_calls(insns, Helper.map_lookup_elem)[1:] or [len(insns)]), "the copy is not at the start"
@@ -71,10 +76,18 @@ def test_untyped_programs_read_the_skb_once(opts):
 
 
 def test_the_copy_never_passes_its_reserve():
-    """A member past what the scratch value reserves is read on its own (the copy stays within SKB_SNAP_MAX)."""
+    """A member past what the scratch value reserves is read on its own (the copy stays within SKB_SNAP_MAX); a
+    program that reads no member makes no copy."""
     s = Snapshot()
     assert s.covers(DW, SKB_SNAP_MAX - 8) and not s.covers(DW, SKB_SNAP_MAX - 4) and not s.covers(B, SKB_SNAP_MAX)
     assert s.take(R7, R6) == []
+    b, _ = _builder("raw_tp/net_dev_queue")
+    b.items = []
+    b.read(DW, R8, R6, SKB_SNAP_MAX - 4)
+    assert _reads_from_skb(b.items) and not _snapshot_loads(b.items)
+    b.items = []
+    b.read(DW, R8, R6, SKB_SNAP_MAX - 8)
+    assert _snapshot_loads(b.items) and not _calls(b.items, Helper.probe_read_kernel)
 
 
 # ---- live: the same packets, the same records -----------------------------------------------------------------
