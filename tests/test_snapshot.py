@@ -66,13 +66,33 @@ def test_untyped_programs_read_the_skb_once(opts):
     from_skb = _reads_from_skb(insns)
     assert len(from_skb) == 1, f"{len(from_skb)} reads from the skb"
     first = from_skb[0]
-    assert first < min(_calls(insns, Helper.map_lookup_elem)[1:] or [len(insns)]), "the copy is not at the start"
+    loads = [k for k, i in enumerate(insns) if i in _snapshot_loads(insns)]
+    assert loads and first < loads[0], "a load from the copy before the copy"
     assert insns[first - 3].dst == R2 and insns[first - 3].imm == b.snap.hi - b.snap.lo
     assert 0 <= b.snap.lo < b.snap.hi <= SKB_SNAP_MAX
     assert all(SKB_SNAP + b.snap.lo <= i.off < SKB_SNAP + b.snap.hi for i in _snapshot_loads(insns))
     vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
     assert b.snap.hi <= vm.find("sk_buff", "struct").size
     assert cprog.scratch_size(b.point, b.options) >= SKB_SNAP + SKB_SNAP_MAX
+
+
+@pytest.mark.parametrize("preds, after", [((), True), (("pid",), True), (("mark",), False)])
+def test_the_copy_after_what_turns_away_without_it(preds, after):
+    """The copy is made after the predicates where none of them reads the skb (--pid turns a packet away at no
+    copy's cost), else before them; with --track (its lookup reads the skb) before the lookup."""
+    from fcap.kernel import predicates
+    made = {"pid": lambda: predicates.pid(1), "mark": lambda: predicates.mark(1)}
+    b, insns = _builder("raw_tp/net_dev_queue", predicates=[made[p]() for p in preds], filter=[(0x06, 0, 0, 0)])
+    copy = _reads_from_skb(insns)[0]
+    pid_call = _calls(insns, Helper.get_current_pid_tgid)
+    if "pid" in preds:
+        assert pid_call[0] < copy
+    counters = _calls(insns, Helper.map_lookup_elem)[1]   # (the hits counter, at the entry)
+    assert (copy > counters) == after
+    b, insns = _builder("raw_tp/net_dev_queue", ident="track", points=2, predicates=[predicates.pid(1)],
+                        filter=[(0x06, 0, 0, 0)])
+    assert _reads_from_skb(insns)[0] < _calls(insns, Helper.map_lookup_elem)[2] < _calls(
+        insns, Helper.get_current_pid_tgid)[0]
 
 
 def test_the_copy_never_passes_its_reserve():
@@ -218,3 +238,19 @@ def test_where_on_the_skb_keeps_the_same_packets(veth, text):
     for t in TRACEPOINTS:
         assert set(got.get((t, "raw_tp"), {})) == set(got.get((t, "tp_btf"), {})), f"{text} at {t}"
     assert any(got.values()), f"{text} kept nothing"
+
+
+def test_copy_after_the_predicates_records_the_same(veth):
+    """--pid (no skb read: the copy comes after it) with a filter: what this process sends is recorded at raw_tp
+    as at tp_btf, field for field."""
+    from fcap.kernel import predicates
+    v, peer = veth
+    points = [f"{kind}/net_dev_queue" for kind in ("tp_btf", "raw_tp")]
+    s = _session(v, points, linktype="LINUX_SLL2", filter="udp", predicates=[lambda p: predicates.pid(os.getpid())])
+    try:
+        payloads = _traffic(v, peer)
+        got = _records(s, payloads)
+    finally:
+        s.close()
+    typed, raw = got.get(("net_dev_queue", "tp_btf"), {}), got.get(("net_dev_queue", "raw_tp"), {})
+    assert len(typed) == len(payloads) and raw == typed

@@ -97,6 +97,8 @@ class Builder:
         self.prologue()
         for stage in (ENTRY, SELECT, SELECTED):
             self.stage(stage)
+            if stage == SELECT and self.snap is not None:   # (the copy goes here when nothing before reads it)
+                self.snap.mark(self.items)
         self.metadata()
         self.headers()
         self.stage(HEADERS)
@@ -109,7 +111,7 @@ class Builder:
         self.stage(END)
         self.emit(label("out"), movi(R0, 0), exit_())
         if self.snap is not None:
-            self.items[self._snap_at:self._snap_at + 1] = self.snap.take(R7, R6)
+            self.snap.place(self.items, R7, R6)
         return self.items
 
     def stage(self, stage: str) -> None:
@@ -142,8 +144,7 @@ class Builder:
         if self.clock_first:
             self.clock()
         if self.snap is not None:   # (its range is known once the program is made: build() puts it in)
-            self._snap_at = len(self.items)
-            self.items.append(None)
+            self.snap.mark(self.items)
 
     def clock(self) -> None:
         """META's ts. First thing when every packet is recorded (clock_first), else after what may turn a packet
