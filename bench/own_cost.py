@@ -2,7 +2,7 @@
 one or more trees, against an empty program and one that only reads the clock, in interleaved rounds.
 
     python -m bench.own_cost [--rounds 5] [-n 200000] [--tree NAME=PATH ...] [--ablate const|keep] [--sender]
-                             [--format pcap|pcapng]
+                             [--format pcap|pcapng] [--point POINT ...] [--filter TEXT]
 
 Each fcap case runs the command as users do (`fcap -i tp_btf/net_dev_queue -s 128 -w FILE` on CPU 1, SCHED_FIFO)
 while bench/sender.c sends N 64-byte datagrams from CPU 0; the run time per hit comes from the kernel's run-time
@@ -10,7 +10,9 @@ stats. The floors are loaded here: an empty program (stats timing, trampoline) a
 bpf_ktime_get_ns. "Own" is a case's median less the clock-only program's: what capturing costs beyond reading the
 clock. --ablate adds each tree's programs with bpf_ktime_get_ns replaced by the constant 1 (the clock's cost in
 the program: the case less its ablation). --sender measures the sender's rate instead (stats off), as a ratio to
-the round's bare run. A run in which fcap dropped a record is left out (a drop costs less than a record). The
+the round's bare run. --point measures fcap at other points than tp_btf/net_dev_queue (raw_tp/net_dev_queue: an
+untyped program; the floors stay at tp_btf/net_dev_queue), --filter with a filter (`host 192.0.2.1`: every hit a
+reject). A run in which fcap dropped a record is left out (a drop costs less than a record). The
 order of the cases rotates from round to round; medians over rounds. Prints markdown. Needs root."""
 
 from __future__ import annotations
@@ -93,8 +95,10 @@ class Floor:
 ABLATIONS = {"const": ", clock a constant", "keep": ", clock read, its value a constant"}
 
 
-def fcap_tool(name: str, tree: str, fmt: str, ablate: str = "") -> Tool:
-    args = ["-i", POINT, "-s", str(SNAPLEN), "-w", "FILE"]
+def fcap_tool(name: str, tree: str, fmt: str, ablate: str = "", point: str = POINT, filt: str | None = None) -> Tool:
+    args = ["-i", point, "-s", str(SNAPLEN), "-w", "FILE"] + ([filt] if filt else [])
+    if point != POINT:
+        name = f"{name} {point}"
     if ablate:
         argv = [sys.executable, "-c", ABLATE, tree, ablate] + args
     else:
@@ -102,13 +106,15 @@ def fcap_tool(name: str, tree: str, fmt: str, ablate: str = "") -> Tool:
     return Tool(f"{name} {fmt}" + ABLATIONS.get(ablate, ""), argv, "." + fmt)
 
 
-def cases(trees: list[tuple[str, str]], ablate: list, sender_mode: bool, formats=("pcap", "pcapng")) -> list:
+def cases(trees: list[tuple[str, str]], ablate: list, sender_mode: bool, formats=("pcap", "pcapng"),
+          points=(POINT,), filt: str | None = None) -> list:
     out: list = [None] if sender_mode else []          # None: the bare sender
     out += [Floor(False), Floor(True)]
-    for name, tree in trees:
-        for fmt in formats:
-            out.append(fcap_tool(name, tree, fmt))
-            out += [fcap_tool(name, tree, fmt, k) for k in ablate]
+    for point in points:
+        for name, tree in trees:
+            for fmt in formats:
+                out.append(fcap_tool(name, tree, fmt, "", point, filt))
+                out += [fcap_tool(name, tree, fmt, k, point, filt) for k in ablate]
     return out
 
 
@@ -121,10 +127,10 @@ def one(sender: Sender, case, count: int, stats: bool) -> Result:
 
 
 def measure(trees, rounds: int, count: int, ablate: list, sender_mode: bool, log,
-            formats=("pcap", "pcapng")) -> tuple[list, dict, dict, list]:
+            formats=("pcap", "pcapng"), points=(POINT,), filt: str | None = None) -> tuple[list, dict, dict, list]:
     """Per case name: the per-hit times (or the sender's ratios to its round's bare run), the sender's rates; the
     load average at each round's start."""
-    todo = cases(trees, ablate, sender_mode, formats)
+    todo = cases(trees, ablate, sender_mode, formats, points, filt)
     names = ["bare sender" if c is None else c.name for c in todo]
     got: dict[str, list[float]] = {n: [] for n in names}
     rates: dict[str, list[float]] = {n: [] for n in names}   # sender mode: each run's pps
@@ -161,11 +167,11 @@ def upper_quartile(v: list[float]) -> float:
     return statistics.quantiles(v, n=4)[2] if len(v) > 1 else v[0]
 
 
-def table(names, got, rates, loads, sender_mode: bool, count: int) -> str:
+def table(names, got, rates, loads, sender_mode: bool, count: int, filt: str | None = None) -> str:
     med = {n: statistics.median(v) for n, v in got.items() if v}
     lo = f"load {min(loads):.1f}–{max(loads):.1f}" if loads else ""
-    head = (f"{len(loads)} interleaved rounds, {count:,} × {PAYLOAD}-byte datagrams per run at `{POINT}`, "
-            f"-s {SNAPLEN}, {lo}, kernel {os.uname().release}:\n\n")
+    head = (f"{len(loads)} interleaved rounds, {count:,} × {PAYLOAD}-byte datagrams per run at `{POINT}` (unless "
+            f"named), -s {SNAPLEN}{f', filter {filt!r}' if filt else ''}, {lo}, kernel {os.uname().release}:\n\n")
     if sender_mode:
         # a run slowed by other work on the machine only ever lowers a rate: the upper quartiles' ratio is the
         # steadier figure
@@ -204,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sender", action="store_true", help="the sender's rate against bare instead of BPF time")
     ap.add_argument("--format", action="append", choices=("pcap", "pcapng"),
                     help="only this file format (repeatable; default both)")
+    ap.add_argument("--point", action="append", help=f"fcap at this point (repeatable; default {POINT})")
+    ap.add_argument("--filter", help="fcap with this filter (e.g. 'host 192.0.2.1': every hit a reject)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.own_cost: needs root", file=sys.stderr)
@@ -211,11 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     trees = [tuple(t.split("=", 1)) for t in a.tree] if a.tree else [("fcap", ROOT)]
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        names, got, rates, loads = measure(trees, a.rounds, a.n, a.ablate, a.sender, log, a.format or ("pcap", "pcapng"))
+        names, got, rates, loads = measure(trees, a.rounds, a.n, a.ablate, a.sender, log,
+                                           a.format or ("pcap", "pcapng"), a.point or (POINT,), a.filter)
     except BenchError as e:
         print(f"bench.own_cost: {e}", file=sys.stderr)
         return 1
-    print(table(names, got, rates, loads, a.sender, a.n))
+    print(table(names, got, rates, loads, a.sender, a.n, a.filter))
     return 0
 
 

@@ -62,9 +62,10 @@ def _read(typed: bool, size: int, dst: int, base: int, off: int, skb_slot: int, 
             st(DW, FP, tmp_slot, 0), call(Helper.probe_read_kernel), ldx(size, dst, FP, tmp_slot)]
 
 
-def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int) -> list:
+def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int, snap=None) -> list:
     """Code loading ancillary field `field` into dst (a u32) for a filter at `point`; the skb pointer is in the
-    stack at skb_slot. May clobber R0-R5. Raises CBPFError where the field means nothing at this point."""
+    stack at skb_slot; `snap`, an untyped program's copy of the skb's members (fcap.kernel.snapshot), META's address
+    at STACK.scratch. May clobber R0-R5. Raises CBPFError where the field means nothing at this point."""
     name = ANCILLARY[field]
     if field in REFUSED:
         raise CBPFError(f"Linux ancillary field {name}: {REFUSED[field]}")
@@ -72,26 +73,27 @@ def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int)
     if without_skb is not None:
         return without_skb
     off = offsets(point.btf if point.btf.base is None else point.btf.base)
-    items = [ldx(DW, R1, FP, skb_slot)]
 
-    def read(size: int, off_: int) -> list:
-        return _read(point.typed, size, dst, R1, off_, skb_slot, tmp_slot)
+    def read(size: int, off_: int, to: int = dst) -> list:   # the skb's member at off_
+        if snap is not None and snap.covers(size, off_):
+            return [ldx(DW, R1, FP, STACK.scratch), snap.load(size, to, R1, off_)]
+        return [ldx(DW, R1, FP, skb_slot)] + _read(point.typed, size, to, R1, off_, skb_slot, tmp_slot)
     if field in SKB:
         member, size, swap = SKB[field]
-        return items + read(size, off.skb[member]) + ([be(dst, 16)] if swap else [])
+        return read(size, off.skb[member]) + ([be(dst, 16)] if swap else [])
     if field in DEV:
         member, size = DEV[field]
-        return items + _read(point.typed, DW, R1, R1, off.skb["dev"], skb_slot, tmp_slot) + [
-            jmp(JEQ, R1, 0, reject)] + read(size, off.dev[member])
+        return read(DW, off.skb["dev"], R1) + [jmp(JEQ, R1, 0, reject)] + _read(
+            point.typed, size, dst, R1, off.dev[member], skb_slot, tmp_slot)
     if field == DIRECTION:
         byte, shift, mask = off.pkt_type
-        return items + read(B, byte) + ([rshi(dst, shift)] if shift else []) + [andi(dst, mask)]
+        return read(B, byte) + ([rshi(dst, shift)] if shift else []) + [andi(dst, mask)]
     if field == 48:
         if off.vlan_all is not None:
-            return items + read(W, off.vlan_all) + [alu64(NEG, dst, 0), rshi(dst, 63)]   # != 0, branch-free
+            return read(W, off.vlan_all) + [alu64(NEG, dst, 0), rshi(dst, 63)]   # != 0, branch-free
         if off.vlan_present is not None:
             byte, bit = off.vlan_present
-            return items + read(B, byte) + ([rshi(dst, bit)] if bit else []) + [andi(dst, 1)]
+            return read(B, byte) + ([rshi(dst, bit)] if bit else []) + [andi(dst, 1)]
         raise CBPFError(f"Linux ancillary field {name}: this kernel's sk_buff has neither vlan_all nor vlan_present")
     raise CBPFError(f"Linux ancillary field {name}: not served")   # pragma: no cover - ANCILLARY is covered
 

@@ -93,7 +93,10 @@ def cgroup_pointer(b, have: str, root: str, none: str) -> None:
                label(task), call(Helper.get_current_task_btf), ldx(DW, R9, R0, o.cgroups), jmp(JEQ, R9, 0, none),
                ldx(DW, R9, R9, o.dfl), jmp(JEQ, R9, 0, none), ja(have))
         return
-    _probe(b, DW, R9, R6, o.sk)
+    if b.snap is not None:   # (an untyped program's copy of the skb's members)
+        b.read(DW, R9, R6, o.sk)
+    else:
+        _probe(b, DW, R9, R6, o.sk)
     b.emit(jmp(JEQ, R9, 0, task))
     _probe(b, B, R0, R9, o.state)
     b.emit(jmp(JEQ, R0, TCP_TIME_WAIT, task), jmp(JEQ, R0, TCP_NEW_SYN_RECV, task))

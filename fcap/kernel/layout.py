@@ -141,6 +141,10 @@ SYNTH_MAX = 20           # a made-up link header: LINUX_SLL2 (20) or Ethernet (1
 HDR_MAX = SYNTH_MAX + PREFIX_MAX
 FILTER_CAP = 512         # packet bytes copied for the filter to read (loads past it take the slow path)
 LINEAR_CAP = 4096        # packet bytes untyped points (raw_tp, kprobe) copy: linear data only
+# untyped points' copy of the sk_buff (fcap.kernel.snapshot), after the packet bytes: the struct's bytes at their own
+# offsets from SKB_SNAP (only the range the program reads is copied); members past SKB_SNAP_MAX are read one by one
+SKB_SNAP = PKT + HDR_MAX + LINEAR_CAP + 8 + 7 & ~7
+SKB_SNAP_MAX = 256
 PERF_RAW_MAX = 65535 - 8 - 4 - 8   # a perf sample is at most 64 KiB, header and padding included
 COPY_MAX = PERF_RAW_MAX - META_SIZE - HDR_MAX
 CAPLEN_MAX = HDR_MAX + COPY_MAX

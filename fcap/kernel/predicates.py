@@ -206,6 +206,12 @@ class Field(NamedTuple):
             b.read(DW, R9, R9, off)
         b.emit(jmp(JEQ, R9, 0, "out"))
 
+    def leaf_base(self, b) -> int:
+        """The register the leaf is read from: R6 where it is a member of the point's skb and the program reads
+        those from its copy (fcap.kernel.snapshot), else R9 (base())."""
+        in_skb = not self.chain and self.arg_index == self.point.skb_index
+        return R6 if in_skb and b.snap is not None else R9
+
 
 def _string_predicate(f: Field, op: str, text: str, leaf: Array) -> Predicate:
     elem = leaf.elem.strip()
@@ -258,12 +264,12 @@ def _number_predicate(f: Field, op: str, text: str, leaf: Type, big_endian: bool
                 items.append(arshi(R8, 64 - 8 * size) if signed else rshi(R8, 64 - 8 * size))
         elif f.bits is not None:
             bit_off, nbits = f.bits
-            b.read(DW, R8, R9, bit_off // 8)
+            b.read(DW, R8, f.leaf_base(b), bit_off // 8)
             items += [rshi(R8, bit_off % 8)]
             if nbits < 64:
                 items += [ld_imm64(R1, (1 << nbits) - 1), alu64(AND, R8, R1, reg=True)]
         else:
-            b.read(BYTES_SIZE[size], R8, R9, f.off)
+            b.read(BYTES_SIZE[size], R8, f.leaf_base(b), f.off)
             if signed and size < 8:
                 items += [lshi(R8, 64 - 8 * size), arshi(R8, 64 - 8 * size)]
         if big_endian and size > 1 and f.bits is None:

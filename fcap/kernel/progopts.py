@@ -7,7 +7,8 @@ from typing import NamedTuple
 from bpf.btf import BTF
 
 from fcap.errors import ProgramError
-from fcap.kernel.layout import CAREA, FILTER_CAP, HDR_MAX, LINEAR_CAP, PKT, RECORD_PCAP, RECORD_PCAPNG
+from fcap.kernel.layout import (CAREA, FILTER_CAP, HDR_MAX, LINEAR_CAP, PKT, RECORD_PCAP, RECORD_PCAPNG, SKB_SNAP,
+                                SKB_SNAP_MAX)
 from fcap.points.spec import Point
 
 
@@ -53,7 +54,9 @@ class ProgramOptions(NamedTuple):
 
 def scratch_size(point: Point, opts: ProgramOptions) -> int:
     """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
-    if not point.typed or point.kind.context != "sk_buff":   # (the program copies the bytes itself)
+    if not point.typed:   # (the program copies the bytes itself, and reads the sk_buff from its copy of it)
+        size = SKB_SNAP + SKB_SNAP_MAX
+    elif point.kind.context != "sk_buff":
         size = PKT + HDR_MAX + LINEAR_CAP + 8
     elif opts.filter is not None:
         size = PKT + HDR_MAX + FILTER_CAP + 8

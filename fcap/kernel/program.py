@@ -20,6 +20,7 @@ from fcap.kernel.layout import (COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC
                                 META_SIZE, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAPNG, RING_COPY_MAX, START_DATA,
                                 START_MAC, START_NETWORK, START_SLL2, STACK)
 from fcap.kernel.progopts import KernelOffsets, Maps, ProgramOptions, dump_area, scratch_size
+from fcap.kernel.snapshot import Snapshot
 from fcap.points.spec import Point
 
 __all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "ProgramOptions",
@@ -35,6 +36,7 @@ class Builder:
         self.options = opts                      # what the capture asks of it (ProgramOptions)
         self.maps = maps                         # the fds of the maps it uses (Maps)
         self.offsets = KernelOffsets(point.btf)  # where the kernel structures it reads hold their members
+        self.snap = None if point.typed else Snapshot()   # untyped: the skb's members from one copy of them
         self.items: list = []
         self._labels = 0
 
@@ -64,9 +66,13 @@ class Builder:
 
     # -- reading kernel memory: direct loads where the verifier knows the types, probe_read elsewhere
     def read(self, size: int, dst: int, base: int, off: int) -> None:
-        """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped."""
+        """dst = *(size *)(base + off); dst must not be R1-R5 when the point is untyped (except for the skb's
+        members, R6 + off: from the program's copy of them, fcap.kernel.snapshot)."""
         if self.point.typed:
             self.emit(ldx(size, dst, base, off))
+            return
+        if base == R6 and self.snap.covers(size, off):
+            self.emit(self.snap.load(size, dst, R7, off))
             return
         nbytes = asm.SIZE_BYTES[size]
         self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
@@ -91,6 +97,8 @@ class Builder:
         self.prologue()
         for stage in (ENTRY, SELECT, SELECTED):
             self.stage(stage)
+            if stage == SELECT and self.snap is not None:   # (the copy goes here when nothing before reads it)
+                self.snap.mark(self.items)
         self.metadata()
         self.headers()
         self.stage(HEADERS)
@@ -102,6 +110,8 @@ class Builder:
         self.stage(WRITE)
         self.stage(END)
         self.emit(label("out"), movi(R0, 0), exit_())
+        if self.snap is not None:
+            self.snap.place(self.items, R7, R6)
         return self.items
 
     def stage(self, stage: str) -> None:
@@ -135,6 +145,8 @@ class Builder:
             self.emit(addi(R7, dump_area(o)))
         if self.clock_first:
             self.clock()
+        if self.snap is not None:   # (its range is known once the program is made: build() puts it in)
+            self.snap.mark(self.items)
 
     def clock(self) -> None:
         """META's ts. First thing when every packet is recorded (clock_first), else after what may turn a packet
@@ -388,7 +400,7 @@ class Builder:
 
     def _ancillary(self, field: int, dst: int, reject: str) -> list:
         """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
-        return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp)
+        return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
 
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
