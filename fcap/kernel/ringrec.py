@@ -5,20 +5,20 @@ that user space only writes the bytes out. The ring's layout is fcap.kernel.layo
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
-                     R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
+from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, OR, R0, R1, R2, R3, R4, R5,
+                     R6, R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
                      lshi, rshi, st, stx)
 from bpf import features
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.kernel import epbopts
 
-from fcap.kernel import kcomment
+from fcap.kernel import kcomment, track
 from fcap.kernel.feature import WRITE, Feature, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
-                     HEAD_POS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
-                     PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
-                     RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
+                     HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
+                     PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
+                     RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
 
@@ -120,6 +120,8 @@ def _pcapng(b) -> None:
            META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
            label("r_noq"), stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, SPILL)
+    if track.in_ring(b.point, b.options, b.maps):
+        _take_id(b)
     # the block's header in place (R1 + RING_CTRL), laid out as META's
     b.emit(META.store_imm(R1, "btype", PCAPNG_EPB, EPB_AT), ldx(DW, R0, FP, STACK.ring_len),
            META.store(R1, "total", R0, EPB_AT), b.store_point_id(R1, "iface", R3, EPB_AT),
@@ -166,6 +168,14 @@ def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
     b.emit(mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, k + 4, 0),             # the text's padding
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True),
            st(W, R1, k + 4, 0), ldx(DW, R0, FP, STACK.ring_len), stx(W, R1, k + 8, R0))  # end, trailer
+
+
+def _take_id(b) -> None:
+    """META's id: (the ring's next_id + 1) << ID_CPU_BITS | the CPU, taken while this program holds the ring
+    (fcap.kernel.track.in_ring). Keeps R1."""
+    b.emit(RING.load(R3, R9, "next_id"), addi(R3, 1), RING.store(R9, "next_id", R3), lshi(R3, ID_CPU_BITS),
+           ldx(W, R0, FP, STACK.ring_key), andi(R0, (1 << ID_CPU_BITS) - 1), alu64(OR, R3, R0, reg=True),
+           META.store(R7, "id", R3))
 
 
 def _orig_len(b) -> None:
