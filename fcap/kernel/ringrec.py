@@ -289,7 +289,7 @@ def _publish(b) -> None:
            # a record older than the one before (this program interrupted another point's before it took the
            # ring) is counted: user space then merges this CPU's records one by one
            META.load(R0, R7, "ts"), RING.load(R4, R9, "last"), RING.store(R9, "last", R0),
-           asm.jmp(JGE, R0, R4, "r_in_order"), RING.load(R4, R9, "disorder"), addi(R4, 1),
+           asm.jmp(JGE, R0, R4, "r_in_order", reg=True), RING.load(R4, R9, "disorder"), addi(R4, 1),
            RING.store(R9, "disorder", R4), label("r_in_order"),
            # the index entry (head's count & (entries - 1)): the timestamp and where the record ends
            RING.load(R2, R9, "head"), mov(R3, R2), rshi(R3, HEAD_BITS), andi(R3, index_entries(ring) - 1),
