@@ -111,14 +111,17 @@ def _pcapng(b) -> None:
     text = kcomment.text_offset(b.maps.scratch_size)
     flags = EPB_DIRECTION.get(b.point.direction)
     verdict = epbopts.verdict(b.point)
-    opts = (8 if flags else 0) + 12 + (VERDICT_OPT if verdict else 0) + 4
+    queue = epbopts.queue_always(b.point, b.options, b.maps)   # (else where FLAG_QUEUE says)
+    opts = (8 if flags else 0) + 12 + (QUEUE_OPT if queue else 0) + (VERDICT_OPT if verdict else 0) + 4
     kcomment.emit(b, text)
     # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) + comment header + text padded to
     # 4 + end + trailer
     b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4),
-           ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True),
-           META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
-           label("r_noq"), stx(DW, FP, STACK.ring_len, R4))
+           ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+    if not queue:
+        b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
+               label("r_noq"))
+    b.emit(stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, SPILL)
     if track.in_ring(b.point, b.options, b.maps):
         _take_id(b)
@@ -132,13 +135,13 @@ def _pcapng(b) -> None:
     _orig_len(b)
     b.emit(META.store(R1, "orig", R5, EPB_AT))
     _bytes(b, EPB_HDR)
-    _options(b, flags, verdict, text)
+    _options(b, flags, queue, verdict, text)
     _publish(b)
 
 
-def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
-    """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (when
-    FLAG_QUEUE), verdict, comment; end of options and trailer."""
+def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int) -> None:
+    """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (`queue`:
+    always, else when FLAG_QUEUE), verdict, comment; end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
     b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, "r_unlock"),
@@ -152,9 +155,13 @@ def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
         k += 8
     b.emit(st(W, R1, k, _opt(PCAPNG_PACKETID, 8)), META.load(R0, R7, "id"), stx(DW, R1, k + 4, R0))
     k += 12
-    b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"),
-           META.load(R0, R7, "queue"), lshi(R0, 32), alu64(OR, R0, _opt(PCAPNG_QUEUE, 4)), stx(DW, R1, k, R0),
-           addi(R1, QUEUE_OPT), label("r_opt_noq"))
+    value = [META.load(R0, R7, "queue"), lshi(R0, 32), alu64(OR, R0, _opt(PCAPNG_QUEUE, 4)), stx(DW, R1, k, R0)]
+    if queue:
+        b.emit(value)
+        k += QUEUE_OPT
+    else:
+        b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"), value,
+               addi(R1, QUEUE_OPT), label("r_opt_noq"))
     if verdict:   # a constant: its value and padding as 32-bit stores
         value = verdict_value(*verdict)
         padded = value + bytes(VERDICT_OPT - 4 - len(value))
