@@ -166,3 +166,38 @@ def test_ring_wraps_and_counts_exactly(tmp_path, fmt, snap):
         return
     seqs = [struct.unpack("!I", r.data[50:54])[0] for r in records if r.data[42:50] == tag]
     assert len(seqs) == len(set(seqs)) and len(seqs) > 1000
+
+
+@pytest.mark.parametrize("fmt", ["pcapng", "pcap"])
+def test_ring_counts_a_record_older_than_the_one_before(fmt):
+    """A record older than the one published before it on its CPU (the program interrupted another point's before
+    that one took the ring) is counted in the ring's disorder word, which makes RingDrain merge that CPU's records
+    one by one. A `last` set in the future stands in for the other point's record: each CPU's first record is
+    counted, the rest (in order) are not."""
+    _ring_available()
+    from fcap.kernel.layout import HEAD_BITS, RING
+    from fcap.live.session import Config, Session
+    with UDPSink() as sink:
+        s = Session(Config(points=[POINT], filter=f"udp and dst port {sink.port}", record=fmt, file_ring=True,
+                           meta=fmt == "pcapng"))
+        try:
+            s.resolve()
+            s.open()
+            assert s.ring is not None
+            mm = s.ring.mmap()
+            words = memoryview(mm).cast("Q")
+            bases = [i * s.ring.stride // 8 for i in range(s.ring.max_entries)]
+            for b in bases:
+                words[b + RING.off("last") // 8] = 1 << 62
+            s.attach()
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                for i in range(5):
+                    sock.sendto(b"fcap-disorder%d" % i, ("127.0.0.1", sink.port))
+            records = {b: words[b + RING.off("head") // 8] >> HEAD_BITS for b in bases}
+            disorder = {b: words[b + RING.off("disorder") // 8] for b in bases}
+            del words
+            mm.close()
+        finally:
+            s.close()
+    assert sum(records.values()) == 5
+    assert disorder == {b: int(n > 0) for b, n in records.items()}

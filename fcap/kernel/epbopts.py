@@ -65,6 +65,12 @@ QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and (point
                 reads="fcap.kernel.epbopts.EpbOptions")
 
 
+def queue_always(point: Point, options, maps) -> bool:
+    """Whether every record of the program has a queue (QUEUE on, FLAG_QUEUE set without a condition): a transmit
+    point's, not a multi-attach program's."""
+    return QUEUE.on(point, options, maps) and not point.kind.multi and queue_source(point) == "tx"
+
+
 class EpbOptions:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also

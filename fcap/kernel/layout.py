@@ -250,7 +250,7 @@ RING = Layout("RingControl", (
     ("sec", "Q"),            # ... and in seconds (ts_sec without a division while the second lasts)
     ("last", "Q"),           # the timestamp of the last record published ...
     ("disorder", "Q"),       # ... and how many were older than the one before (fcap.live.order merges those by record)
-    ("", "8x"),
+    ("next_id", "Q"),        # the program's: the packet ids it takes while holding the ring (fcap.kernel.track.in_ring)
     ("tail", "Q"),           # user space's: on its own cache line
     ("taken", "Q"),          # user space's: records taken so far (count bits as head's): frees the index's entries
     ("", "48x"),

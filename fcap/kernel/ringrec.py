@@ -5,20 +5,20 @@ that user space only writes the bytes out. The ring's layout is fcap.kernel.layo
 from __future__ import annotations
 
 from bpf import asm
-from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, R0, R1, R2, R3, R4, R5, R6,
-                     R7, R8, R9, SUB, H, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
+from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, OR, R0, R1, R2, R3, R4, R5,
+                     R6, R7, R8, R9, SUB, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
                      lshi, rshi, st, stx)
 from bpf import features
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.kernel import epbopts
 
-from fcap.kernel import kcomment
+from fcap.kernel import kcomment, track
 from fcap.kernel.feature import WRITE, Feature, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
-                     HEAD_POS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS, PCAPNG_OPTIONS,
-                     PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING, RING_CAPLEN_MAX,
-                     RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
+                     HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
+                     PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
+                     RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
 
@@ -111,31 +111,37 @@ def _pcapng(b) -> None:
     text = kcomment.text_offset(b.maps.scratch_size)
     flags = EPB_DIRECTION.get(b.point.direction)
     verdict = epbopts.verdict(b.point)
-    opts = (8 if flags else 0) + 12 + (VERDICT_OPT if verdict else 0) + 4
+    queue = epbopts.queue_always(b.point, b.options, b.maps)   # (else where FLAG_QUEUE says)
+    opts = (8 if flags else 0) + 12 + (QUEUE_OPT if queue else 0) + (VERDICT_OPT if verdict else 0) + 4
     kcomment.emit(b, text)
     # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) + comment header + text padded to
     # 4 + end + trailer
     b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4),
-           ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True),
-           META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
-           label("r_noq"), stx(DW, FP, STACK.ring_len, R4))
+           ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+    if not queue:
+        b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
+               label("r_noq"))
+    b.emit(stx(DW, FP, STACK.ring_len, R4))
     _reserve(b, SPILL)
-    # the block's header in place (R1 + RING_CTRL), laid out as META's
-    b.emit(META.store_imm(R1, "btype", PCAPNG_EPB, EPB_AT), ldx(DW, R0, FP, STACK.ring_len),
-           META.store(R1, "total", R0, EPB_AT), b.store_point_id(R1, "iface", R3, EPB_AT),
-           META.load(R0, R7, "ts"), ld_imm64(R3, b.options.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
-           META.store(R1, "ts2", R0, EPB_AT), rshi(R0, 32), META.store(R1, "ts1", R0, EPB_AT),
-           META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, EPB_AT))
+    if track.in_ring(b.point, b.options, b.maps):
+        _take_id(b)
+    # the block's header in place (R1 + RING_CTRL), laid out as META's: two fields a store (fewer stores to fresh
+    # lines of the ring)
+    b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), alu64(OR, R0, PCAPNG_EPB), _pair("btype", "total", R0),
+           b.point_id(R3), META.load(R0, R7, "ts"), ld_imm64(R5, b.options.clock_offset_ns),
+           alu64(ADD, R0, R5, reg=True), mov(R5, R0), rshi(R5, 32), lshi(R5, 32), alu64(OR, R5, R3, reg=True),
+           _pair("iface", "ts1", R5), asm.mov32(R0, R0), META.load(R3, R7, "caplen"), lshi(R3, 32),
+           alu64(OR, R0, R3, reg=True), _pair("ts2", "caplen", R0))
     _orig_len(b)
     b.emit(META.store(R1, "orig", R5, EPB_AT))
     _bytes(b, EPB_HDR)
-    _options(b, flags, verdict, text)
+    _options(b, flags, queue, verdict, text)
     _publish(b)
 
 
-def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
-    """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (when
-    FLAG_QUEUE), verdict, comment; end of options and trailer."""
+def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int) -> None:
+    """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (`queue`:
+    always, else when FLAG_QUEUE), verdict, comment; end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
     b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, "r_unlock"),
@@ -143,29 +149,54 @@ def _options(b, flags: int | None, verdict: tuple | None, text: int) -> None:
            mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, c + EPB_HDR, 0),    # the padding's zeros
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True))
     k = c + EPB_HDR
+    # each option's code and length in one 32-bit store, with a value of 4 bytes in one 64-bit store
     if flags:
-        b.emit(st(H, R1, k, PCAPNG_FLAGS), st(H, R1, k + 2, 4), st(W, R1, k + 4, flags))
+        b.emit(ld_imm64(R0, flags << 32 | _opt(PCAPNG_FLAGS, 4)), stx(DW, R1, k, R0))
         k += 8
-    b.emit(st(H, R1, k, PCAPNG_PACKETID), st(H, R1, k + 2, 8), META.load(R0, R7, "id"), stx(DW, R1, k + 4, R0))
+    b.emit(st(W, R1, k, _opt(PCAPNG_PACKETID, 8)), META.load(R0, R7, "id"), stx(DW, R1, k + 4, R0))
     k += 12
-    b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"),
-           st(H, R1, k, PCAPNG_QUEUE), st(H, R1, k + 2, 4), META.load(R0, R7, "queue"), stx(W, R1, k + 4, R0),
-           addi(R1, QUEUE_OPT), label("r_opt_noq"))
+    value = [META.load(R0, R7, "queue"), lshi(R0, 32), alu64(OR, R0, _opt(PCAPNG_QUEUE, 4)), stx(DW, R1, k, R0)]
+    if queue:
+        b.emit(value)
+        k += QUEUE_OPT
+    else:
+        b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"), value,
+               addi(R1, QUEUE_OPT), label("r_opt_noq"))
     if verdict:   # a constant: its value and padding as 32-bit stores
         value = verdict_value(*verdict)
         padded = value + bytes(VERDICT_OPT - 4 - len(value))
-        b.emit(st(H, R1, k, PCAPNG_VERDICT), st(H, R1, k + 2, len(value)))
+        b.emit(st(W, R1, k, _opt(PCAPNG_VERDICT, len(value))))
         for j in range(0, len(padded), 4):
             word = int.from_bytes(padded[j:j + 4], "little")
             b.emit(st(W, R1, k + 4 + j, word - (1 << 32) if word >> 31 else word))
         k += VERDICT_OPT
-    b.emit(st(H, R1, k, PCAPNG_COMMENT), ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, "r_unlock"),
-           stx(H, R1, k + 2, R2))
+    b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, "r_unlock"),
+           mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
     for j in range(0, TEXT_MAX, 8):
         b.emit(ldx(DW, R0, R7, text + j), stx(DW, R1, k + 4 + j, R0))
     b.emit(mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, k + 4, 0),             # the text's padding
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True),
-           st(W, R1, k + 4, 0), ldx(DW, R0, FP, STACK.ring_len), stx(W, R1, k + 8, R0))  # end, trailer
+           ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k + 4, R0))     # end of options, trailer
+
+
+def _opt(code: int, length: int) -> int:
+    """An option's code and length as the 32-bit word they make (little-endian)."""
+    return length << 16 | code
+
+
+def _pair(first: str, second: str, src: int) -> asm.Insn:
+    """META's adjacent 4-byte fields `first` and `second` of the record header at R1 + RING_CTRL in one store of
+    src (second << 32 | first)."""
+    assert META.width(first) == META.width(second) == 4 and META.end(first) == META.off(second)
+    return stx(DW, R1, EPB_AT + META.off(first), src)
+
+
+def _take_id(b) -> None:
+    """META's id: (the ring's next_id + 1) << ID_CPU_BITS | the CPU, taken while this program holds the ring
+    (fcap.kernel.track.in_ring). Keeps R1."""
+    b.emit(RING.load(R3, R9, "next_id"), addi(R3, 1), RING.store(R9, "next_id", R3), lshi(R3, ID_CPU_BITS),
+           ldx(W, R0, FP, STACK.ring_key), andi(R0, (1 << ID_CPU_BITS) - 1), alu64(OR, R3, R0, reg=True),
+           META.store(R7, "id", R3))
 
 
 def _orig_len(b) -> None:
@@ -265,7 +296,7 @@ def _publish(b) -> None:
            # a record older than the one before (this program interrupted another point's before it took the
            # ring) is counted: user space then merges this CPU's records one by one
            META.load(R0, R7, "ts"), RING.load(R4, R9, "last"), RING.store(R9, "last", R0),
-           asm.jmp(JGE, R0, R4, "r_in_order"), RING.load(R4, R9, "disorder"), addi(R4, 1),
+           asm.jmp(JGE, R0, R4, "r_in_order", reg=True), RING.load(R4, R9, "disorder"), addi(R4, 1),
            RING.store(R9, "disorder", R4), label("r_in_order"),
            # the index entry (head's count & (entries - 1)): the timestamp and where the record ends
            RING.load(R2, R9, "head"), mov(R3, R2), rshi(R3, HEAD_BITS), andi(R3, index_entries(ring) - 1),

@@ -2,7 +2,8 @@
 
 A packet id (pcapng epb_packetid, META's id) names one packet: two packets of a capture never share it, and a
 packet keeps it from point to point and across its clones, as far as the kernel lets fcap tell. Ids are made
-without contention: this CPU's counter (TRACK_COUNTERS' next, an atomic add) << ID_CPU_BITS | the CPU. How a
+without contention: this CPU's counter (TRACK_COUNTERS' next, an atomic add; one point's records in a file ring: the
+ring's, in_ring) << ID_CPU_BITS | the CPU. How a
 record gets its id depends on the capture (mode()):
 - IDENT_EACH (one point): every record a new id (a point sees a packet once).
 - IDENT_MAP (several points, no --track): the identity map says which packet an skb is; an skb it does not know
@@ -35,7 +36,7 @@ from bpf.uapi import Helper
 from fcap.errors import ProgramError
 from fcap.kernel import pointinfo
 from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse, has_skb
-from fcap.kernel.layout import ID_CPU_BITS, META, STACK, TRACK, TRACK_COUNTERS
+from fcap.kernel.layout import ID_CPU_BITS, META, RECORD_PCAPNG, STACK, TRACK, TRACK_COUNTERS
 from fcap.points import kinds
 from fcap.points.spec import Point, tracepoint
 
@@ -272,10 +273,21 @@ def emit_skip_filter(b) -> None:
         b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, "trk_filtered"))
 
 
+def in_ring(point: Point, options, maps) -> bool:
+    """Whether one point's records (IDENT_EACH) take their ids in the file ring they go to (BTF-typed points with the
+    session's rings: fcap.kernel.ringrec.writes_ring), while the program holds it: from the ring's own counter
+    (RING's next_id) by a plain add, as a program nested on this CPU finds the ring held and takes none. No map
+    lookup, and no locked add, which waits for every store of the record made so far to reach the cache. (pcapng:
+    a pcap record shows no id.)"""
+    return options.ident == IDENT_EACH and options.record == RECORD_PCAPNG and bool(point.typed and maps.ring)
+
+
 def emit_filter_done(b) -> None:
     """After the filter (the packet will be recorded): META's id. With the map: the packet's, or a new one (then
     the packet is entered, except at a free point); at a free point the skb's keys go. Uses R0-R5, R8, R9."""
     ident = b.options.ident
+    if in_ring(b.point, b.options, b.maps):
+        return
     if ident == IDENT_EACH:
         _new_id(b)
     else:
