@@ -261,7 +261,7 @@ def test_fcap_path_over_every_skb_function(tmp_path):
     ids = {p.packet_id for p in pkts if b"fcap-path-0" in p.data}
     by_id = {i: sorted((p for p in pkts if p.packet_id == i), key=lambda p: p.ts_ns) for i in ids}
     # one datagram, one id: the functions the kernel runs inside the free, after the kfree_skb tracepoint ended its
-    # tracking, start no new packet (fcap.kernel.track.INSIDE_FREE)
+    # tracking, start no new packet (fcap.kernel.track.INSIDE_FREE_FUNCS)
     assert len(by_id) == 1, {i: [p.point for p in ps] for i, ps in by_id.items()}
     path = next(iter(by_id.values()))
     ours = {path[0].packet_id}

@@ -157,6 +157,16 @@ def _records(s, payloads) -> dict:
     return out
 
 
+def _capture(v, peer, points, cbpf=None, **cfg) -> tuple[list[bytes], dict]:
+    """(the payloads sent, _records of them) through a session at `points` (_session's arguments)."""
+    s = _session(v, points, cbpf, **cfg)
+    try:
+        payloads = _traffic(v, peer)
+        return payloads, _records(s, payloads)
+    finally:
+        s.close()
+
+
 @pytest.fixture(scope="module")
 def veth():
     if os.geteuid() != 0:
@@ -178,12 +188,7 @@ def test_untyped_records_equal_typed_ones(veth, cfg):
     same skb, bytes, lengths, device, namespace, mark, protocol, packet type, queue, flags, task and cgroup."""
     v, peer = veth
     points = [f"{k}/{t}" for t in TRACEPOINTS for k in ("tp_btf", "raw_tp")]
-    s = _session(v, points, **cfg)
-    try:
-        payloads = _traffic(v, peer)
-        got = _records(s, payloads)
-    finally:
-        s.close()
+    payloads, got = _capture(v, peer, points, **cfg)
     for t in TRACEPOINTS:
         typed, raw = got.get((t, "tp_btf"), {}), got.get((t, "raw_tp"), {})
         assert len(typed) >= len(payloads), f"{t}: {len(typed)} records at tp_btf"
@@ -205,13 +210,8 @@ def test_ancillary_fields_keep_the_same_packets(veth, name):
     if k is None:
         k = v.a_index
     points = [f"{kind}/{t}" for t in TRACEPOINTS for kind in ("tp_btf", "raw_tp")]
-    s = _session(v, points, [(0x20, 0, 0, AD + field), (0x15, 0, 1, k), (0x06, 0, 0, 262144), (0x06, 0, 0, 0)],
-                 linktype="EN10MB")
-    try:
-        payloads = _traffic(v, peer)
-        got = _records(s, payloads)
-    finally:
-        s.close()
+    payloads, got = _capture(v, peer, points, [(0x20, 0, 0, AD + field), (0x15, 0, 1, k), (0x06, 0, 0, 262144),
+                                               (0x06, 0, 0, 0)], linktype="EN10MB")
     for t in TRACEPOINTS:
         assert set(got.get((t, "raw_tp"), {})) == set(got.get((t, "tp_btf"), {})), f"{name} at {t}"
     if name in ("mark", "ifindex", "protocol", "hatype"):
@@ -228,13 +228,8 @@ def test_where_on_the_skb_keeps_the_same_packets(veth, text):
     from fcap.kernel import predicates
     v, peer = veth
     points = [f"{kind}/{t}" for t in TRACEPOINTS for kind in ("tp_btf", "raw_tp")]
-    s = _session(v, points, linktype="EN10MB", predicates=[lambda p: predicates.ifindex(v.a_index),
-                                                           lambda p: predicates.where(p, text)])
-    try:
-        payloads = _traffic(v, peer)
-        got = _records(s, payloads)
-    finally:
-        s.close()
+    payloads, got = _capture(v, peer, points, linktype="EN10MB",
+                             predicates=[lambda p: predicates.ifindex(v.a_index), lambda p: predicates.where(p, text)])
     for t in TRACEPOINTS:
         assert set(got.get((t, "raw_tp"), {})) == set(got.get((t, "tp_btf"), {})), f"{text} at {t}"
     assert any(got.values()), f"{text} kept nothing"
@@ -246,11 +241,7 @@ def test_copy_after_the_predicates_records_the_same(veth):
     from fcap.kernel import predicates
     v, peer = veth
     points = [f"{kind}/net_dev_queue" for kind in ("tp_btf", "raw_tp")]
-    s = _session(v, points, linktype="LINUX_SLL2", filter="udp", predicates=[lambda p: predicates.pid(os.getpid())])
-    try:
-        payloads = _traffic(v, peer)
-        got = _records(s, payloads)
-    finally:
-        s.close()
+    payloads, got = _capture(v, peer, points, linktype="LINUX_SLL2", filter="udp",
+                             predicates=[lambda p: predicates.pid(os.getpid())])
     typed, raw = got.get(("net_dev_queue", "tp_btf"), {}), got.get(("net_dev_queue", "raw_tp"), {})
     assert len(typed) == len(payloads) and raw == typed

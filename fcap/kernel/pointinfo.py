@@ -1,7 +1,8 @@
 """What a multi-attach program does differently per point, carried in the attach cookie beside the point id: the
-low 32 bits are the point id, the high 32 the point's bits (its packets go out; where its device queue is). So one
-program serves every point of a kind and skb argument, whatever their directions and queues, at no cost per packet
-(the cookie is read once anyway). Declared and read here once: the cookie's layout, the program's code."""
+low 32 bits are the point id, the high 32 the point's bits (its packets go out; where its device queue is; it runs
+inside a free; which arguments are the skb and the drop reason). So one program serves every point of a kind, at
+no cost per packet but a few instructions (the cookie is read once anyway). Declared and read here once: the
+cookie's layout, the program's code."""
 
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ def cookie(point_id: int, direction: str | None, queue: str | None, inside_free:
     """The attach cookie of a point in a multi-attach link: its id; above, its bits from its direction ("in",
     "out", None), its queue source (fcap.kernel.epbopts.queue_source: "tx", "rx", None), whether it runs inside
     a free, which of its arguments is the skb and which the drop reason (None: none)."""
-    reason = 0 if reason_arg is None else reason_arg + 1
-    if not (0 <= skb_arg <= SKB_ARG_MASK and reason <= REASON_MASK):
+    if not holds(skb_arg, reason_arg):
         raise ValueError(f"skb argument {skb_arg}, reason argument {reason_arg}: past what the cookie holds")
+    reason = 0 if reason_arg is None else reason_arg + 1
     bits = (OUT if direction == "out" else 0) | _QUEUE_BITS[queue] | (INSIDE_FREE if inside_free else 0)
     return point_id | (bits | skb_arg << SKB_ARG_SHIFT | reason << REASON_SHIFT) << 32
+
+
+def holds(skb_arg: int, reason_arg: int | None) -> bool:
+    """Can a cookie name these arguments (the skb's, the drop reason's or None)?"""
+    return 0 <= skb_arg <= SKB_ARG_MASK and (reason_arg is None or 0 <= reason_arg < REASON_MASK)
 
 
 def keep() -> list:

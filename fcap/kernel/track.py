@@ -51,7 +51,7 @@ SEEN_BITS = 64         # a (point, device) bit each: see seen_slots
 # functions that run inside a free after its tracepoint ended the skb's entry (the free's own steps, and the socket
 # destructors skb_release_head_state calls): an skb they do not know is the freed packet, not a new one. There no
 # packet starts (--track: turned away; else an id of its own, not entered), unless every point of the capture is one.
-INSIDE_FREE = frozenset((
+INSIDE_FREE_FUNCS = frozenset((
     "__kfree_skb", "skb_release_all", "skb_release_head_state", "skb_release_data", "skb_free_head", "kfree_skbmem",
     "napi_skb_cache_put", "__napi_kfree_skb", "_kfree_skb_defer", "skb_zcopy_clear",
     "sock_wfree", "__sock_wfree", "sock_rfree", "tcp_wfree", "sock_efree", "sock_edemux", "sock_pfree", "sock_ofree",
@@ -76,8 +76,8 @@ def is_free_point(p: Point) -> bool:
 
 
 def inside_free(p: Point) -> bool:
-    """A function that runs inside a free, after its tracepoint (INSIDE_FREE)."""
-    return p.kind.function and p.name in INSIDE_FREE
+    """A function that runs inside a free, after its tracepoint (INSIDE_FREE_FUNCS)."""
+    return p.kind.function and p.name in INSIDE_FREE_FUNCS
 
 
 def only_inside_free(points: list[Point]) -> bool:

@@ -17,7 +17,6 @@ from fcap.points.spec import Point
 TRACE_FUNCTIONS = ("/sys/kernel/tracing/available_filter_functions",
                    "/sys/kernel/debug/tracing/available_filter_functions")
 MIN_GROUP = 2         # points of one key that share a program (fewer: a program each, as before)
-MAX_REG_ARGS = 6      # arguments a trampoline passes in registers (x86-64); more: the kernel may refuse the function
 MAX_TRAMPOLINE_ARGS = 12   # arguments a trampoline takes at all (the kernel's MAX_BPF_FUNC_ARGS)
 MAX_STRUCT_ARG = 16        # bytes of a struct a trampoline takes by value (two registers)
 
@@ -46,9 +45,8 @@ def _key(m: kinds.Kind, p: Point, by_direction: bool) -> tuple | None:
     if m is not kinds.KPROBE_MULTI and p.btf.base is not None:
         return None
     reason = drops.reason_arg(p)
-    if not m.has_arg(p.skb_index) or p.skb_index > pointinfo.SKB_ARG_MASK:
-        return None
-    if reason is not None and (not m.has_arg(reason) or reason + 1 > pointinfo.REASON_MASK):
+    if not pointinfo.holds(p.skb_index, reason) or not m.has_arg(p.skb_index) or \
+            reason is not None and not m.has_arg(reason):
         return None
     return (m,) + ((p.direction,) if by_direction else ())
 
@@ -110,29 +108,24 @@ def traceable() -> set[str] | None:
     return None
 
 
-def _suspect(p: Point) -> bool:
-    """A function the kernel may refuse a trampoline at: more arguments than registers, or a struct passed or
-    returned by value."""
-    def by_value(t) -> bool:
-        return t is not None and t.strip().kind in ("struct", "union")
-    return len(p.params) > MAX_REG_ARGS or by_value(p.ret) or any(by_value(a.type) for a in p.params)
+def _by_value(t) -> int | None:
+    """The size of a struct or union passed or returned by value (type `t`), else None."""
+    t = t.strip() if t is not None else None
+    return t.size if t is not None and t.kind in ("struct", "union") else None
 
 
 def trampoline_refusal(p: Point) -> str | None:
     """Why the kernel refuses a trampoline at function `p`, from its prototype as the kernel reads it (its BTF
     function model: measured on 7.2, these are the functions a tracing-multi link refuses): None where it takes
     one."""
-    def by_value(t) -> int | None:
-        t = t.strip() if t is not None else None
-        return t.size if t is not None and t.kind in ("struct", "union") else None
     if len(p.params) > MAX_TRAMPOLINE_ARGS:
         return f"{len(p.params)} arguments (a trampoline takes up to {MAX_TRAMPOLINE_ARGS})"
     func = p.btf.type(p.btf_id)
     if getattr(getattr(func, "proto", None), "variadic", False):
         return "variadic (a trampoline takes a fixed list of arguments)"
-    if by_value(p.ret) is not None:
+    if _by_value(p.ret) is not None:
         return "returns a struct or union by value (a trampoline cannot)"
-    big = next((a for a in p.params if (by_value(a.type) or 0) > MAX_STRUCT_ARG), None)
+    big = next((a for a in p.params if (_by_value(a.type) or 0) > MAX_STRUCT_ARG), None)
     if big is not None:
         return f"passes {big.name or 'an argument'} by value, over {MAX_STRUCT_ARG} bytes (a trampoline cannot)"
     return None
@@ -143,8 +136,8 @@ def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link
     """Attach the program at every point, links appended to `links` as they are made (so that an interrupt leaves
     them to be closed). The kernel takes a link's functions all or none: functions ftrace cannot patch (not in
     `names`, traceable()'s answer, read once for all groups: its 40,000 lines are most of a group's attach time
-    otherwise) are left out first, a refused link is tried again without the functions the kernel may refuse, and
-    what is still refused is halved until each function the kernel refuses is found. Returns (point, why) of those
+    otherwise) are left out first, so are those a trampoline cannot take (trampoline_refusal), and a link the
+    kernel still refuses is halved until each function it refuses is found. Returns (point, why) of those
     refused."""
     refused: list[tuple[Point, str]] = []
     names = traceable() if names is None else names
@@ -158,17 +151,7 @@ def attach(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link
         points = [p for p, why in whys if why is None]
     if not points:
         return refused
-    try:
-        links.append(kind.attach_many(prog_fd, points, [cookie(p) for p in points]))
-        return refused
-    except BPFError:
-        pass
-    likely = [p for p in points if not _suspect(p)]
-    suspects = [p for p in points if _suspect(p)]
-    for part in (likely, suspects):
-        if part:
-            refused += _halve(kind, prog_fd, part, links)
-    return refused
+    return refused + _halve(kind, prog_fd, points, links)
 
 
 def _halve(kind: kinds.Kind, prog_fd: int, points: list[Point], links: list[Link]) -> list[tuple[Point, str]]:
