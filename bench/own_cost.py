@@ -1,16 +1,16 @@
 """The capture program's own cost, side by side: BPF ns per captured packet of fcap's pcap and pcapng programs of
 one or more trees, against an empty program and one that only reads the clock, in interleaved rounds.
 
-    python -m bench.own_cost [--rounds 5] [-n 200000] [--tree NAME=PATH ...] [--ablate const|keep] [--sender]
-                             [--format pcap|pcapng] [--point POINT ...] [--filter TEXT]
+    python -m bench.own_cost [--rounds 5] [-n 200000] [--tree NAME=PATH ...] [--ablate const|keep] [--no-comment]
+                             [--sender] [--format pcap|pcapng] [--point POINT ...] [--filter TEXT]
 
 Each fcap case runs the command as users do (`fcap -i tp_btf/net_dev_queue -s 128 -w FILE` on CPU 1, SCHED_FIFO)
 while bench/sender.c sends N 64-byte datagrams from CPU 0; the run time per hit comes from the kernel's run-time
 stats. The floors are loaded here: an empty program (stats timing, trampoline) and one that only calls
 bpf_ktime_get_ns. "Own" is a case's median less the clock-only program's: what capturing costs beyond reading the
 clock. --ablate adds each tree's programs with bpf_ktime_get_ns replaced by the constant 1 (the clock's cost in
-the program: the case less its ablation), or (`--ablate comment`) pcapng's with the comment left empty (what the
-text costs). --sender measures the sender's rate instead (stats off), as a ratio to
+the program: the case less its ablation); --no-comment adds each tree's pcapng capture with that flag (what the
+comment costs). --sender measures the sender's rate instead (stats off), as a ratio to
 the round's bare run. --point measures fcap at other points than tp_btf/net_dev_queue (raw_tp/net_dev_queue: an
 untyped program; the floors stay at tp_btf/net_dev_queue), --filter with a filter (`host 192.0.2.1`: every hit a
 reject). A run in which fcap dropped a record is left out (a drop costs less than a record). The
@@ -43,21 +43,14 @@ for m in pkgutil.iter_modules(fcap.kernel.__path__):
     importlib.import_module("fcap.kernel." + m.name)
 import fcap.commands.cli as cli
 real = a.call
-mode = sys.argv.pop(1)
-keep = mode == "keep"      # keep the call, its value dropped (the reader sees what it sees without it)
+keep = sys.argv.pop(1) == "keep"      # keep the call, its value dropped (the reader sees what it sees without it)
 def call(h):
     if h != Helper.ktime_get_ns:
         return real(h)
     return [real(h), a.movi(a.R0, 1)] if keep else a.movi(a.R0, 1)
-if mode == "comment":      # pcapng: the comment empty (its option's header kept), no text made, none copied
-    import fcap.kernel.kcomment as kc, fcap.kernel.ringrec as rr
-    from fcap.kernel.layout import STACK
-    kc.emit = lambda b, text: b.emit(a.movi(a.R9, 0), a.stx(a.DW, a.FP, STACK.text_len, a.R9))
-    rr.TEXT_MAX = 0
-else:
-    for m in list(sys.modules.values()):
-        if getattr(m, "__name__", "").startswith("fcap.") and getattr(m, "call", None) is real:
-            m.call = call
+for m in list(sys.modules.values()):
+    if getattr(m, "__name__", "").startswith("fcap.") and getattr(m, "call", None) is real:
+        m.call = call
 sys.argv[0] = "fcap"
 cli.run()
 """
@@ -100,12 +93,14 @@ class Floor:
         return r
 
 
-ABLATIONS = {"const": ", clock a constant", "keep": ", clock read, its value a constant",
-             "comment": ", no comment (an empty one)"}
+ABLATIONS = {"const": ", clock a constant", "keep": ", clock read, its value a constant"}
+NO_COMMENT = "--no-comment"
 
 
 def fcap_tool(name: str, tree: str, fmt: str, ablate: str = "", point: str = POINT, filt: str | None = None) -> Tool:
     args = ["-i", point, "-s", str(SNAPLEN), "-w", "FILE"] + ([filt] if filt else [])
+    if ablate == NO_COMMENT:
+        args, ablate, name = [NO_COMMENT] + args, "", f"{name} {NO_COMMENT}"
     if point != POINT:
         name = f"{name} {point}"
     if ablate:
@@ -124,7 +119,7 @@ def cases(trees: list[tuple[str, str]], ablate: list, sender_mode: bool, formats
             for fmt in formats:
                 out.append(fcap_tool(name, tree, fmt, "", point, filt))
                 out += [fcap_tool(name, tree, fmt, k, point, filt) for k in ablate
-                        if k != "comment" or fmt == "pcapng"]
+                        if k != NO_COMMENT or fmt == "pcapng"]
     return out
 
 
@@ -216,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", action="append", metavar="NAME=PATH",
                     help="a checkout of fcap to measure (repeatable; default: this one, as 'fcap')")
     ap.add_argument("--ablate", action="append", choices=list(ABLATIONS), default=[],
-                    help="also each tree with the clock a constant (const), or read and its value a constant (keep), "
-                         "or (pcapng) its comment empty (comment)")
+                    help="also each tree with the clock a constant (const), or read and its value a constant (keep)")
+    ap.add_argument(NO_COMMENT, dest="no_comment", action="store_true",
+                    help="also each tree's pcapng capture with --no-comment")
     ap.add_argument("--sender", action="store_true", help="the sender's rate against bare instead of BPF time")
     ap.add_argument("--format", action="append", choices=("pcap", "pcapng"),
                     help="only this file format (repeatable; default both)")
@@ -230,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     trees = [tuple(t.split("=", 1)) for t in a.tree] if a.tree else [("fcap", ROOT)]
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        names, got, rates, loads = measure(trees, a.rounds, a.n, a.ablate, a.sender, log,
+        cases_ = a.ablate + [NO_COMMENT] * a.no_comment
+        names, got, rates, loads = measure(trees, a.rounds, a.n, cases_, a.sender, log,
                                            a.format or ("pcap", "pcapng"), a.point or (POINT,), a.filter)
     except BenchError as e:
         print(f"bench.own_cost: {e}", file=sys.stderr)

@@ -113,6 +113,49 @@ def test_two_points_two_interfaces(sink, tmp_path):
         assert sorted(bytes.fromhex(d) for n, d in rows if n == name) == sorted(pays), name
 
 
+@pytest.mark.parametrize("way", ["file ring", "perf buffer"])
+def test_no_comment(sink, tmp_path, way):
+    """--no-comment: pcapng records without the metadata comment, whichever way they are made (the programs' file
+    rings, or user space from the perf buffer); the same packets, interface, direction and distinct packet ids as
+    with the comment, and each record smaller by its comment's option."""
+    qx = "tp_btf/net_dev_queue"
+    extra = ["--perf-buffer"] if way == "perf buffer" else []
+    files = {}
+    for name, flags in (("with", []), ("without", ["--no-comment"])):
+        path, pays = _capture_udp(tmp_path, sink, ["-i", qx] + extra + flags, f"{name}.pcapng", n=6)
+        pkts = by_time(read_packets(path))
+        assert [l4_payload(p) for p in pkts] == pays, name
+        assert {(p.iface_name, p.flags) for p in pkts} == {(qx, 2)}, name
+        ids = [p.packet_id for p in pkts]
+        assert all(ids) and len(set(ids)) == len(ids), f"{name}: packet ids {ids}"
+        files[name] = path, pkts
+    (with_path, with_pkts), (path, pkts) = files["with"], files["without"]
+    assert all(p.comment and p.comment.startswith("skb=0x") for p in with_pkts)
+    assert all(p.comment is None for p in pkts), [p.comment for p in pkts]
+    # the same datagram sizes: the files differ by the comments' options alone (4 bytes + the text padded to 4)
+    options = sum(4 + (len(p.comment.encode()) + 3) // 4 * 4 for p in with_pkts)
+    assert os.path.getsize(with_path) - os.path.getsize(path) == options
+    # fcap path follows the packet ids without the comments
+    r = run_fcap(["path", path], text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(int(ln.split()[1].rstrip(":"), 16) for ln in r.stdout.splitlines() if ln.startswith("packet ")) \
+        == sorted(p.packet_id for p in pkts), r.stdout
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed: the file was checked with fcap's reader, not Wireshark")
+    rows = tshark_rows(path, "frame.comment", "frame.packet_id", "udp.payload")
+    assert [(c, int(i)) for c, i, _ in rows] == [("", p.packet_id) for p in read_packets(path)], rows
+
+
+def test_no_comment_refused_where_the_comment_is_the_output(root, tmp_path):
+    """--no-comment with a pcap file, or with a flag that writes into the comment: one line, exit 1."""
+    for args, says in ((["-w", str(tmp_path / "x.pcap")], "only pcapng records carry a comment (-w FILE.pcapng)"),
+                       (["--stack", "-w", str(tmp_path / "x.pcapng")], "--stack writes into the comment"),
+                       (["--dump", "skb->len", "-w", str(tmp_path / "x.pcapng")], "--dump writes into the comment")):
+        r = run_fcap(["-i", "tp_btf/net_dev_queue", "--no-comment"] + args, text=True)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"fcap: --no-comment: {says}"], r.stderr
+        assert not os.path.exists(args[-1])
+
+
 # ---- 2. -y raw -------------------------------------------------------------------------------------------------
 
 def test_linktype_raw(sink, tmp_path):

@@ -34,6 +34,7 @@ def cmd_capture(args, command: list[str]) -> int:
                                   ("--nft", args.nft, "nftables rules")):
             if fmt == "pcap" and asked:
                 raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
+        _no_comment(args, fmt)
         if fmt is not None:
             session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
@@ -73,7 +74,20 @@ def _config(args):
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
-                  track_max=track_max, stack=args.stack, context=args.context, nft=args.nft), count
+                  track_max=track_max, stack=args.stack, context=args.context, nft=args.nft,
+                  comment=not args.no_comment), count
+
+
+def _no_comment(args, fmt: str | None) -> None:
+    """--no-comment: only where records have comments, and not with the flags whose output lives in them."""
+    if not args.no_comment:
+        return
+    if fmt != "pcapng":
+        raise UsageError("--no-comment: only pcapng records carry a comment (-w FILE.pcapng)")
+    for flag, asked in (("--dump", args.dump), ("--ct", args.ct), ("--stack", args.stack),
+                        ("--context", args.context), ("--nft", args.nft)):
+        if asked:
+            raise UsageError(f"--no-comment: {flag} writes into the comment")
 
 
 def _nft_points(args, session) -> None:

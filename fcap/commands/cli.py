@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-Q", dest="direction", metavar="in|out|inout",
                    help="only packets going in, or out (from the point's direction or the skb's packet type)")
     p.add_argument("--format", choices=("pcap", "pcapng"), help="file format (default: from -w's extension)")
+    p.add_argument("--no-comment", dest="no_comment", action="store_true",
+                   help="pcapng: no metadata comment in each packet's record (skb, pid, comm, device, drop reason): "
+                        "smaller records, less work in the kernel; ids, interfaces, direction, queue, verdicts stay")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
     p.add_argument("--perf-buffer", action="store_true",
                    help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "

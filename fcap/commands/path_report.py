@@ -241,8 +241,8 @@ def hops_of_file(path: str, stacks: bool = False) -> Iterator[Hop]:
         raise PathInputError(f"{path}: a pcap file has no packet ids or points; fcap path needs the pcapng file fcap "
                         f"writes (fcap -i POINT ... -w FILE.pcapng)")
     fcap_records = 0
-    for rec in read(path):
-        if rec.packet_id is None or not (rec.comment or "").startswith("skb=0x"):
+    for rec in read(path):   # (fcap's comment, or none: --no-comment)
+        if rec.packet_id is None or not (rec.comment is None or rec.comment.startswith("skb=0x")):
             if fcap_records == 0:
                 raise PathInputError(f"{path}: its packets carry no fcap packet ids and comments; fcap path needs a "
                                 f"pcapng file fcap wrote (fcap -i POINT ... -w FILE.pcapng)")
@@ -252,7 +252,7 @@ def hops_of_file(path: str, stacks: bool = False) -> Iterator[Hop]:
 
 
 def _hop_of_record(rec, stacks: bool = False) -> Hop:
-    comment, stack = kstack.split_text(rec.comment)
+    comment, stack = kstack.split_text(rec.comment or "")
     ints = {k: int(v) for k, v in _COMMENT_INT.findall(comment)}
     drop = None
     m = _DROP.search(comment)

@@ -78,11 +78,13 @@ class EpbOptions:
     records' link type number `linktype`) which nftables rule dropped a packet netfilter dropped; with --stack it
     ends with the kernel stack (fcap.kernel.kstack)."""
 
-    def __init__(self, points: list[Point], context: bool = False, nft=None, linktype: int = 0):
+    def __init__(self, points: list[Point], context: bool = False, nft=None, linktype: int = 0,
+                 comment: bool = True):
         from fcap.kernel import drops
         from fcap.kernel.ctxnames import Context
         self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
         self.nft, self.linktype = nft, linktype
+        self.comment = comment                           # (--no-comment: records without one)
         self._nft_last: tuple = (None, {})               # (record, its nft values): each record matched once
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
@@ -92,7 +94,7 @@ class EpbOptions:
 
     def __call__(self, rec) -> dict:
         comment = (format_comment(rec) + self.context_text(rec) + self.drop_text(rec) + self.nft_text(rec)
-                   + self.verdict_text(rec) + kstack.text(rec.stack))
+                   + self.verdict_text(rec) + kstack.text(rec.stack)) if self.comment else None
         return {"flags": self.flags.get(rec.point), "comment": comment,
                 "packet_id": rec.id, "queue": rec.queue, "verdict": self.verdict(rec)}
 

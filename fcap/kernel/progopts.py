@@ -50,6 +50,7 @@ class ProgramOptions(NamedTuple):
     starts_inside_free: bool = False  # packets start at functions inside a free (fcap.kernel.track.only_inside_free)
     stack: bool = False              # --stack: each record's kernel stack id (fcap.kernel.kstack)
     context: bool = False            # --context: record the packet's cgroup (fcap.kernel.context)
+    comment: bool = True             # pcapng: a metadata comment in each record (--no-comment: none, nor its inputs)
 
 
 def scratch_size(point: Point, opts: ProgramOptions) -> int:

@@ -189,10 +189,10 @@ class Builder:
         self.stage(DEVICE)   # (only where the device is recorded)
 
     def late_metadata(self) -> None:
-        """What only the record needs: the timestamp, and (unless a pcap file is all they feed) pid/tid, comm,
-        mark and the device's network namespace."""
+        """What only the record needs: the timestamp, and (unless a pcap file or pcapng records without comments
+        are all they feed) pid/tid, comm, mark and the device's network namespace."""
         f = self.offsets
-        meta = self.options.meta
+        meta = self.options.meta and self.options.comment
         if not self.clock_first:
             self.clock()
         if meta and self.point.typed and f.task is not None and self.options.task_btf:

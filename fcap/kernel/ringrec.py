@@ -83,9 +83,13 @@ def _ring_pcapng(point, options, maps) -> bool:
     return writes_ring(point, options, maps) and options.record == RECORD_PCAPNG
 
 
+def _ring_comment(point, options, maps) -> bool:
+    return _ring_pcapng(point, options, maps) and options.comment
+
+
 # what the file ring's pcapng blocks carry, laid out by the program itself (user space makes both for the other
 # records: fcap.kernel.layout.format_comment, fcap.kernel.epbopts.EpbOptions)
-COMMENT = Feature("comment", on=_ring_pcapng, layouts=("CAREA", "COMMENT"), within="file ring")
+COMMENT = Feature("comment", on=_ring_comment, layouts=("CAREA", "COMMENT"), within="file ring")
 EPB_OPTIONS = Feature("epb options", on=_ring_pcapng, within="file ring")
 
 
@@ -113,11 +117,15 @@ def _pcapng(b) -> None:
     verdict = epbopts.verdict(b.point)
     queue = epbopts.queue_always(b.point, b.options, b.maps)   # (else where FLAG_QUEUE says)
     opts = (8 if flags else 0) + 12 + (QUEUE_OPT if queue else 0) + (VERDICT_OPT if verdict else 0) + 4
-    kcomment.emit(b, text)
-    # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) + comment header + text padded to
-    # 4 + end + trailer
-    b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4),
-           ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+    if b.options.comment:
+        kcomment.emit(b, text)
+    # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) (+ comment header + text padded
+    # to 4) + end + trailer
+    b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4))
+    if b.options.comment:
+        b.emit(ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+    else:
+        b.emit(addi(R4, 4))
     if not queue:
         b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
                label("r_noq"))
@@ -141,7 +149,7 @@ def _pcapng(b) -> None:
 
 def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int) -> None:
     """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (`queue`:
-    always, else when FLAG_QUEUE), verdict, comment; end of options and trailer."""
+    always, else when FLAG_QUEUE), verdict, comment (unless --no-comment); end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
     b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, "r_unlock"),
@@ -170,6 +178,9 @@ def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int
             word = int.from_bytes(padded[j:j + 4], "little")
             b.emit(st(W, R1, k + 4 + j, word - (1 << 32) if word >> 31 else word))
         k += VERDICT_OPT
+    if not b.options.comment:   # end of options, trailer
+        b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k, R0))
+        return
     b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, "r_unlock"),
            mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
     for j in range(0, TEXT_MAX, 8):

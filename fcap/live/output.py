@@ -39,7 +39,8 @@ class Sink(ABC):
         self.session = session
         # (pcapng options, what a drop point's records say, --context's names, --nft's rules)
         self.options = EpbOptions(session.points, session.cfg.context, nft=session.nft,
-                                  linktype=session.linktype.number if session.linktype is not None else 0)
+                                  linktype=session.linktype.number if session.linktype is not None else 0,
+                                  comment=session.cfg.comment)
 
     @abstractmethod
     def write(self, rec) -> None:

@@ -59,6 +59,7 @@ class Config(NamedTuple):
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
     context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
     nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.kernel.nftrace, user space)
+    comment: bool = True      # pcapng records carry the metadata comment (--no-comment: they do not)
 
 
 class Stats:
@@ -193,7 +194,7 @@ class Session(Attach):
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
                              ident=self.ident(), points=len(self.points), stack=self.cfg.stack,
                              starts_inside_free=track.only_inside_free(self.points),
-                             context=self.cfg.context,
+                             context=self.cfg.context, comment=self.cfg.comment,
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:
