@@ -92,7 +92,10 @@ def traffic(root):
 
 def _key(p) -> tuple:
     """A TCP segment as both tools see it: ports, seq, ack, flags, payload length (IPv4 from the network header)."""
-    ip = p.l3
+    return _key_l3(p.l3)
+
+
+def _key_l3(ip: bytes) -> tuple:
     ihl = (ip[0] & 15) * 4
     tcp = ip[ihl:]
     total = int.from_bytes(ip[2:4], "big")
@@ -125,6 +128,28 @@ def _capture(tmp_path, traffic, mode: str, n: int, fcap_args: list[str], fmt: st
     return read_packets(td_path), fc, fc_path
 
 
+def assert_first_n(ours: list, theirs: list, n: int, pure_ack) -> None:
+    """`ours` (fcap's first n, as keys or lines) are tcpdump's first n in tcpdump's order (`theirs`: its whole
+    capture), except that a pure ACK (`pure_ack(item)`) may have changed places with a neighbour. In the ping-pong
+    every segment with data follows from the one before, so both tools see those in one order; a pure ACK does not:
+    tcpdump takes lo's packets at receive (libpcap skips lo's outgoing copies) and fcap at transmit, and the ACK the
+    receiving CPU sends from its softirq can reach its receive before or after the next request, sent from the
+    other CPU, reaches that one's."""
+    assert len(ours) == n, f"{len(ours)} packets, not {n}"
+    i = 0
+    while i < n:
+        if ours[i] != theirs[i]:
+            swapped = (i + 1 < len(theirs) and ours[i] == theirs[i + 1] and (i + 1 == n or ours[i + 1] == theirs[i])
+                       and (pure_ack(theirs[i]) or pure_ack(theirs[i + 1])))
+            assert swapped, f"packet {i}: fcap {ours[i]}, tcpdump {theirs[i]}\nfcap {ours}\ntcpdump {theirs[:n + 1]}"
+            i += 1
+        i += 1
+
+
+def _no_data(key: tuple) -> bool:
+    return key[5] == 0
+
+
 PATHS = [pytest.param([], id="file-rings"), pytest.param(["--perf-buffer"], id="perf-buffer")]
 
 
@@ -136,7 +161,7 @@ def test_count_keeps_the_first_packets(tmp_path, traffic, fmt, path, count):
     theirs, fc, fc_path = _capture(tmp_path, traffic, "pingpong", ROUNDS, [*path, "-c", str(count)], fmt)
     ours = read_packets(fc_path)
     assert len(theirs) >= 2 * ROUNDS
-    assert [_key(p) for p in ours] == [_key(p) for p in theirs[:count]]
+    assert_first_n([_key(p) for p in ours], [_key(p) for p in theirs], count, _no_data)
     assert f"{count} packet{'s' if count > 1 else ''} captured" in fc.stderr
 
 
@@ -207,9 +232,9 @@ def test_printed_count_is_the_first_packets(tmp_path, traffic, tcpdump):
     finally:
         td.stop()
         td.kill()
-    r = subprocess.run(["tcpdump", "-nn", "-t", "-S", "-c", "20", "-r", str(td_path)], capture_output=True, text=True,
+    r = subprocess.run(["tcpdump", "-nn", "-t", "-S", "-r", str(td_path)], capture_output=True, text=True,
                        timeout=60)
-    assert lines == r.stdout.splitlines()
+    assert_first_n(lines, r.stdout.splitlines(), 20, lambda line: line.endswith(", length 0"))
 
 
 def test_api_count_is_the_first_packets(tmp_path, traffic, tcpdump):
@@ -226,8 +251,9 @@ def test_api_count_is_the_first_packets(tmp_path, traffic, tcpdump):
     finally:
         td.stop()
         td.kill()
-    theirs = [p.raw for p in read_packets(td_path)][:20]
-    assert got == theirs
+    theirs = [p.raw for p in read_packets(td_path)]
+    assert set(got) <= set(theirs), "a packet tcpdump did not see, or not as it saw it"
+    assert_first_n([_key_l3(f[14:]) for f in got], [_key_l3(f[14:]) for f in theirs], 20, _no_data)
 
 
 def test_window_merges_by_runs():
