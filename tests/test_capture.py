@@ -508,6 +508,28 @@ def test_function_points(quiet_sink, tmp_path, kind):
         assert tshark_rows(path, "udp.dstport") == [[str(quiet_sink.port)]] * n
 
 
+FROM_THE_SKB = re.compile(r"call (bpf_skb_output|kfunc)")   # helpers that copy from the skb (no fault handling)
+
+
+@pytest.mark.parametrize("flags", [["-w", "x.pcapng"], ["-w", "x.pcap", "udp port 9"], ["--perf-buffer", "-w", "x.pcapng"],
+                                   ["--stack", "-w", "x.pcapng"], ["-w", "x.pcapng", "udp[100:4] = 1"]])
+def test_fexit_never_copies_from_a_skb_that_may_be_gone(root, tmp_path, flags):
+    """At fexit the function may have freed the skb or handed it on (on lo: received and freed before ip_finish_output2
+    returns). bpf_skb_output and skb dynptrs copy from it with no fault handling: a freed skb's garbage pointer there
+    panicked 6.12 (general protection fault in skb_copy_bits, fexit/ip_finish_output2 --stack). fexit programs read
+    the skb only through checked loads and probe reads (linear bytes); fentry's, where the skb is alive, still use
+    them."""
+    flags = [str(tmp_path / f) if f.startswith("x.") else f for f in flags]
+    listings = {}
+    for kind in ("fexit", "fentry"):
+        r = run_fcap(["-i", f"{kind}/ip_finish_output2", *flags, "--dump-ebpf"], text=True)
+        assert r.returncode == 0 and "call " in r.stdout, r.stderr
+        listings[kind] = set(FROM_THE_SKB.findall(r.stdout))
+    assert not listings["fexit"], listings["fexit"]
+    if "--perf-buffer" in flags or "--stack" in flags:
+        assert listings["fentry"], "the check sees no bpf_skb_output where fentry's perf path has one"
+
+
 @pytest.mark.parametrize("func,family,addr,ethertype", [("ip_send_skb", socket.AF_INET, "127.0.0.1", 0x0800),
                                                         ("ip6_send_skb", socket.AF_INET6, "::1", 0x86DD)])
 def test_before_the_ip_layer_names_the_protocol(tmp_path, func, family, addr, ethertype):

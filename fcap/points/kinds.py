@@ -80,6 +80,9 @@ class Kind:
     operand = "TP"        # what follows KIND/ in the -i grammar (fcap --help)
     context = "sk_buff"   # the kernel struct the context argument points to: the skb, or an XDP program's xdp_buff
     on_program = False    # at a loaded BPF program (its fd is the load's attach_prog_fd), not a kernel function
+    skb_may_be_gone = False   # the function may have freed the skb or handed it on when the program runs (fexit):
+                              # read it only through loads the kernel checks and probe reads, never through a
+                              # helper that copies from it (bpf_skb_output, skb dynptrs)
 
     def __str__(self) -> str:
         return self.name
@@ -177,6 +180,7 @@ class _Fexit(_Trampoline):
     summary = "a BPF trampoline at FUNC's return: the skb after FUNC, and its return value ('return')"
     attach_type = AttachType.TRACE_FEXIT
     sees_return = True
+    skb_may_be_gone = True
 
 
 class _TpBtf(Kind):
