@@ -57,7 +57,7 @@ def scratch_size(point: Point, opts: ProgramOptions) -> int:
     """Bytes of the per-CPU scratch value; for pcapng, the file ring's comment area comes last."""
     if not point.typed:   # (the program copies the bytes itself, and reads the sk_buff from its copy of it)
         size = SKB_SNAP + SKB_SNAP_MAX
-    elif point.kind.context != "sk_buff" or point.kind.skb_may_be_gone:   # (the program copies the bytes)
+    elif point.copies_bytes:
         size = PKT + HDR_MAX + LINEAR_CAP + 8
     elif opts.filter is not None:
         size = PKT + HDR_MAX + FILTER_CAP + 8

@@ -31,8 +31,7 @@ class Builder:
     """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
 
     def __init__(self, point: Point, opts: ProgramOptions, maps: Maps):
-        # the program copies the bytes (else bpf_skb_output reads the skb, which must then be alive)
-        self.copies_bytes = not point.typed or point.kind.skb_may_be_gone
+        self.copies_bytes = point.copies_bytes   # (else bpf_skb_output reads the skb)
         self.point = point                       # where the program runs (kind, skb argument, id, BTF)
         self.options = opts                      # what the capture asks of it (ProgramOptions)
         self.maps = maps                         # the fds of the maps it uses (Maps)

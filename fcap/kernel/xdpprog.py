@@ -44,7 +44,6 @@ class XdpBuilder(Builder):
 
     def __init__(self, point, opts, maps):
         super().__init__(point, opts, maps)
-        self.copies_bytes = True   # (no skb for bpf_skb_output)
         self.xdp = xdp_offsets(point.btf if point.btf.base is None else point.btf.base)
 
     def device(self, dst: int) -> None:

@@ -17,8 +17,7 @@ from fcap.points.spec import Point
 
 def dynptr_kfunc(point: Point) -> int:
     """BTF id of bpf_dynptr_from_skb when this kernel lets tracing programs read frags through it."""
-    # (a program's exit verdict: records through the perf buffer; at fexit the skb may be freed: no helper reads it)
-    if not point.typed or point.kind.on_program or point.kind.skb_may_be_gone:
+    if point.copies_bytes or point.kind.on_program:   # (a program's exit verdict: records through the perf buffer)
         return 0
     f = BTF.vmlinux().find("bpf_dynptr_from_skb", "func")
     if f is None:

@@ -85,6 +85,13 @@ class Point:
         return self.kind.typed
 
     @property
+    def copies_bytes(self) -> bool:
+        """Does the program copy the packet's bytes itself (probe reads) rather than hand the skb to a helper that
+        copies from it (bpf_skb_output, skb dynptrs)? Untyped points, XDP's (no skb), fexit's (the skb may be
+        gone)."""
+        return not self.typed or self.kind.context != "sk_buff" or self.kind.skb_may_be_gone
+
+    @property
     def direction(self) -> str | None:
         if self.kind.on_program:   # XDP: received; tc: either way, as attached
             return "in" if self.kind.context == "xdp_buff" else None
