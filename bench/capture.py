@@ -108,12 +108,14 @@ def _proc_cpu_s(pid: int) -> float:
 class _Child:
     """A capture process whose stderr is read by a thread; ready() waits for its `listening on` line."""
 
-    def __init__(self, argv: list[str], ready: str = "listening on"):
+    def __init__(self, argv: list[str], ready: str = "listening on", launch: list[str] | None = None):
+        """launch: what runs argv (default: pinned to CAPTURE_CPU, SCHED_FIFO)."""
         self.lines: list[str] = []
         self.ready_line = ready
         self.t0 = time.monotonic()
         self.argv = argv
-        self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv), stdin=subprocess.DEVNULL,
+        self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv) if launch is None else launch + argv,
+                                  stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT_DIR[0])
         self.ready_at: float | None = None
         self.cv = threading.Condition()
@@ -187,16 +189,17 @@ def _summary(lines: list[str], r: Result) -> None:
                 r.dropped = n
 
 
-def count_in_file(path: str, port: int) -> int:
-    """Distinct sequence numbers of the sender's datagrams (to `port`) in a pcap or pcapng file (EN10MB)."""
+def count_in_file(path: str, port: int | set) -> int:
+    """Distinct sequence numbers of the sender's datagrams (to `port`, or to each port of a set: a datagram is
+    its port and number) in a pcap or pcapng file (EN10MB)."""
     with open(path, "rb") as f:
         data = f.read()
     seen = set()
     magic_at = 14 + 20 + 8
-    dport = struct.pack(">H", port)
+    dports = {struct.pack(">H", p) for p in (port if isinstance(port, set) else {port})}
     for rec in _records(data):
-        if rec[magic_at:magic_at + 8] == MAGIC and rec[36:38] == dport:
-            seen.add(rec[magic_at + 8:magic_at + 16])
+        if rec[magic_at:magic_at + 8] == MAGIC and rec[36:38] in dports:
+            seen.add(bytes(rec[36:38]) + rec[magic_at + 8:magic_at + 16])
     return len(seen)
 
 

@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
-from fcap.defaults import BUFFER_KIB, SNAPLEN
+from fcap.defaults import SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.kernel.ctxnames import CONTEXT_COMMENT
 from fcap.kernel.drops import DROP_COMMENT
@@ -42,7 +42,7 @@ class Capture:
         from fcap.kernel.context import target_predicates
         preds = [predicates.where_factory(text) for text in where] + target_predicates(cgroup, container)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
-                     filter=filter or None, buffer_kib=buffer_kib or BUFFER_KIB, immediate=True, predicates=preds,
+                     filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True, predicates=preds,
                      dumps=dump, track=bool(track), stack=bool(stack), context=bool(context), nft=bool(nft),
                      **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)

@@ -9,10 +9,19 @@ from fcap.errors import UsageError
 SNAPLEN = 262144          # tcpdump's MAXIMUM_SNAPLEN: -s's default (and what -s 0 means), the largest record the
                           # file rings hold, the largest caplen a file reader or printer trusts
 SNAPLEN_LIMIT = 0x7FFFFFFF   # the largest -s a capture takes (the program's length compares are signed 32-bit)
-BUFFER_KIB = 4096         # -B: the capture buffer, all CPUs together
+BUFFER_KIB_PER_CPU = 2048   # -B's default: the capture buffer, KiB, all CPUs together, is this much per CPU ...
+BUFFER_KIB_MAX = 131072     # ... up to this much in all, each CPU keeping at least BUFFER_KIB_CPU_MIN
+BUFFER_KIB_CPU_MIN = 1024
 TRACK_MAX = 16384         # --track-max: entries of the tracking map (two per packet, one more per clone)
 FILE_BUFFERING = 1 << 20  # bytes an output file buffers before it writes
 NS = 1_000_000_000        # nanoseconds in a second: timestamps are integer ns everywhere
+
+
+def buffer_kib(cpus: int) -> int:
+    """-B's default on a machine with `cpus` CPUs: 2 MiB per CPU (4 MiB on 2 CPUs, 32 MiB on 16) up to 128 MiB in
+    all, and never less than 1 MiB per CPU (128 CPUs: 1 MiB each)."""
+    cpus = max(cpus, 1)
+    return max(min(BUFFER_KIB_PER_CPU * cpus, BUFFER_KIB_MAX), BUFFER_KIB_CPU_MIN * cpus)
 
 
 def check_snaplen(snaplen: int, given: object = None) -> int:

@@ -16,8 +16,16 @@ def test_check_snaplen_range():
 
 def test_help_shows_the_defaults():
     from fcap.commands.cli import _parser
-    from fcap.defaults import BUFFER_KIB, TRACK_MAX
-    text = _parser().format_help()
-    for n in (SNAPLEN, BUFFER_KIB, TRACK_MAX):
+    from fcap.defaults import BUFFER_KIB_MAX, BUFFER_KIB_PER_CPU, TRACK_MAX
+    text = " ".join(_parser().format_help().split())
+    for n in (SNAPLEN, TRACK_MAX):
         assert f"default {n}" in text
+    assert f"default {BUFFER_KIB_PER_CPU} per CPU, at most {BUFFER_KIB_MAX} in all" in text
+
+
+def test_buffer_default_fits_the_machine():
+    """-B's default: 2 MiB a CPU on a laptop and a 16-CPU server, 128 MiB in all and at least 1 MiB a CPU past
+    that."""
+    from fcap.defaults import buffer_kib
+    assert [buffer_kib(n) for n in (1, 2, 16, 64, 128, 256)] == [2048, 4096, 32768, 131072, 131072, 262144]
 

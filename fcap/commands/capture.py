@@ -6,7 +6,7 @@ import sys
 
 from fcap.commands.console import PROG, fail, quiet_stdout
 from fcap.commands.flagvalues import decimal_flag, int_flag
-from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
+from fcap.defaults import SNAPLEN, TRACK_MAX, check_snaplen
 from fcap.errors import FcapError, UsageError
 
 
@@ -58,7 +58,7 @@ def _config(args):
         raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
     snaplen = check_snaplen(int_flag(args.snaplen, "snaplen", SNAPLEN, 0) or SNAPLEN, args.snaplen)
     count = int_flag(args.count, "packet count", 0, 1) if args.count is not None else 0
-    buffer_kib = int_flag(args.buffer, "buffer size", BUFFER_KIB, 1)
+    buffer_kib = int_flag(args.buffer, "buffer size", 0, 1)   # (0: the default for this machine)
     expr = " ".join(args.expression) or None
     if args.filter_file:
         try:

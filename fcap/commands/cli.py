@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple  # noqa: E402
 
 from fcap import __version__  # noqa: E402
 from fcap.commands.console import PROG, fail, quiet_stdout  # noqa: E402
-from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX  # noqa: E402
+from fcap.defaults import BUFFER_KIB_PER_CPU, SNAPLEN, TRACK_MAX  # noqa: E402
 from fcap.errors import FcapError, UsageError  # noqa: E402
 from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
 from fcap.commands.capture import cmd_capture  # noqa: E402
@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-y", dest="linktype", metavar="TYPE", help="link-type: EN10MB, RAW, IPV4, IPV6, LINUX_SLL2")
     p.add_argument("-s", dest="snaplen", metavar="SNAPLEN", help=f"bytes per packet (default {SNAPLEN}; 0 = default)")
     p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
-    p.add_argument("-B", dest="buffer", metavar="KIB", help=f"buffer size in KiB (default {BUFFER_KIB})")
+    p.add_argument("-B", dest="buffer", metavar="KIB",
+                   help=f"buffer size in KiB, all CPUs together, each CPU an equal share (default {BUFFER_KIB_PER_CPU} "
+                        "per CPU, at most 131072 in all)")
     p.add_argument("-Z", dest="user", metavar="USER",
                    help="once attached and the output open, go on as USER (the output file is USER's)")
     p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")

@@ -118,14 +118,34 @@ class Writer:
             self._cut_to_whole_records(fd, buffers, written)
             raise
 
+    def write_iov(self, iov) -> None:
+        """Write whole records that lie in memory (fcap.files.iovec: an (n, 2) array of address and length, one
+        record each) in their order, after what write() left in the file object's buffer."""
+        from fcap.files import iovec
+        self.flush()
+        fd = self._fileno()
+        if fd < 0:
+            self._w(iovec.gather(iov))
+            return
+        try:
+            iovec.write_all(fd, iov)
+        except OSError as e:
+            done = getattr(e, "written", 0)
+            self._truncate(fd, done, iovec.whole(iov, done))
+            raise
+
     def _cut_to_whole_records(self, fd: int, buffers: list, written: int) -> None:
         """After a failed write of whole records: a regular file loses the part of a record it got, so that it
         ends with the last whole one (a pipe's reader or a device keeps what it got)."""
+        self._truncate(fd, written, whole_records(self.fmt, b"".join(bytes(b) for b in buffers)[:written]))
+
+    @staticmethod
+    def _truncate(fd: int, written: int, keep: int) -> None:
+        """A regular file whose last write stopped `written` bytes in: cut back to its first `keep` bytes."""
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return
             end = os.lseek(fd, 0, os.SEEK_CUR)
-            keep = whole_records(self.fmt, b"".join(bytes(b) for b in buffers)[:written])
             os.ftruncate(fd, end - written + keep)
             os.lseek(fd, end - written + keep, os.SEEK_SET)
         except OSError:

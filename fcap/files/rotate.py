@@ -96,6 +96,28 @@ class RotatingWriter:
             for v in made:
                 v.release()
 
+    def write_iov(self, iov) -> None:
+        """writev() for records that lie in memory (fcap.files.iovec): cut between records where -C rotates."""
+        from fcap.files import iovec
+        self._check()
+        limit = self.plan.size
+        while limit and len(iov) and self.size + iovec.total(iov) > limit:
+            at = iovec.first_past(iov, limit - self.size)
+            if at == len(iov) or (at == 0 and self.fresh):
+                break
+            if at:
+                self._write_iov(iov[:at])
+                iov = iov[at:]
+            self.rotate()
+        self._write_iov(iov)
+
+    def _write_iov(self, iov) -> None:
+        if len(iov):
+            from fcap.files import iovec
+            self.writer.write_iov(iov)
+            self.size += iovec.total(iov)
+            self.fresh = False
+
     def epb_parts(self, *args, **kwargs):
         return self.writer.epb_parts(*args, **kwargs)
 

@@ -5,6 +5,7 @@ are."""
 from __future__ import annotations
 
 import struct
+import threading
 from typing import Callable
 
 from bpf.perfbuf import PerfBuffer
@@ -222,7 +223,7 @@ class RingDrain:
     perf buffer only carries doorbells."""
 
     def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
-                 window: order.Window | None = None):
+                 window: order.Window | None = None, fast: bool = True):
         self.map = ring_map
         self.mm = ring_map.mmap()
         self.view = memoryview(self.mm)
@@ -242,6 +243,11 @@ class RingDrain:
         self.window = window or order.Window()
         self.written = 0
         self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
+        self.fast = fast and len(self.bases) > 1   # merge through fcap.live.fastmerge once it is imported
+        self.address: int | None = None   # of the mapping (fastmerge's)
+        self.np_words = None
+        if self.fast:   # (before `listening on`: a flood that starts at once is merged at C speed from its start)
+            FAST.wait()
 
     @property
     def done(self) -> bool:
@@ -251,27 +257,19 @@ class RingDrain:
         """One pass: write what is surely published (everything when `final`: the programs are detached)."""
         self.buffer.drain(_ignore)
         cutoff = self.window.cutoff(final)
-        batches, ends, pressed = self._new()
+        spans, pressed = self._spans()
         if pressed:
             cutoff = self.window.pressed(cutoff)
-        try:
-            runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
-                                      self.left - self.written if self.left else -1)
-            self._write(runs, ends)
-            n = self._advance(takes, ends, batches)
-        finally:
-            for v in batches + ends:
-                if isinstance(v, memoryview):
-                    v.release()
+        fast = FAST.module if self.fast else None
+        n = self._fast(fast, spans, cutoff) if fast is not None else self._by_runs(spans, cutoff)
         self.written += n
         return n
 
-    def _new(self) -> tuple[list, list, bool]:
-        """Per CPU: the timestamps and end positions of the records published and not taken yet, as strided
-        views of its index (lists where they wrap around its end); self.ordered says which are in time order.
-        And whether a ring is a quarter full or more."""
-        words, entries, mask = self.words, self.entries, self.entries - 1
-        batches, ends = [], []
+    def _spans(self) -> tuple[list, bool]:
+        """Per CPU: where its records published and not taken yet start in the words (of its index), and how many;
+        self.ordered says which are in time order. And whether a ring is a quarter full or more."""
+        words, mask = self.words, self.entries - 1
+        spans = []
         pressed = False
         for i, base in enumerate(self.bases):
             head = words[(base + _HEAD) // 8]
@@ -282,19 +280,68 @@ class RingDrain:
                 self.disorder[i] = disorder
                 self.ordered[i] = False
             new = ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
-            at = self.index[i] + 2 * (self.counts[i] & mask)
+            spans.append((self.index[i] + 2 * (self.counts[i] & mask), new))
+        return spans, pressed
+
+    def _fast(self, fast, spans: list, cutoff: int) -> int:
+        """The pass through fcap.live.fastmerge: one sort of every record's timestamp, the records written as
+        (address, length) pairs in that order."""
+        if self.address is None:
+            self.address = _address(self.mm)
+            self.np_words = fast.words(self.address, len(self.mm) // 8)
+        entries, firsts, addresses = [], [], []
+        for i, (at, new) in enumerate(spans):
+            e = self._entries(fast, i, at, new).reshape(-1, 2)
+            entries.append(e[:fast.eligible(e[:, 0], cutoff, self.ordered[i])])
+            firsts.append(self.tails[i])
+            addresses.append(self.address + self.bases[i] + RING.size)
+        p = fast.plan(entries, firsts, addresses, self.size, self.left - self.written if self.left else -1,
+                      self.window.last)
+        if len(p.iov):
+            self.window.wrote(p.late, p.newest)
+            self.writer.write_iov(p.iov)
+        ends = [e[:, 1] for e in entries]
+        return self._advance(p.takes, ends, [n for _at, n in spans])
+
+    def _entries(self, fast, i: int, at: int, new: int):
+        """CPU i's `new` index entries from word `at`, flat: a view, or a copy where they wrap around its end."""
+        w, end, limit = self.np_words, at + 2 * new, self.index[i] + 2 * self.entries
+        if end <= limit:
+            return w[at:end]
+        return fast.np.concatenate((w[at:limit], w[self.index[i]:self.index[i] + end - limit]))
+
+    def _by_runs(self, spans: list, cutoff: int) -> int:
+        """The pass through fcap.live.order: runs of each CPU's records, merged in Python (while numpy is not
+        there yet, or not installed)."""
+        batches, ends = self._new(spans)
+        try:
+            runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
+                                      self.left - self.written if self.left else -1)
+            self._write(runs, ends)
+            return self._advance(takes, ends, [len(b) for b in batches])
+        finally:
+            for v in batches + ends:
+                if isinstance(v, memoryview):
+                    v.release()
+
+    def _new(self, spans: list) -> tuple[list, list]:
+        """Per CPU: the timestamps and end positions of its records in `spans`, as strided views of its index
+        (lists where they wrap around its end)."""
+        words = self.words
+        batches, ends = [], []
+        for i, (at, new) in enumerate(spans):
+            end, limit = at + 2 * new, self.index[i] + 2 * self.entries
             if not new:
                 batches.append(_EMPTY)
                 ends.append(_EMPTY)
-            elif (self.counts[i] & mask) + new <= entries:
-                batches.append(words[at:at + 2 * new:2])
-                ends.append(words[at + 1:at + 2 * new:2])
+            elif end <= limit:
+                batches.append(words[at:end:2])
+                ends.append(words[at + 1:end:2])
             else:
-                first = 2 * (entries - (self.counts[i] & mask))
-                flat = words[at:at + first].tolist() + words[self.index[i]:self.index[i] + 2 * new - first].tolist()
+                flat = words[at:limit].tolist() + words[self.index[i]:self.index[i] + end - limit].tolist()
                 batches.append(flat[0::2])
                 ends.append(flat[1::2])
-        return batches, ends, pressed
+        return batches, ends
 
     def _write(self, runs: list, ends: list) -> None:
         if not runs:
@@ -316,19 +363,20 @@ class RingDrain:
             for p in parts:
                 p.release()
 
-    def _advance(self, takes: list, ends: list, batches: list) -> int:
-        """Give the bytes and index entries of the records taken back to the programs; returns how many."""
+    def _advance(self, takes: list, ends: list, lengths: list) -> int:
+        """Give the bytes and index entries of the records taken back to the programs; returns how many. `lengths`:
+        how many records of each CPU the pass looked at."""
         words, size, n = self.words, self.size, 0
         self.held = False
         for i, base in enumerate(self.bases):
             k = takes[i]
             if k:
-                self.tails[i] = ends[i][k - 1]
+                self.tails[i] = int(ends[i][k - 1])
                 words[(base + _TAIL) // 8] = self.tails[i]
                 self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
                 words[(base + _TAKEN) // 8] = self.counts[i]
                 n += k
-            if k == len(batches[i]) and not self.moved[i]:
+            if k == lengths[i] and not self.moved[i]:
                 self.ordered[i] = True   # (until the program counts a record out of order again)
             # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
             # being written saw the old tail and rang again), and only when less than a quarter of the ring is
@@ -353,11 +401,55 @@ class RingDrain:
         return self.written + left
 
     def close(self) -> None:
+        self.np_words = None
         if self.view is not None:
             self.words.release()
             self.view.release()
             self.view = None
             self.mm.close()
+
+
+class _Fast:
+    """fcap.live.fastmerge (numpy), imported on a thread of its own from the time a session knows it will write
+    file rings (Session.open: the ~90 ms of numpy's import run beside the programs' verification) until a drain of
+    several rings is made, which waits for it; where numpy is not installed, drains merge through fcap.live.order."""
+
+    def __init__(self):
+        self.module = None
+        self.missing = ""          # why it could not be imported
+        self._thread: threading.Thread | None = None
+
+    def load(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._import, name="fcap-fastmerge", daemon=True)
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None):
+        """The module once imported (None: not installed), loading it first if need be."""
+        self.load()
+        self._thread.join(timeout)
+        return self.module
+
+    def _import(self) -> None:
+        try:
+            from fcap.live import fastmerge
+        except ImportError as e:
+            self.missing = str(e)
+            return
+        self.module = fastmerge
+
+
+FAST = _Fast()
+
+
+def _address(mm) -> int:
+    """Where a mapping lies in memory (the export ctypes takes to learn it is let go at once)."""
+    import ctypes
+    ref = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(ref)
+    finally:
+        del ref
 
 
 _HEAD, _TAIL, _TAKEN, _BELL = RING.off("head"), RING.off("tail"), RING.off("taken"), RING.off("bell")

@@ -33,7 +33,7 @@ from fcap.kernel.drops import is_drop_point
 from fcap.live import multi
 from fcap.live.attach import Attach
 from fcap.live.order import Pending, Window
-from fcap.defaults import BUFFER_KIB, SNAPLEN, TRACK_MAX, check_snaplen
+from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 
 
@@ -47,7 +47,7 @@ class Config(NamedTuple):
     linktype: str | None = None
     snaplen: int = SNAPLEN
     filter: str | None = None
-    buffer_kib: int = BUFFER_KIB
+    buffer_kib: int = 0      # -B, all CPUs together (0: fcap.defaults.buffer_kib for this machine's CPUs)
     immediate: bool = False
     predicates: list | tuple = ()   # factories: Point -> predicate (see fcap.kernel.predicates)
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
@@ -250,6 +250,9 @@ class Session(Attach):
             pages = self._pages(len(cpus))
             kfunc = self._file_ring_kfunc()
             if kfunc:
+                if len(cpus) > 1:   # the drain's merge at C speed, imported while the programs load
+                    from fcap.live.drain import FAST
+                    FAST.load()
                 ring_size = self._make_ring(pages * PAGE)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, kfunc
             self._load_all(maps)
@@ -336,8 +339,9 @@ class Session(Attach):
                 size //= 2
 
     def _pages(self, ncpus: int) -> int:
-        """Pages per CPU (a power of two) for -B KiB shared by the CPUs."""
-        per_cpu = max(self.cfg.buffer_kib * 1024 // max(ncpus, 1) // PAGE, 8)
+        """Pages per CPU (a power of two) for -B KiB shared by the CPUs (its default: fcap.defaults.buffer_kib)."""
+        kib = self.cfg.buffer_kib or buffer_kib(ncpus)
+        per_cpu = max(kib * 1024 // max(ncpus, 1) // PAGE, 8)
         return 1 << (per_cpu.bit_length() - 1)
 
     def _file_ring_kfunc(self) -> int:

@@ -1,0 +1,189 @@
+"""python -m bench.flood: several CPUs sending at once. N senders (bench/sender.c), each pinned to its own CPU
+and sending COUNT 64-byte datagrams at full speed to a sink of its own on 127.0.0.1, bare and under each capture
+tool (tcpdump -i lo, dumpcap, fcap pcap, fcap pcapng) in one run; per N: the share of the datagrams in each tool's
+file, the senders' aggregate rate against bare, and the tool's CPU per captured datagram. The reader has a CPU of
+its own (the last) while the senders leave one; on a machine with fewer CPUs than that, senders take every CPU
+and the reader shares them, as on a 2-CPU laptop."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from .capture import SNAPLEN, Tool, _Child, _proc_cpu_s, _summary, count_in_file, tools
+from .traffic import BenchError, Sender
+
+PAYLOAD = 64
+SETTLE_S = 1.0
+
+
+@dataclass
+class FloodResult:
+    tool: str                 # "none": the senders bare
+    senders: int
+    sent: int = 0
+    sender_pps: float = 0.0   # the senders' rates added up
+    in_file: int = 0
+    captured: int | None = None
+    received: int | None = None
+    dropped: int | None = None
+    cpu_run_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.in_file / self.sent if self.sent else 0.0
+
+    @property
+    def cpu_ns_per_pkt(self) -> float | None:
+        return self.cpu_run_s * 1e9 / self.in_file if self.in_file else None
+
+
+def cpus_for(senders: int) -> tuple[list[int], int | None]:
+    """The senders' CPUs and the reader's (None: it shares theirs)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if senders < len(cpus):
+        return cpus[:senders], cpus[-1]
+    return [cpus[i % len(cpus)] for i in range(senders)], None
+
+
+def _send_all(sender: Sender, cpus: list[int], count: int) -> tuple[int, float, set]:
+    """The senders started together, one per CPU; (datagrams sent, their rates added up, the sinks' ports)."""
+    procs = [subprocess.Popen(["taskset", "-c", str(c), sender.path, str(PAYLOAD), str(count), "0", "32"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cpus]
+    sent, pps, ports = 0, 0.0, set()
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise BenchError(f"sender failed: {err.strip()}")
+        f = out.split()
+        n, ns = int(f[1]), int(f[3])
+        sent += n
+        pps += n * 1e9 / ns if ns else 0.0
+        ports.add(int(f[5]))
+    return sent, pps, ports
+
+
+def run_one(sender: Sender, tool: Tool | None, senders: int, count: int, where: str) -> FloodResult:
+    cpus, reader = cpus_for(senders)
+    r = FloodResult(tool.name if tool else "none", senders)
+    if tool is None:
+        r.sent, r.sender_pps, _ports = _send_all(sender, cpus, count)
+        return r
+    path = os.path.join(where, f"fcap-bench-flood-{os.getpid()}{tool.suffix}")
+    launch = ["taskset", "-c", str(reader)] if reader is not None else []
+    child = _Child(tool.command(path), tool.ready, launch=launch)
+    try:
+        child.ready()
+        cpu0 = _proc_cpu_s(child.p.pid)
+        r.sent, r.sender_pps, ports = _send_all(sender, cpus, count)
+        time.sleep(SETTLE_S)
+        cpu, lines = child.stop()
+        r.cpu_run_s = max(cpu - cpu0, 0.0)
+        _summary(lines, r)
+        if child.p.returncode not in (0, -signal.SIGINT, 130):
+            r.notes.append(f"exit status {child.p.returncode}: {' | '.join(lines[-3:])}")
+        r.in_file = count_in_file(path, ports)
+    finally:
+        child.kill()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return r
+
+
+def measure(ns: list[int], count: int, rounds: int, names: list[str], extra: list[str], where: str,
+            log) -> list[FloodResult]:
+    from .capture import OUT_DIR
+    OUT_DIR[0] = where
+    configs = tools(extra)
+    chosen = [configs[n] for n in names]
+    sender = Sender()
+    out = []
+    try:
+        for n in ns:
+            for rnd in range(rounds):
+                for tool in [None] + chosen:
+                    r = run_one(sender, tool, n, count, where)
+                    r.notes.append(f"round {rnd + 1}")
+                    out.append(r)
+                    cpu = r.cpu_ns_per_pkt
+                    log(f"senders {n:2d} {r.tool:<12} {r.sender_pps / 1e6:6.3f} Mpps  in file {r.share * 100:7.3f}%  "
+                        + (f"cpu {cpu:7.0f} ns/pkt  " if cpu else "") + f"dropped {r.dropped}")
+    finally:
+        sender.close()
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def table(results: list[FloodResult], names: list[str]) -> list[str]:
+    head = "| senders | bare | " + " | ".join(f"{n}: share / senders / CPU per packet" for n in names) + " |"
+    out = [head, "|---|---|" + "---|" * len(names)]
+    for n in sorted({r.senders for r in results}):
+        mine = [r for r in results if r.senders == n]
+        bare = _median([r.sender_pps for r in mine if r.tool == "none"])
+        cells = [f"{bare / 1e6:.2f} Mpps"]
+        for name in names:
+            rs = [r for r in mine if r.tool == name]
+            if not rs:
+                cells.append("")
+                continue
+            share = _median([r.share for r in rs])
+            speed = _median([r.sender_pps for r in rs]) / bare if bare else 0
+            cpu = [r.cpu_ns_per_pkt for r in rs if r.cpu_ns_per_pkt]
+            cells.append(f"{share:.4f} / {speed:.2f} / " + (f"{_median(cpu):.0f} ns" if cpu else "-"))
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__)
+    ap.add_argument("--senders", default="", help="the N to run, e.g. 1,2,4 (default: 1 up to one per CPU)")
+    ap.add_argument("--count", type=int, default=300_000, help="datagrams each sender sends")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--tools", default="tcpdump,dumpcap,fcap pcap,fcap pcapng",
+                    help="comma-separated: tcpdump, dumpcap, fcap pcap, fcap pcapng")
+    ap.add_argument("--fcap-args", default="", help="more fcap flags, e.g. '-B 262144'")
+    ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
+                    "fcap.commands.cli', to measure another version)")
+    ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.flood: needs root", file=sys.stderr)
+        return 2
+    ncpu = len(os.sched_getaffinity(0))
+    ns = [int(x) for x in args.senders.split(",")] if args.senders else sorted({1, 2, max(1, ncpu - 1), ncpu})
+    names = [n.strip() for n in args.tools.split(",") if n.strip()]
+    if args.fcap:
+        import shlex
+        from . import capture
+        capture.FCAP[:] = shlex.split(args.fcap)
+    try:
+        results = measure(ns, args.count, args.rounds, names, args.fcap_args.split(), args.dir,
+                          lambda m: print(m, file=sys.stderr, flush=True))
+    except BenchError as e:
+        print(f"bench.flood: {e}", file=sys.stderr)
+        return 1
+    print(f"{ncpu} CPUs, {args.count:,} datagrams of {PAYLOAD} bytes per sender, snaplen {SNAPLEN}, "
+          f"files in {args.dir}")
+    print("\n".join(table(results, names)))
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
