@@ -146,6 +146,13 @@ def table(results: list[FloodResult], names: list[str]) -> list[str]:
     return out
 
 
+def default_senders(ncpu: int) -> list[int]:
+    """1, 2, 4, ... below the CPU count, and one sender per CPU but the reader's (2 CPUs: 1 and 2, the reader
+    sharing)."""
+    ns = {1 << k for k in range(ncpu.bit_length()) if 1 << k < ncpu}
+    return sorted(ns | {ncpu - 1 if ncpu > 2 else ncpu})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__)
     ap.add_argument("--senders", default="", help="the N to run, e.g. 1,2,4 (default: 1 up to one per CPU)")
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.flood: needs root", file=sys.stderr)
         return 2
     ncpu = len(os.sched_getaffinity(0))
-    ns = [int(x) for x in args.senders.split(",")] if args.senders else sorted({1, 2, max(1, ncpu - 1), ncpu})
+    ns = [int(x) for x in args.senders.split(",")] if args.senders else default_senders(ncpu)
     names = [n.strip() for n in args.tools.split(",") if n.strip()]
     if args.fcap:
         import shlex
@@ -175,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"bench.flood: {e}", file=sys.stderr)
         return 1
-    print(f"{ncpu} CPUs, {args.count:,} datagrams of {PAYLOAD} bytes per sender, snaplen {SNAPLEN}, "
-          f"files in {args.dir}")
+    from .report import machine
+    print("\n".join(machine()))
+    print(f"- {args.count:,} datagrams of {PAYLOAD} bytes per sender, snaplen {SNAPLEN}, files in {args.dir}; "
+          f"median of {args.rounds} round(s); share / senders' rate vs bare / the tool's CPU per packet in its file")
+    print()
     print("\n".join(table(results, names)))
     if args.json:
         import json

@@ -271,7 +271,10 @@ def test_window_merges_by_runs():
     w.wrote(2, 50)
     assert w.margin == 2000 and w.late == 2 and w.last == 50
     runs, takes = order.merge(w, [[10, 60], [40]], yes, 55)   # 10 and 40 go, both late (before 50)
-    assert runs == [(0, 0, 1), (1, 0, 1)] and takes == [1, 1] and w.late == 4 and w.last == 50
+    assert runs == [(0, 0, 1), (1, 0, 1)] and takes == [1, 1] and w.late == 4 and w.last == 50 and w.lag == 40
+    w.wrote(1, 9000, 50 - 7000)   # (what the summary and the pcapng statistics say: how many, how late at most)
+    assert w.disorder() == "5 packets written out of time order (late), up to 7 us" and w.lag == 7000
+    assert order.Window().disorder() == ""
 
 
 def test_pending_holds_records_past_the_cutoff():
@@ -349,6 +352,7 @@ def test_ring_drain_merges_holds_and_counts(fast):
     assert d.window.late == 0 and d.written == 44
     rings.publish(1, t + 1700, b"late|")   # older than what was written: written anyway, counted, margin doubled
     assert d() == 1 and sink.out.endswith(b"later|late|") and d.window.late == 1 and d.window.margin == 4_000_000
+    assert d.window.lag == future - (t + 1700)
     d.close()
     rings.close()
     rings, sink = _rings(), _Sink()

@@ -70,9 +70,10 @@ def with_seen(stats: list[PointStats], seen: int, counted_hits: bool) -> list[Po
     return [PointStats(s.hits if counted_hits else seen, seen, s.lost) for s in stats]
 
 
-def write_isbs(writer, stats: list[PointStats], start_ns: int, end_ns: int) -> None:
+def write_isbs(writer, stats: list[PointStats], start_ns: int, end_ns: int, comment: str = "") -> None:
     """One Interface Statistics Block per point (interface i = point i): isb_starttime/endtime (the capture's
-    attach and detach, wall clock), isb_ifrecv (hits), isb_filteraccept (kept), isb_ifdrop (lost)."""
+    attach and detach, wall clock), isb_ifrecv (hits), isb_filteraccept (kept), isb_ifdrop (lost); `comment` (the
+    records written out of time order, fcap.live.order.Window.disorder) on each."""
     for iface, s in enumerate(stats):
         writer.write_isb(iface, end_ns, start_ns=start_ns, end_ns=end_ns, ifrecv=s.hits, ifdrop=s.lost,
-                         filteraccept=s.seen)
+                         filteraccept=s.seen, comment=comment or None)

@@ -1,6 +1,6 @@
 """Capture records to the file without per-record objects: FileDrain slices perf samples (whose record header the
 program laid out) into os.writev batches; RingDrain writes the file rings' finished records (kernel.ringrec) as they
-are."""
+are, in the order one sort of their index gives (fcap.live.fastmerge)."""
 
 from __future__ import annotations
 
@@ -218,9 +218,10 @@ def _wrapped(data, off: int, length: int, size: int) -> bytes:
 class RingDrain:
     """Drains the per-CPU file rings (see fcap.kernel.ringrec) into a writer in time order: the programs wrote finished
     pcap/pcapng records there and an index entry per record (its timestamp and end), so the CPUs' records are
-    merged by runs (fcap.live.order) and written as byte ranges, without a look at each record. Records past the cutoff
-    stay in their ring (tail stops before them) until a later pass. `limit` (> 0) stops it after that many. The
-    perf buffer only carries doorbells."""
+    merged without a look at any record: by one numpy sort of the index (fcap.live.fastmerge; the records written
+    as (address, length) pairs), or where numpy is missing (or `fast` is False) by runs (fcap.live.order, written
+    as byte ranges). Records past the cutoff stay in their ring (tail stops before them) until a later pass.
+    `limit` (> 0) stops it after that many. The perf buffer only carries doorbells."""
 
     def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
                  window: order.Window | None = None, fast: bool = True):
@@ -291,14 +292,17 @@ class RingDrain:
             self.np_words = fast.words(self.address, len(self.mm) // 8)
         entries, firsts, addresses = [], [], []
         for i, (at, new) in enumerate(spans):
-            e = self._entries(fast, i, at, new).reshape(-1, 2)
-            entries.append(e[:fast.eligible(e[:, 0], cutoff, self.ordered[i])])
+            if new:
+                e = self._entries(fast, i, at, new).reshape(-1, 2)
+                entries.append(e[:fast.eligible(e[:, 0], cutoff, self.ordered[i])])
+            else:
+                entries.append(fast.NONE)
             firsts.append(self.tails[i])
             addresses.append(self.address + self.bases[i] + RING.size)
         p = fast.plan(entries, firsts, addresses, self.size, self.left - self.written if self.left else -1,
                       self.window.last)
         if len(p.iov):
-            self.window.wrote(p.late, p.newest)
+            self.window.wrote(p.late, p.newest, p.oldest)
             self.writer.write_iov(p.iov)
         ends = [e[:, 1] for e in entries]
         return self._advance(p.takes, ends, [n for _at, n in spans])
@@ -311,8 +315,8 @@ class RingDrain:
         return fast.np.concatenate((w[at:limit], w[self.index[i]:self.index[i] + end - limit]))
 
     def _by_runs(self, spans: list, cutoff: int) -> int:
-        """The pass through fcap.live.order: runs of each CPU's records, merged in Python (while numpy is not
-        there yet, or not installed)."""
+        """The pass through fcap.live.order: runs of each CPU's records, merged in Python (where numpy is not
+        installed)."""
         batches, ends = self._new(spans)
         try:
             runs, takes = order.merge(self.window, batches, self.ordered, cutoff,

@@ -13,6 +13,7 @@ import numpy as np
 from fcap.kernel import layout
 
 U64 = np.uint64
+NONE = np.empty((0, 2), U64)   # a CPU's entries when it has none
 
 
 def words(address: int, count: int):
@@ -31,12 +32,12 @@ def eligible(ts, cutoff: int, ordered: bool) -> int:
 
 class Plan:
     """One pass's merge: `iov` the records to write, in time order; `takes[j]` how many of CPU j's records (of those
-    given) they cover; `late` how many are older than `last`; `newest` the newest timestamp among them."""
+    given) they cover; `late` how many are older than `last`; `newest` and `oldest` their timestamps' range."""
 
-    __slots__ = ("iov", "takes", "late", "newest")
+    __slots__ = ("iov", "takes", "late", "newest", "oldest")
 
-    def __init__(self, iov, takes: list, late: int, newest: int):
-        self.iov, self.takes, self.late, self.newest = iov, takes, late, newest
+    def __init__(self, iov, takes: list, late: int = 0, newest: int = 0, oldest: int = 0):
+        self.iov, self.takes, self.late, self.newest, self.oldest = iov, takes, late, newest, oldest
 
 
 def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: int, last: int) -> Plan:
@@ -46,7 +47,7 @@ def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: in
     ks = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     n = int(ks.sum())
     if not n:
-        return Plan(np.empty((0, 2), U64), [0] * len(entries), 0, 0)
+        return Plan(NONE, [0] * len(entries))
     live = [e for e in entries if len(e)]
     flat = np.concatenate(live) if len(live) > 1 else live[0]
     ts, end = flat[:, 0], flat[:, 1]
@@ -69,5 +70,7 @@ def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: in
     iov[:, 0] = addr[order]
     iov[:, 1] = size[order]
     chosen = ts[order]
+    if not len(chosen):
+        return Plan(iov, takes)
     late = int(np.count_nonzero(chosen < U64(last))) if last else 0
-    return Plan(iov, takes, late, int(chosen.max()) if len(chosen) else 0)
+    return Plan(iov, takes, late, int(chosen[-1]), int(chosen[0]))

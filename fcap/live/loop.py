@@ -165,9 +165,9 @@ class CaptureLoop:
         def n(k: int, what: str) -> str:
             return f"{k} packet{'s' if k != 1 else ''} {what}\n"
         out = n(self.written, "captured") + n(st.seen, "received by filter") + n(st.lost, "dropped by kernel")
-        late = self.session.window.late
+        late = self.session.window.disorder()
         if late:   # (fcap.live.order: held up for longer than the window, written at once, after newer ones)
-            out += f"{late} packet{'s' if late != 1 else ''} written out of time order (late)\n"
+            out += late + "\n"
         nft = self.session.nft
         note = nft.note() if nft is not None else ""
         if note:

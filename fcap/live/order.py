@@ -24,12 +24,13 @@ class Window:
     """The cutoff of each drain pass, with a margin that grows when records come late; also what was written
     last (late records are those older than it)."""
 
-    __slots__ = ("margin", "last", "late")
+    __slots__ = ("margin", "last", "late", "lag")
 
     def __init__(self, margin_ns: int = MARGIN_NS):
         self.margin = margin_ns
         self.last = 0         # the newest timestamp written so far
-        self.late = 0         # records written after a newer one (out of time order)
+        self.late = 0         # records written after a newer one (out of time order) ...
+        self.lag = 0          # ... and by how much, at most (ns older than the newest written before them)
 
     def cutoff(self, final: bool = False) -> int:
         """Records before this may be merged now: read it before reading the buffers' heads."""
@@ -46,13 +47,22 @@ class Window:
         """How soon to look again while records are held (the per-record path)."""
         return max(1, self.margin // 1_000_000)
 
-    def wrote(self, late: int, newest: int) -> None:
-        """A pass wrote records up to `newest`, `late` of them older than what an earlier pass wrote."""
+    def wrote(self, late: int, newest: int, oldest: int = 0) -> None:
+        """A pass wrote records from `oldest` up to `newest`, `late` of them older than what an earlier pass
+        wrote."""
         if late:
             self.late += late
+            self.lag = max(self.lag, self.last - oldest)
             self.margin = min(self.margin * 2, MARGIN_MAX_NS)
         if newest > self.last:
             self.last = newest
+
+    def disorder(self) -> str:
+        """What the output says of the records written out of time order ("" when none was)."""
+        if not self.late:
+            return ""
+        return (f"{self.late} packet{'s' if self.late != 1 else ''} written out of time order (late), up to "
+                f"{self.lag / 1000:.0f} us")
 
 
 def is_sorted(ts) -> bool:
@@ -149,7 +159,9 @@ def merge(window: Window, batches: list, ordered: list, cutoff: int, limit: int 
     out = runs(batches, takes, ordered, limit)
     takes = taken(out, len(batches))
     if out:
-        window.wrote(late_count(batches, takes, ordered, window.last), newest(batches, out, ordered))
+        late = late_count(batches, takes, ordered, window.last)
+        oldest = min(min(batches[i][a:b]) for i, a, b in out) if late else 0
+        window.wrote(late, newest(batches, out, ordered), oldest)
     return out, takes
 
 
@@ -169,7 +181,7 @@ class Pending:
         if out:
             w = self.window
             late = sum(1 for r in out if r.ts_ns < w.last) if out[0].ts_ns < w.last else 0
-            w.wrote(late, out[-1].ts_ns)
+            w.wrote(late, out[-1].ts_ns, out[0].ts_ns)
         return out
 
 

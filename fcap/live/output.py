@@ -126,7 +126,8 @@ class FileSink(Sink):
         if self.fmt != PCAPNG or not hasattr(w, "write_isb") or not session.point_stats:
             return
         from fcap.kernel import stats
-        stats.write_isbs(w, session.point_stats, session.attached_ns, session.detached_ns or session.attached_ns)
+        stats.write_isbs(w, session.point_stats, session.attached_ns, session.detached_ns or session.attached_ns,
+                         session.window.disorder())
 
     def close(self, ok: bool = True) -> None:
         if ok:
