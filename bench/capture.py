@@ -90,19 +90,26 @@ class Result:
         return self.cpu_run_s * 1e6 / self.in_file if self.in_file else None
 
 
+def _ticks(path: str) -> int:
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def _proc_cpu_s(pid: int) -> float:
-    """CPU time of a running process (all threads): schedstat's ns where readable, else stat's ticks."""
-    total = 0
+    """CPU time of a running process, its threads that have ended included (as wait4 counts them at its exit):
+    the live threads' schedstat ns, plus the ticks of those gone (the process's ticks less the live threads'),
+    else stat's ticks alone."""
+    total = ticks = 0
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0])
-        return total / 1e9
+            ticks += _ticks(f"/proc/{pid}/task/{tid}/stat")
+        return total / 1e9 + max(_ticks(f"/proc/{pid}/stat") - ticks, 0) / CLK_TCK
     except (OSError, ValueError, IndexError):
         pass
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return _ticks(f"/proc/{pid}/stat") / CLK_TCK
 
 
 class _Child:

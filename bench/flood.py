@@ -1,7 +1,8 @@
 """python -m bench.flood: several CPUs sending at once. N senders (bench/sender.c), each pinned to its own CPU
 and sending COUNT 64-byte datagrams at full speed to a sink of its own on 127.0.0.1, bare and under each capture
 tool (tcpdump -i lo, dumpcap, fcap pcap, fcap pcapng) in one run; per N: the share of the datagrams in each tool's
-file, the senders' aggregate rate against bare, and the tool's CPU per captured datagram. The reader has a CPU of
+file, the senders' aggregate rate against bare, and the tool's CPU per captured datagram (from `listening on` to its
+exit, less an idle run's). The reader has a CPU of
 its own (the last) while the senders leave one; on a machine with fewer CPUs than that, senders take every CPU
 and the reader shares them, as on a 2-CPU laptop."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,7 +34,7 @@ class FloodResult:
     captured: int | None = None
     received: int | None = None
     dropped: int | None = None
-    cpu_run_s: float = 0.0
+    cpu_run_s: float = 0.0       # from `listening on` to exit, less an idle run's
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -98,12 +100,38 @@ def run_one(sender: Sender, tool: Tool | None, senders: int, count: int, where: 
     return r
 
 
+def idle_cpu(tool: Tool, where: str, seconds: float = 2.0) -> float:
+    """The tool's CPU from `listening on` to its exit with no traffic for `seconds` (what a run's CPU is less)."""
+    path = os.path.join(where, f"fcap-bench-idle-{os.getpid()}{tool.suffix}")
+    child = _Child(tool.command(path), tool.ready, launch=[])
+    try:
+        child.ready()
+        cpu0 = _proc_cpu_s(child.p.pid)
+        time.sleep(seconds)
+        cpu, _lines = child.stop()
+        return max(cpu - cpu0, 0.0)
+    finally:
+        child.kill()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def measure(ns: list[int], count: int, rounds: int, names: list[str], extra: list[str], where: str,
-            log) -> list[FloodResult]:
-    from .capture import OUT_DIR
+            log, baseline: list[str] | None = None) -> list[FloodResult]:
+    from .capture import FCAP, OUT_DIR
     OUT_DIR[0] = where
     configs = tools(extra)
+    if baseline:   # another fcap beside this one, in the same rounds
+        mine, FCAP[:] = list(FCAP), baseline
+        for name, tool in tools(extra).items():
+            if name.startswith("fcap"):
+                configs[name + " (baseline)"] = Tool(name + " (baseline)", tool.argv, tool.suffix, tool.ready)
+        FCAP[:] = mine
     chosen = [configs[n] for n in names]
+    idle = {t.name: sorted(idle_cpu(t, where) for _ in range(2))[0] for t in chosen}
+    log("idle CPU from `listening on` to exit: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in idle.items()))
     sender = Sender()
     out = []
     try:
@@ -111,6 +139,8 @@ def measure(ns: list[int], count: int, rounds: int, names: list[str], extra: lis
             for rnd in range(rounds):
                 for tool in [None] + chosen:
                     r = run_one(sender, tool, n, count, where)
+                    if tool is not None:
+                        r.cpu_run_s = max(r.cpu_run_s - idle[tool.name], 0.0)
                     r.notes.append(f"round {rnd + 1}")
                     out.append(r)
                     cpu = r.cpu_ns_per_pkt
@@ -163,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fcap-args", default="", help="more fcap flags, e.g. '-B 262144'")
     ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
                     "fcap.commands.cli', to measure another version)")
+    ap.add_argument("--baseline", metavar="CMD", help="also run fcap as CMD in the same rounds (its rows marked "
+                    "'(baseline)'), e.g. an older checkout: 'env PYTHONPATH=/tmp/old python3 -m fcap.commands.cli'")
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -172,13 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     ncpu = len(os.sched_getaffinity(0))
     ns = [int(x) for x in args.senders.split(",")] if args.senders else default_senders(ncpu)
     names = [n.strip() for n in args.tools.split(",") if n.strip()]
+    if args.baseline:
+        names += [n + " (baseline)" for n in names if n.startswith("fcap")]
     if args.fcap:
-        import shlex
         from . import capture
         capture.FCAP[:] = shlex.split(args.fcap)
     try:
         results = measure(ns, args.count, args.rounds, names, args.fcap_args.split(), args.dir,
-                          lambda m: print(m, file=sys.stderr, flush=True))
+                          lambda m: print(m, file=sys.stderr, flush=True),
+                          shlex.split(args.baseline) if args.baseline else None)
     except BenchError as e:
         print(f"bench.flood: {e}", file=sys.stderr)
         return 1

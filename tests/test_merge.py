@@ -36,18 +36,23 @@ def _frame(seq: int, cpu: int, extra: int) -> bytes:
     return bytes(12) + b"\x08\x00" + ip + udp + struct.pack(">QQ", seq, cpu) + bytes(extra)
 
 
-def _workload(k: int, n: int, grain: int, seed: int) -> list[list[tuple[int, int, bytes]]]:
+LENGTHS = {"one": [0], "three": [0, 1, 37], "many": list(range(40))}   # the records' extra bytes: how many lengths
+
+
+def _workload(k: int, n: int, grain: int, seed: int, lengths: str = "many") -> list[list[tuple[int, int, bytes]]]:
     """Per CPU its records in publishing order: (timestamp, sequence, pcap record). Times interleave every `grain`
-    records; the last CPU publishes some records late (older than the one before: an interrupted program)."""
+    records; the last CPU publishes some records late (older than the one before: an interrupted program). One
+    length, three (each pass copied into one buffer: fcap.live.fastmerge.gathered) or many (written as iovecs)."""
     from bench.replay import pcap_record
     rnd = random.Random(seed)
+    extra = LENGTHS[lengths]
     base = 10**15
     per = [[] for _ in range(k)]
     for j in range(n):
         for cpu in range(k):
             seq = (j // grain) * grain * k + cpu * grain + j % grain
             ts = base + seq * 1000
-            per[cpu].append((ts, seq, pcap_record(ts, _frame(seq, cpu, rnd.randrange(0, 40)))))
+            per[cpu].append((ts, seq, pcap_record(ts, _frame(seq, cpu, rnd.choice(extra)))))
     if k > 1:
         mine = per[-1]
         for i in range(1, len(mine) - 1, 17):   # a neighbour pair swapped (within a pass's slice): the later one
@@ -96,12 +101,13 @@ def _tcpdump_seqs(path) -> list[tuple[int, int]]:
     return [(ts, int(hexes[56:72], 16)) for ts, hexes in out]
 
 
+@pytest.mark.parametrize("lengths", list(LENGTHS))
 @pytest.mark.parametrize("k, grain", [(2, 1), (4, 3), (16, 1), (16, 15), (64, 1), (64, 3)])
-def test_numpy_merge_writes_what_the_runs_merge_writes(tmp_path, k, grain):
+def test_numpy_merge_writes_what_the_runs_merge_writes(tmp_path, k, grain, lengths):
     """Both merges make the same file, byte for byte; tcpdump reads it in time order, every record once, the
-    late records where their time puts them (written in the pass that found them)."""
+    records a CPU published out of order where their time puts them."""
     _fast()
-    per = _workload(k, 60 if k <= 16 else 12, grain, seed=k)
+    per = _workload(k, 60 if k <= 16 else 12, grain, seed=k, lengths=lengths)
     a, b = tmp_path / "numpy.pcap", tmp_path / "runs.pcap"
     # rings of 4 KiB: 4 passes wrap every CPU's ring and index
     assert _drain(per, True, 4096, a, passes=4) == _drain(per, False, 4096, b, passes=4) == sum(map(len, per))

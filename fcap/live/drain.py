@@ -245,8 +245,8 @@ class RingDrain:
         self.written = 0
         self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
         self.fast = fast and len(self.bases) > 1   # merge through fcap.live.fastmerge once it is imported
-        self.address: int | None = None   # of the mapping (fastmerge's)
-        self.np_words = None
+        self.address: int | None = None   # of the mapping, and numpy's views of it (fastmerge's)
+        self.np_words = self.np_bytes = None
         if self.fast:   # (before `listening on`: a flood that starts at once is merged at C speed from its start)
             FAST.wait()
 
@@ -261,7 +261,8 @@ class RingDrain:
         spans, pressed = self._spans()
         if pressed:
             cutoff = self.window.pressed(cutoff)
-        fast = FAST.module if self.fast else None
+        # (records on one CPU only are one run: written as one range, nothing to sort)
+        fast = FAST.module if self.fast and sum(1 for _at, new in spans if new) > 1 else None
         n = self._fast(fast, spans, cutoff) if fast is not None else self._by_runs(spans, cutoff)
         self.written += n
         return n
@@ -285,12 +286,13 @@ class RingDrain:
         return spans, pressed
 
     def _fast(self, fast, spans: list, cutoff: int) -> int:
-        """The pass through fcap.live.fastmerge: one sort of every record's timestamp, the records written as
-        (address, length) pairs in that order."""
+        """The pass through fcap.live.fastmerge: one sort of every record's timestamp, the records copied in that
+        order into one buffer, or written as (address, length) pairs."""
         if self.address is None:
             self.address = _address(self.mm)
             self.np_words = fast.words(self.address, len(self.mm) // 8)
-        entries, firsts, addresses = [], [], []
+            self.np_bytes = self.np_words.view(fast.np.uint8)
+        entries, firsts, rings = [], [], []
         for i, (at, new) in enumerate(spans):
             if new:
                 e = self._entries(fast, i, at, new).reshape(-1, 2)
@@ -298,12 +300,19 @@ class RingDrain:
             else:
                 entries.append(fast.NONE)
             firsts.append(self.tails[i])
-            addresses.append(self.address + self.bases[i] + RING.size)
-        p = fast.plan(entries, firsts, addresses, self.size, self.left - self.written if self.left else -1,
-                      self.window.last)
-        if len(p.iov):
+            rings.append(self.bases[i] + RING.size)
+        p = fast.plan(entries, firsts, rings, self.size, self.left - self.written if self.left else -1,
+                      self.window.last, self.np_bytes)
+        if p.data is not None or p.iov is not None:
             self.window.wrote(p.late, p.newest, p.oldest)
-            self.writer.write_iov(p.iov)
+        try:
+            if p.data is not None:
+                self.writer.writev([p.data])
+            elif p.iov is not None:
+                self.writer.write_iov(p.iov)
+        finally:
+            if p.data is not None:
+                p.data.release()
         ends = [e[:, 1] for e in entries]
         return self._advance(p.takes, ends, [n for _at, n in spans])
 
@@ -405,7 +414,7 @@ class RingDrain:
         return self.written + left
 
     def close(self) -> None:
-        self.np_words = None
+        self.np_words = self.np_bytes = None
         if self.view is not None:
             self.words.release()
             self.view.release()

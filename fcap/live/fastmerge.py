@@ -7,10 +7,27 @@ before the cutoff, each CPU's taken as a prefix, `-c` the first by time. Importe
 from __future__ import annotations
 
 import ctypes
-
-import numpy as np
+import os
 
 from fcap.kernel import layout
+
+
+def _import_numpy():
+    """numpy with its BLAS on one thread: the merge calls no BLAS, and OpenBLAS would start a thread per CPU at
+    import (~100 ms of CPU on 2 CPUs, more the more CPUs). The environment is left as it was (the command fcap runs
+    inherits it)."""
+    set_here = "OPENBLAS_NUM_THREADS" not in os.environ
+    if set_here:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy
+    finally:
+        if set_here:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+    return numpy
+
+
+np = _import_numpy()
 
 U64 = np.uint64
 NONE = np.empty((0, 2), U64)   # a CPU's entries when it has none
@@ -30,24 +47,31 @@ def eligible(ts, cutoff: int, ordered: bool) -> int:
     return int(past[0]) if len(past) else len(ts)
 
 
+GATHER_LENGTHS = 8   # a pass whose records come in at most this many lengths is copied into one buffer (two
+                     # copies a record at C speed beat a writev pair each: the kernel's cost per pair is ~75 ns)
+
+
 class Plan:
-    """One pass's merge: `iov` the records to write, in time order; `takes[j]` how many of CPU j's records (of those
-    given) they cover; `late` how many are older than `last`; `newest` and `oldest` their timestamps' range."""
+    """One pass's merge: the records to write in time order, as one buffer (`data`, a memoryview) or, where it
+    would take too many copies to make, as `iov`, (address, length) pairs; `takes[j]` how many of CPU j's records
+    (of those given) they cover; `late` how many are older than `last`; `newest` and `oldest` their timestamps'
+    range."""
 
-    __slots__ = ("iov", "takes", "late", "newest", "oldest")
+    __slots__ = ("data", "iov", "takes", "late", "newest", "oldest")
 
-    def __init__(self, iov, takes: list, late: int = 0, newest: int = 0, oldest: int = 0):
-        self.iov, self.takes, self.late, self.newest, self.oldest = iov, takes, late, newest, oldest
+    def __init__(self, takes: list, data=None, iov=None, late: int = 0, newest: int = 0, oldest: int = 0):
+        self.data, self.iov, self.takes = data, iov, takes
+        self.late, self.newest, self.oldest = late, newest, oldest
 
 
-def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: int, last: int) -> Plan:
+def plan(entries: list, firsts: list, rings: list, ring_size: int, limit: int, last: int, memory) -> Plan:
     """The merge of CPUs' records: per CPU its eligible index entries ((k, 2) arrays of timestamp and end),
-    where its first record starts (its tail, position bits) and the address of its ring's byte 0. `limit` >= 0
-    keeps only the first `limit` by time."""
+    where its first record starts (its tail, position bits) and where its ring's byte 0 lies in `memory` (the
+    mapping, bytes). `limit` >= 0 keeps only the first `limit` by time."""
     ks = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     n = int(ks.sum())
     if not n:
-        return Plan(NONE, [0] * len(entries))
+        return Plan([0] * len(entries))
     live = [e for e in entries if len(e)]
     flat = np.concatenate(live) if len(live) > 1 else live[0]
     ts, end = flat[:, 0], flat[:, 1]
@@ -57,7 +81,7 @@ def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: in
     start[1:] = end[:-1]
     start[offsets[has]] = np.array(firsts, U64)[has]
     size = (end - start) & U64(layout.HEAD_POS)
-    addr = np.repeat(np.array(addresses, U64), ks) + (start & U64(ring_size - 1))
+    at = np.repeat(np.array(rings, U64), ks) + (start & U64(ring_size - 1))
     order = np.argsort(ts, kind="stable")         # each CPU's records keep their order among equal times
     takes = ks.tolist()
     if 0 <= limit < n:
@@ -66,11 +90,37 @@ def plan(entries: list, firsts: list, addresses: list, ring_size: int, limit: in
         upto = np.zeros(len(entries), np.int64)
         np.maximum.at(upto, cpu, order - offsets[cpu] + 1)   # a CPU's records go as a prefix
         takes = upto.tolist()
-    iov = np.empty((len(order), 2), U64)
-    iov[:, 0] = addr[order]
-    iov[:, 1] = size[order]
-    chosen = ts[order]
-    if not len(chosen):
-        return Plan(iov, takes)
+    if not len(order):
+        return Plan(takes)
+    at, size, chosen = at[order], size[order], ts[order]
     late = int(np.count_nonzero(chosen < U64(last))) if last else 0
-    return Plan(iov, takes, late, int(chosen[-1]), int(chosen[0]))
+    p = Plan(takes, late=late, newest=int(chosen[-1]), oldest=int(chosen[0]))
+    p.data = gathered(memory, at, size)
+    if p.data is None:
+        p.iov = np.empty((len(order), 2), U64)
+        p.iov[:, 0] = at + U64(memory.ctypes.data)
+        p.iov[:, 1] = size
+    return p
+
+
+def _items(buf, length: int):
+    """Every `length`-byte run of buf, one starting at each byte: an item per record start, copied whole."""
+    return np.ndarray((len(buf) - length + 1,), dtype=np.dtype((np.void, length)), buffer=buf, strides=(1,))
+
+
+def gathered(memory, at, size):
+    """The records (`size` bytes at offset `at` of memory, in order) copied into one buffer, one gather (and, when
+    their lengths differ, one scatter) per length; None when they come in more than GATHER_LENGTHS lengths."""
+    lo, hi = int(size.min()), int(size.max())
+    if lo == hi:
+        return memoryview(_items(memory, lo)[at.astype(np.intp)].view(np.uint8))
+    lengths = np.flatnonzero(np.bincount(size.astype(np.intp)))
+    if len(lengths) > GATHER_LENGTHS:
+        return None
+    out = np.empty(int(size.sum()), np.uint8)
+    to = np.cumsum(size) - size
+    src = at.astype(np.intp)
+    for length in lengths.tolist():
+        pick = np.flatnonzero(size == U64(length))
+        _items(out, length)[to[pick].astype(np.intp)] = _items(memory, length)[src[pick]]
+    return memoryview(out)
