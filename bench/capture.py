@@ -3,6 +3,7 @@ then collect its CPU time (wait4 rusage), its own summary lines and the share of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -170,6 +171,22 @@ class _Child:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait()
+
+
+@contextlib.contextmanager
+def running(tool: Tool, path: str, launch: list[str] | None = None):
+    """The tool capturing into `path` for the block, ready (`listening on`): its _Child; killed if still running
+    and the file removed after."""
+    child = _Child(tool.command(path), tool.ready, launch=launch)
+    try:
+        child.ready()
+        yield child
+    finally:
+        child.kill()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 _SUMMARY = re.compile(r"^(\d+) packets? (captured|received by filter|dropped by kernel)")

@@ -86,12 +86,14 @@ def measure(ks: list[int], total: int, grain: int, rounds: int, where: str, log)
 
 
 def table(rows: list[dict], grain: int) -> list[str]:
-    out = [f"| CPUs (K) | merge | records a pass | records/s | MB/s | ns per record | vs runs |",
+    out = ["| CPUs (K) | merge | records a pass | records/s | MB/s | ns per record | vs runs |",
            "|---|---|---|---|---|---|---|"]
     by = {(r["cpus"], r["merge"]): r for r in rows}
     for r in rows:
         base = by.get((r["cpus"], "runs"))
-        ratio = f"{base['ns'] / r['ns']:.0f}x faster" if base and r["merge"] == "numpy" else ""
+        ratio = f"{base['ns'] / r['ns']:.0f}x faster" if base and r["merge"] == "numpy" and r["cpus"] > 1 else ""
+        if r["cpus"] == 1 and r["merge"] == "numpy":
+            ratio = "(one CPU: one run, no sort, both ways)"
         out.append(f"| {r['cpus']} | {r['merge']} | {r['records']:,} | {r['rps'] / 1e6:.2f} M | {r['mbps']:.0f} | "
                    f"{r['ns']:.0f} | {ratio} |")
     out.append("")

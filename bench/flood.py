@@ -15,9 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-from .capture import SNAPLEN, Tool, _Child, _proc_cpu_s, _summary, count_in_file, tools
+from .capture import SNAPLEN, Result, Tool, _proc_cpu_s, _summary, count_in_file, running, tools
 from .traffic import BenchError, Sender
 
 PAYLOAD = 64
@@ -25,21 +25,10 @@ SETTLE_S = 1.0
 
 
 @dataclass
-class FloodResult:
-    tool: str                 # "none": the senders bare
-    senders: int
-    sent: int = 0
-    sender_pps: float = 0.0   # the senders' rates added up
-    in_file: int = 0
-    captured: int | None = None
-    received: int | None = None
-    dropped: int | None = None
-    cpu_run_s: float = 0.0       # from `listening on` to exit, less an idle run's
-    notes: list[str] = field(default_factory=list)
+class FloodResult(Result):
+    """A flood's run: Result's numbers (CPU from `listening on` to exit, less an idle run's) for N senders."""
 
-    @property
-    def share(self) -> float:
-        return self.in_file / self.sent if self.sent else 0.0
+    senders: int = 1
 
     @property
     def cpu_ns_per_pkt(self) -> float | None:
@@ -73,15 +62,12 @@ def _send_all(sender: Sender, cpus: list[int], count: int) -> tuple[int, float, 
 
 def run_one(sender: Sender, tool: Tool | None, senders: int, count: int, where: str) -> FloodResult:
     cpus, reader = cpus_for(senders)
-    r = FloodResult(tool.name if tool else "none", senders)
+    r = FloodResult(tool.name if tool else "none", PAYLOAD, 0.0, senders=senders)
     if tool is None:
         r.sent, r.sender_pps, _ports = _send_all(sender, cpus, count)
         return r
     path = os.path.join(where, f"fcap-bench-flood-{os.getpid()}{tool.suffix}")
-    launch = ["taskset", "-c", str(reader)] if reader is not None else []
-    child = _Child(tool.command(path), tool.ready, launch=launch)
-    try:
-        child.ready()
+    with running(tool, path, ["taskset", "-c", str(reader)] if reader is not None else []) as child:
         cpu0 = _proc_cpu_s(child.p.pid)
         r.sent, r.sender_pps, ports = _send_all(sender, cpus, count)
         time.sleep(SETTLE_S)
@@ -91,31 +77,16 @@ def run_one(sender: Sender, tool: Tool | None, senders: int, count: int, where: 
         if child.p.returncode not in (0, -signal.SIGINT, 130):
             r.notes.append(f"exit status {child.p.returncode}: {' | '.join(lines[-3:])}")
         r.in_file = count_in_file(path, ports)
-    finally:
-        child.kill()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
     return r
 
 
 def idle_cpu(tool: Tool, where: str, seconds: float = 2.0) -> float:
     """The tool's CPU from `listening on` to its exit with no traffic for `seconds` (what a run's CPU is less)."""
-    path = os.path.join(where, f"fcap-bench-idle-{os.getpid()}{tool.suffix}")
-    child = _Child(tool.command(path), tool.ready, launch=[])
-    try:
-        child.ready()
+    with running(tool, os.path.join(where, f"fcap-bench-idle-{os.getpid()}{tool.suffix}"), []) as child:
         cpu0 = _proc_cpu_s(child.p.pid)
         time.sleep(seconds)
         cpu, _lines = child.stop()
         return max(cpu - cpu0, 0.0)
-    finally:
-        child.kill()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def measure(ns: list[int], count: int, rounds: int, names: list[str], extra: list[str], where: str,
