@@ -218,9 +218,9 @@ def _wrapped(data, off: int, length: int, size: int) -> bytes:
 class RingDrain:
     """Drains the per-CPU file rings (see fcap.kernel.ringrec) into a writer in time order: the programs wrote finished
     pcap/pcapng records there and an index entry per record (its timestamp and end), so the CPUs' records are
-    merged without a look at any record: by one numpy sort of the index (fcap.live.fastmerge; the records written
-    as (address, length) pairs), or where numpy is missing (or `fast` is False) by runs (fcap.live.order, written
-    as byte ranges). Records past the cutoff stay in their ring (tail stops before them) until a later pass.
+    merged without a look at any record: by one numpy sort of the index (fcap.live.fastmerge: the records copied
+    into one buffer, or written as (address, length) pairs), or where numpy is missing (or `fast` is False) by runs
+    (fcap.live.order, written as byte ranges). Records past the cutoff stay in their ring (tail stops before them) until a later pass.
     `limit` (> 0) stops it after that many. The perf buffer only carries doorbells."""
 
     def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
