@@ -14,6 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))          # tests/netns.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the checkout's fcap/ and bpf/
 
 
+def runtime_dependencies() -> list[str]:
+    """pyproject.toml's runtime dependencies (what an install of fcap pulls in)."""
+    import tomllib
+    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["dependencies"]
+
+
 def need_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: loads BPF programs and captures with tcpdump")

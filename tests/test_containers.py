@@ -19,6 +19,7 @@ import tarfile
 import time
 
 import pytest
+from conftest import runtime_dependencies
 
 from netns import (SLOW, Proc, free_port, make_veth_ns, read_packets, remove_veth_ns, start_fcap, start_tcpdump)
 
@@ -177,7 +178,7 @@ def _wheels(ctx: str, glob: tuple, run: tuple) -> None:
     version = r.stdout.strip()
     w = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", os.path.join(ctx, "wheels"),
                         "--only-binary=:all:", "--python-version", version, "--platform", "manylinux_2_28_x86_64",
-                        "--platform", "manylinux2014_x86_64", "pcapy-ng", "dpkt", "setuptools>=61"],
+                        "--platform", "manylinux2014_x86_64", *runtime_dependencies(), "setuptools>=61"],
                        capture_output=True, text=True, timeout=TIMEOUT)
     if w.returncode != 0:
         pytest.skip(f"pip cannot fetch fcap's dependencies for the image: {w.stderr.strip().splitlines()[-1:]}")

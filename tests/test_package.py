@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import need_root, need_tool
+from conftest import need_root, need_tool, runtime_dependencies
 
 ROOT = Path(__file__).resolve().parent.parent
 # the environment of a command that must see only what is installed (conftest puts the checkout on PYTHONPATH)
@@ -50,19 +50,12 @@ def dist(tmp_path_factory):
             "top": top}
 
 
-def _dependencies() -> list[str]:
-    """pyproject.toml's runtime dependencies."""
-    import tomllib
-    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["dependencies"]
-
-
 def _venv(dist, artifact: Path) -> Path:
     """A fresh venv with artifact installed (without its dependencies), then the runtime dependencies."""
     venv = dist["top"] / ("venv-" + artifact.name.split(".")[-1])
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=CLEAN_ENV)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    for args in (["--no-deps", str(artifact)], _dependencies()):
+    for args in (["--no-deps", str(artifact)], runtime_dependencies()):
         r = subprocess.run(pip + args, capture_output=True, text=True, timeout=600, env=CLEAN_ENV)
         assert r.returncode == 0, r.stderr[-3000:]
     return venv
