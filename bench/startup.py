@@ -11,7 +11,7 @@ import sys
 import time
 
 from . import capture
-from .capture import Tool, _Child
+from .capture import Tool, running
 from .traffic import CAPTURE_CPU, pinned
 
 
@@ -36,16 +36,9 @@ def ready_times(tool: Tool, n: int, cold: bool = False) -> list[float]:
     for _ in range(n):
         if cold:
             drop_caches()
-        child = _Child(tool.command(path))
-        try:
-            out.append(child.ready())
+        with running(tool, path) as child:
+            out.append(child.ready_at - child.t0)
             child.stop()
-        finally:
-            child.kill()
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
     return out
 
 

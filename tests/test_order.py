@@ -313,11 +313,6 @@ def _rings():
     return ReplayRings(2, 256)
 
 
-class _NoBells:
-    def drain(self, cb):
-        return 0
-
-
 @pytest.mark.parametrize("fast", [True, False], ids=["numpy", "runs"])
 def test_ring_drain_merges_holds_and_counts(fast):
     """RingDrain over rings filled as the programs fill them: two CPUs merged by time (by numpy's argsort, and by
@@ -325,11 +320,12 @@ def test_ring_drain_merges_holds_and_counts(fast):
     records came out of order merged record by record, a late record, and -c's limit."""
     import time
 
+    from bench.replay import Doorbells
     from fcap.live.drain import FAST, RingDrain
     if fast and FAST.wait() is None:
         pytest.skip(f"numpy's merge: {FAST.missing}")
     rings, sink = _rings(), _Sink()
-    d = RingDrain(rings, rings.ring_size, _NoBells(), sink, fast=fast)
+    d = RingDrain(rings, rings.ring_size, Doorbells(), sink, fast=fast)
     t = time.monotonic_ns() - 10**9
     want = []
     for rnd in range(5):   # 5 rounds of 4 records per CPU: the 8-entry index and the 256-byte ring wrap
@@ -356,7 +352,7 @@ def test_ring_drain_merges_holds_and_counts(fast):
     d.close()
     rings.close()
     rings, sink = _rings(), _Sink()
-    d = RingDrain(rings, rings.ring_size, _NoBells(), sink, limit=3, fast=fast)
+    d = RingDrain(rings, rings.ring_size, Doorbells(), sink, limit=3, fast=fast)
     for i, cpu in enumerate((1, 0, 1, 0, 1)):
         rings.publish(cpu, t + i, b"%d|" % i)
     assert d() == 3 and d.done and bytes(sink.out) == b"0|1|2|"
