@@ -2,9 +2,9 @@
 runs, timed from open (build and load) through attach, and from detach through close, as ratios to one function
 within one run, with functions attached per second and where the attach time goes (BTF, build, verification, links,
 the rest), the kernel's own part (one link, a program that does nothing) and the fcap command's time to
-'listening on' and back; then a sender's rate with every function attached and a filter that matches nothing (with and without
---track) against the same sender with nothing attached, with the programs' own run time per hit. Run as root where
-fentry or kprobes work (the guests):
+'listening on' and back; then a sender's rate with every function attached and a filter that matches nothing (with
+and without --track) against the same sender with nothing attached, with the programs' own run time per hit. Run as
+root where fentry or kprobes work (the guests):
 python3 -m bench.multi_attach [KIND] [--per-point] [--no-rate] [--sizes=1,100,1000,all]
 (KIND fentry or kprobe; --per-point: a program per point)."""
 

@@ -198,7 +198,8 @@ def table(names, got, rates, loads, sender_mode: bool, count: int, filt: str | N
         if not v:
             rows.append(f"| {n} | (every run dropped) | | | 0 |")
             continue
-        own = f"{med[n] - clock:.1f}" if clock is not None and n not in ("empty program", "clock only (bpf_ktime_get_ns)") else ""
+        bare = n in ("empty program", "clock only (bpf_ktime_get_ns)")
+        own = f"{med[n] - clock:.1f}" if clock is not None and not bare else ""
         net = f"{med[n] - empty:.1f}" if empty is not None and n != "empty program" else ""
         rows.append(f"| {n} | {med[n]:.1f} ({min(v):.1f}–{max(v):.1f}) | {own} | {net} | {len(v)} |")
     return head + "\n".join(rows)

@@ -129,8 +129,13 @@ class Capture:
         self.session.wait(self._pending, ms)
         if self.session.nft is not None:   # (--nft's trace events: read at each poll, their buffer kept empty)
             self.session.nft.pump()
-        for r in self.session.ordered(self._pending):   # (in time order across polls: fcap.live.order)
+        left = self.count - self.delivered - len(self._queue) if self.count is not None else 0
+        for r in self.session.ordered(self._pending, left=left):   # (in time order across polls: fcap.live.order)
             self._sink.write(r)
+        if self._pending.reached:   # (-c within reach: the oldest, once every program has published)
+            self.session.detach()
+            for r in self.session.ordered(self._pending, final=True, left=left):
+                self._sink.write(r)
 
 
 class _Packets(PacketSink):

@@ -511,8 +511,9 @@ def test_function_points(quiet_sink, tmp_path, kind):
 FROM_THE_SKB = re.compile(r"call (bpf_skb_output|kfunc)")   # helpers that copy from the skb (no fault handling)
 
 
-@pytest.mark.parametrize("flags", [["-w", "x.pcapng"], ["-w", "x.pcap", "udp port 9"], ["--perf-buffer", "-w", "x.pcapng"],
-                                   ["--stack", "-w", "x.pcapng"], ["-w", "x.pcapng", "udp[100:4] = 1"]])
+@pytest.mark.parametrize("flags", [["-w", "x.pcapng"], ["-w", "x.pcap", "udp port 9"],
+                                   ["--perf-buffer", "-w", "x.pcapng"], ["--stack", "-w", "x.pcapng"],
+                                   ["-w", "x.pcapng", "udp[100:4] = 1"]])
 def test_fexit_never_copies_from_a_skb_that_may_be_gone(root, tmp_path, flags):
     """At fexit the function may have freed the skb or handed it on (on lo: received and freed before ip_finish_output2
     returns). bpf_skb_output and skb dynptrs copy from it with no fault handling: a freed skb's garbage pointer there

@@ -291,6 +291,22 @@ def test_pending_holds_records_past_the_cutoff():
     assert [r.ts_ns for r in got] == [3] and p.window.late == 1
 
 
+def test_count_waits_for_every_program_before_it_takes_the_oldest():
+    """-c: once the records at hand would complete it, a pass delivers none (the capture detaches); the last pass
+    delivers the oldest, one published after the others among them (its program held between its clock read and
+    its publish)."""
+    from fcap.live import order
+
+    class R:
+        def __init__(self, ts):
+            self.ts_ns = ts
+    p = order.Pending(order.Window(0))
+    assert [r.ts_ns for r in p.take([R(1), R(4)], 100, left=3)] == [1, 4] and not p.reached
+    assert p.take([R(9), R(7)], 100, left=1) == [] and p.reached
+    assert [r.ts_ns for r in p.take([R(5)], order.FINAL, left=1)] == [5] and [r.ts_ns for r in p.held] == [7, 9]
+    assert not order.reached(5, 0) and not order.reached(2, 3) and order.reached(3, 3)
+
+
 
 class _Sink:
     fmt = "pcap"
@@ -317,7 +333,8 @@ def _rings():
 def test_ring_drain_merges_holds_and_counts(fast):
     """RingDrain over rings filled as the programs fill them: two CPUs merged by time (by numpy's argsort, and by
     runs), the ring's bytes and its index wrapping, a record past the cutoff held until the last pass, a CPU whose
-    records came out of order merged record by record, a late record, and -c's limit."""
+    records came out of order merged record by record, a late record, and -c's limit (the oldest, one published
+    last among them)."""
     import time
 
     from bench.replay import Doorbells
@@ -354,8 +371,10 @@ def test_ring_drain_merges_holds_and_counts(fast):
     rings, sink = _rings(), _Sink()
     d = RingDrain(rings, rings.ring_size, Doorbells(), sink, limit=3, fast=fast)
     for i, cpu in enumerate((1, 0, 1, 0, 1)):
-        rings.publish(cpu, t + i, b"%d|" % i)
-    assert d() == 3 and d.done and bytes(sink.out) == b"0|1|2|"
+        rings.publish(cpu, t + 10 + i, b"%d|" % i)
+    assert d() == 0 and d.reached and not d.done   # (-c within reach: the capture detaches first)
+    rings.publish(0, t + 5, b"held|")   # its program read the time first: it is among the oldest
+    assert d(final=True) == 3 and d.done and bytes(sink.out) == b"held|0|1|"
     d.close()
     rings.close()
 
@@ -442,5 +461,7 @@ def test_perf_drain_merges_holds_and_counts_lost():
     buf, sink = _FakePerf(2), _Sink()
     d = FileDrain(buf, sink, limit=2)
     for i, r in enumerate((buf.rings[1], buf.rings[0], buf.rings[1])):
-        r.sample(t + i, b"%d|" % i)
-    assert d() == 2 and d.done and _payloads(sink) == b"0|1|"
+        r.sample(t + 10 + i, b"%d|" % i)
+    assert d() == 0 and d.reached and not d.done   # (-c within reach: the capture detaches first)
+    buf.rings[0].sample(t + 5, b"held|")
+    assert d(final=True) == 2 and d.done and _payloads(sink) == b"held|0|"

@@ -47,8 +47,8 @@ class FileDrain:
     """Drains a session's perf buffer into a pcap/pcapng writer in time order. Call it to drain once; it returns how
     many records it wrote. Each CPU's records are walked (one unpack each: type, size, timestamp), merged by time
     (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass.
-    `limit` (when > 0) stops it after that many records in all. pcapng blocks get their options from
-    `options(record)`, cached by the metadata they depend on."""
+    `limit` (when > 0) stops it after that many records in all, the oldest (fcap.live.order.reached). pcapng blocks
+    get their options from `options(record)`, cached by the metadata they depend on."""
 
     def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
                  window: order.Window | None = None):
@@ -60,6 +60,7 @@ class FileDrain:
         self.window = window or order.Window()
         self.written = 0
         self.held = False   # (held records wait for the next wake-up: a perf ring wakes per watermark written)
+        self.reached = False   # -c within reach: detach, then the last pass (fcap.live.order.reached)
         self._tails: dict[bytes, tuple[bytes, bytes, bytes]] = {}
 
     @property
@@ -73,6 +74,11 @@ class FileDrain:
         if any(w.end - w.start >= ring.size // 4 for w, ring in zip(walks, self.buffer.rings)):
             cutoff = self.window.pressed(cutoff)
         batches = [w.ts for w in walks]
+        if not final and order.reached(sum(map(len, batches)), self.left - self.written if self.left else 0):
+            self.reached = True
+            for w in walks:   # (walked again by the last pass)
+                w.parts.clear()
+            return 0
         runs, takes = order.merge(self.window, batches, [order.is_sorted(ts) for ts in batches], cutoff,
                                   self.left - self.written if self.left else -1)
         per = EPB_PARTS if self.pcapng else 1
@@ -88,7 +94,7 @@ class FileDrain:
                 w.parts.clear()
         for ring, w, k in zip(self.buffer.rings, walks, takes):
             self._release(ring, w, k)
-        n = sum(takes)
+        n = order.count(runs)
         self.written += n
         return n
 
@@ -220,8 +226,9 @@ class RingDrain:
     pcap/pcapng records there and an index entry per record (its timestamp and end), so the CPUs' records are
     merged without a look at any record: by one numpy sort of the index (fcap.live.fastmerge: the records copied
     into one buffer, or written as (address, length) pairs), or where numpy is missing (or `fast` is False) by runs
-    (fcap.live.order, written as byte ranges). Records past the cutoff stay in their ring (tail stops before them) until a later pass.
-    `limit` (> 0) stops it after that many. The perf buffer only carries doorbells."""
+    (fcap.live.order, written as byte ranges). Records past the cutoff stay in their ring (tail stops before them)
+    until a later pass. `limit` (> 0) stops it after that many, the oldest (fcap.live.order.reached). The perf
+    buffer only carries doorbells."""
 
     def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
                  window: order.Window | None = None, fast: bool = True):
@@ -244,6 +251,7 @@ class RingDrain:
         self.window = window or order.Window()
         self.written = 0
         self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
+        self.reached = False   # -c within reach: detach, then the last pass (fcap.live.order.reached)
         self.fast = fast and len(self.bases) > 1   # merge through fcap.live.fastmerge once it is imported
         self.address: int | None = None   # of the mapping, and numpy's views of it (fastmerge's)
         self.np_words = self.np_bytes = None
@@ -259,6 +267,9 @@ class RingDrain:
         self.buffer.drain(_ignore)
         cutoff = self.window.cutoff(final)
         spans, pressed = self._spans()
+        if not final and order.reached(sum(new for _at, new in spans), self.left - self.written if self.left else 0):
+            self.reached = True
+            return 0
         if pressed:
             cutoff = self.window.pressed(cutoff)
         # (records on one CPU only are one run: written as one range, nothing to sort)
@@ -314,7 +325,8 @@ class RingDrain:
             if p.data is not None:
                 p.data.release()
         ends = [e[:, 1] for e in entries]
-        return self._advance(p.takes, ends, [n for _at, n in spans])
+        self._advance(p.takes, ends, [n for _at, n in spans])
+        return p.count
 
     def _entries(self, fast, i: int, at: int, new: int):
         """CPU i's `new` index entries from word `at`, flat: a view, or a copy where they wrap around its end."""
@@ -331,7 +343,8 @@ class RingDrain:
             runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
                                       self.left - self.written if self.left else -1)
             self._write(runs, ends)
-            return self._advance(takes, ends, [len(b) for b in batches])
+            self._advance(takes, ends, [len(b) for b in batches])
+            return order.count(runs)
         finally:
             for v in batches + ends:
                 if isinstance(v, memoryview):
@@ -376,10 +389,10 @@ class RingDrain:
             for p in parts:
                 p.release()
 
-    def _advance(self, takes: list, ends: list, lengths: list) -> int:
-        """Give the bytes and index entries of the records taken back to the programs; returns how many. `lengths`:
-        how many records of each CPU the pass looked at."""
-        words, size, n = self.words, self.size, 0
+    def _advance(self, takes: list, ends: list, lengths: list) -> None:
+        """Give the bytes and index entries of the records taken back to the programs. `lengths`: how many records
+        of each CPU the pass looked at."""
+        words, size = self.words, self.size
         self.held = False
         for i, base in enumerate(self.bases):
             k = takes[i]
@@ -388,7 +401,6 @@ class RingDrain:
                 words[(base + _TAIL) // 8] = self.tails[i]
                 self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
                 words[(base + _TAKEN) // 8] = self.counts[i]
-                n += k
             if k == lengths[i] and not self.moved[i]:
                 self.ordered[i] = True   # (until the program counts a record out of order again)
             # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
@@ -401,7 +413,6 @@ class RingDrain:
                     words[bell] = 0
                 else:
                     self.held = True
-        return n
 
     def published(self) -> int:
         """Records the programs have published so far: those taken (written, or past -c) plus those not yet."""

@@ -54,13 +54,15 @@ GATHER_LENGTHS = 8   # a pass whose records come in at most this many lengths is
 class Plan:
     """One pass's merge: the records to write in time order, as one buffer (`data`, a memoryview) or, where it
     would take too many copies to make, as `iov`, (address, length) pairs; `takes[j]` how many of CPU j's records
-    (of those given) they cover; `late` how many are older than `last`; `newest` and `oldest` their timestamps'
+    (of those given) they cover, `count` how many they are (fewer where -c's limit cuts through a CPU's records out
+    of order); `late` how many are older than `last`; `newest` and `oldest` their timestamps'
     range."""
 
-    __slots__ = ("data", "iov", "takes", "late", "newest", "oldest")
+    __slots__ = ("data", "iov", "takes", "count", "late", "newest", "oldest")
 
-    def __init__(self, takes: list, data=None, iov=None, late: int = 0, newest: int = 0, oldest: int = 0):
-        self.data, self.iov, self.takes = data, iov, takes
+    def __init__(self, takes: list, count: int = 0, late: int = 0, newest: int = 0, oldest: int = 0):
+        self.data = self.iov = None
+        self.takes, self.count = takes, count
         self.late, self.newest, self.oldest = late, newest, oldest
 
 
@@ -94,7 +96,7 @@ def plan(entries: list, firsts: list, rings: list, ring_size: int, limit: int, l
         return Plan(takes)
     at, size, chosen = at[order], size[order], ts[order]
     late = int(np.count_nonzero(chosen < U64(last))) if last else 0
-    p = Plan(takes, late=late, newest=int(chosen[-1]), oldest=int(chosen[0]))
+    p = Plan(takes, len(order), late=late, newest=int(chosen[-1]), oldest=int(chosen[0]))
     p.data = gathered(memory, at, size)
     if p.data is None:
         p.iov = np.empty((len(order), 2), U64)

@@ -79,8 +79,9 @@ class CaptureLoop:
 
     def _drain(self) -> None:
         writer = self.out.writer
-        if writer is None or _per_record(self.session):   # records one by one (user space lays out every
-            self.session.run(self._deliver, self._should_stop)      # block, each has its own dumps or stack)
+        if writer is None or _per_record(self.session):   # records one by one (user space lays out every block,
+            # each has its own dumps or stack)
+            self.session.run(self._deliver, self._should_stop, limit=self.count)
             return
         drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options)
         try:

@@ -7,7 +7,12 @@ covers it; a record that still arrives after newer ones were written (a program 
 anyway, counted as late, and the margin grows; while a ring is filling up the margin is shorter (held bytes
 would crowd out new records). When the capture ends (the programs detached) everything is flushed. A program
 interrupted by another point's program on the same CPU can publish an older record after a newer one: such a
-CPU's batch is unsorted and is merged record by record."""
+CPU's batch is unsorted and is merged record by record.
+
+`-c N` keeps the N oldest: once the records published and not yet written would complete it (reached()), a pass
+writes none of them; the capture detaches its programs (every program that read the time has then published: see
+bpf.link.settle) and its last pass writes the oldest. (Written at once, a record whose program was held between its
+clock read and its publish for longer than the margin would be passed over for a newer one.)"""
 
 from __future__ import annotations
 
@@ -63,6 +68,12 @@ class Window:
             return ""
         return (f"{self.late} packet{'s' if self.late != 1 else ''} written out of time order (late), up to "
                 f"{self.lag / 1000:.0f} us")
+
+
+def reached(at_hand: int, left: int) -> bool:
+    """Whether `at_hand` records (published, not yet written) would complete -c, `left` (> 0) records short; 0:
+    no -c."""
+    return 0 < left <= at_hand
 
 
 def is_sorted(ts) -> bool:
@@ -138,6 +149,12 @@ def _by_record(batches: list, takes: list, limit: int) -> list:
     return out
 
 
+def count(runs_: list) -> int:
+    """How many records the runs write (fewer than taken() covers where -c's limit cut through a batch out of
+    order: those passed over are past the limit)."""
+    return sum(b - a for _i, a, b in runs_)
+
+
 def taken(runs_: list, n: int) -> list:
     """Per batch, how many records from its start the runs cover (all of them must go before the ring's tail may
     pass them: a batch's records are taken as a prefix)."""
@@ -172,11 +189,18 @@ class Pending:
     def __init__(self, window: Window | None = None):
         self.window = window or Window()
         self.held: list = []
+        self.reached = False   # -c is within reach: detach, then take(final)
 
-    def take(self, batch: list, cutoff: int) -> list:
+    def take(self, batch: list, cutoff: int, left: int = 0) -> list:
+        """`left` (> 0): -c's records still to deliver (see reached())."""
         recs = self.held + batch if self.held else batch
         recs.sort(key=_ts)
+        if cutoff != FINAL and reached(len(recs), left):
+            self.held, self.reached = recs, True
+            return []
         k = bisect_left([r.ts_ns for r in recs], cutoff) if cutoff != FINAL else len(recs)
+        if left > 0:
+            k = min(k, left)
         out, self.held = recs[:k], recs[k:]
         if out:
             w = self.window

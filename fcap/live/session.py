@@ -367,23 +367,26 @@ class Session(Attach):
         return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Drain records into on_record, in time order (fcap.live.order), until stop() is true or on_record returns
-        False; then detach and drain the rest."""
+    def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100,
+            limit: int = 0) -> None:
+        """Drain records into on_record, in time order (fcap.live.order), until stop() is true, on_record returns
+        False or `limit` (-c, > 0) is within reach; then detach and drain the rest (up to `limit`)."""
         keep_going = True
         pending = Pending(self.window)
+        delivered = 0
 
         def deliver(final: bool = False) -> None:
-            nonlocal keep_going
-            for rec in self.ordered(pending, final):
+            nonlocal keep_going, delivered
+            for rec in self.ordered(pending, final, limit - delivered if limit else 0):
                 if not keep_going:
                     break
                 self.stats.captured += 1
+                delivered += 1
                 if on_record(rec) is False:
                     keep_going = False
 
         timeout = 5 if self.cfg.immediate else poll_ms
-        while keep_going and not stop():
+        while keep_going and not pending.reached and not stop():
             self.wait(pending, timeout)
             deliver()
         self.detach()
@@ -394,22 +397,23 @@ class Session(Attach):
         """Until the buffer has records or the time passes; sooner while `pending` holds records (fcap.live.order)."""
         self.buffer.poll(min(timeout_ms, pending.window.retry_ms) if pending.held else timeout_ms)
 
-    def ordered(self, pending: Pending, final: bool = False) -> list:
+    def ordered(self, pending: Pending, final: bool = False, left: int = 0) -> list:
         """The records surely published so far, with those `pending` held, in time order (fcap.live.order); the newest
-        stay in `pending` (none when `final`: the programs are detached)."""
+        stay in `pending` (none when `final`: the programs are detached). `left` (> 0): -c's records to go."""
         cutoff = pending.window.cutoff(final)
         batch: list = []
         parse = self.parse
         self.buffer.drain(lambda cpu, raw: batch.append(parse(raw)))
-        return pending.take(batch, cutoff)
+        return pending.take(batch, cutoff, left)
 
     def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
-        """Like run(), for a drain that writes records itself (fcap.live.drain): until stop() is true or the drain is
-        done; then detach and drain the rest. While the drain holds records (fcap.live.order) it is called again at
-        once (a ring a quarter full whose doorbell stays quiet: see fcap.live.drain.RingDrain)."""
+        """Like run(), for a drain that writes records itself (fcap.live.drain): until stop() is true, the drain is
+        done or -c is within its reach; then detach and drain the rest. While the drain holds records
+        (fcap.live.order) it is called again at once (a ring a quarter full whose doorbell stays quiet: see
+        fcap.live.drain.RingDrain)."""
         buf = self.buffer
         timeout = 5 if self.cfg.immediate else poll_ms
-        while not drain.done and not stop():
+        while not drain.done and not drain.reached and not stop():
             buf.poll(0 if drain.held else timeout)
             self.stats.captured += drain()
         self.detach()

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from bpf import asm, features
 from bpf.errors import BPFError, NotSupported
-from bpf.link import Link, attach_kprobe, attach_kprobe_multi, attach_raw_tracepoint, attach_tracing, attach_tracing_multi
+from bpf.link import (Link, attach_kprobe, attach_kprobe_multi, attach_raw_tracepoint, attach_tracing,
+                      attach_tracing_multi)
 from bpf.uapi import AttachType, Helper, ProgType
 
 from fcap.errors import PointError
