@@ -351,6 +351,18 @@ def test_track_evictions_are_counted(tmp_path, veth_ns):
     assert m and int(m.group(1)) >= 8, f.stderr
 
 
+def test_a_drop_point_is_one_rule_for_the_verdict_and_the_path():
+    """Pure: the points every packet of which is dropped, as a point names them and as a file's interface does
+    (fcap.kernel.drops: epb_verdict's TC_ACT_SHOT and `fcap path`'s "dropped" read one list)."""
+    from fcap.commands.path_report import Hop, end_of
+    from fcap.kernel.drops import DROP_POINTS, drops_every_packet
+    names = ["skb:drop", "tp_btf/kfree_skb", "fentry/kfree_skb_list_reason", "kprobe.multi/sk_skb_reason_drop",
+             "fentry/kfree_skb_reason:vmlinux"] + sorted(DROP_POINTS)
+    assert all(drops_every_packet(n) and end_of(Hop(1, 1, n)) == "dropped" for n in names)
+    assert not any(drops_every_packet(n) or end_of(Hop(1, 1, n)) == "dropped"
+                   for n in ["tp_btf/consume_skb", "fentry/kfree_skb_partial", "dev:queue", "skb:consume"])
+
+
 def test_path_streams_in_time_order():
     """Pure: hops out of order (within the window) come out in order; a packet id seen again at a point and
     device it passed is the same packet, unless the id is an skb's address (files before packet ids: then a new

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
 from fcap.kernel import kstack
+from fcap.kernel.drops import drops_every_packet
 from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
 
@@ -22,7 +23,6 @@ WINDOW_NS = 1_000_000_000   # records may come out of time order by this much (p
 IDLE_NS = 10_000_000_000    # a packet not seen for this long (capture time) is reported as it stands
 SAMPLE_MAX = 10_000         # latencies kept per hop (reservoir sampling past that)
 HOLD_MAX = 100_000          # records held for reordering at most (at high rates the window is shorter)
-DROP_POINTS = ("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "skb:drop")
 CONSUME_POINTS = ("consume_skb", "skb:consume")
 ADDRESS_IDS = 1 << 63       # packet ids from here up are skb addresses (files fcap wrote before packet ids)
 
@@ -46,9 +46,9 @@ class Hop:
 
 
 def end_of(h: Hop) -> str | None:
-    name = h.point.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in h.point else h.point
-    if h.drop is not None or name in DROP_POINTS or h.point in DROP_POINTS:
+    if h.drop is not None or drops_every_packet(h.point):
         return "dropped"
+    name = h.point.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in h.point else h.point
     if name in CONSUME_POINTS or h.point in CONSUME_POINTS:
         return "consumed"
     return None

@@ -12,6 +12,10 @@ from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
 from fcap.points.spec import Point
 
+# The points every packet of which is being dropped: the tracepoint and the functions that free with a drop reason
+# (epb_verdict TC_ACT_SHOT on each record: fcap.kernel.epbopts; "dropped" in `fcap path`)
+DROP_POINTS = frozenset(("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "kfree_skb_list_reason"))
+DROP_ALIAS = "skb:drop"   # the semantic point (fcap.points.semantic) over them
 REASON_ENUM = "skb_drop_reason"
 PREFIXES = ("SKB_DROP_REASON_", "SKB_")   # stripped from the names users see: NO_SOCKET, CONSUMED
 # What a drop point's comment adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text before, Record
@@ -34,6 +38,13 @@ def reason_arg(point: Point) -> int | None:
 
 def location_arg(point: Point) -> int | None:
     return _arg(point, "location", False) if not point.kind.function else None
+
+
+def drops_every_packet(name: str) -> bool:
+    """Whether every packet at a point is being dropped, by the point's name: a function's or tracepoint's (NAME),
+    or as a file names its interface (KIND/NAME, KIND/NAME:..., skb:drop)."""
+    base = name.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in name else name
+    return base in DROP_POINTS or name == DROP_ALIAS
 
 
 def is_drop_point(point: Point) -> bool:

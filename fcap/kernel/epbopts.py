@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
-from fcap.kernel import kstack, pointinfo, verdicts
+from fcap.kernel import drops, kstack, pointinfo, verdicts
 from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import EPB_DIRECTION, FLAG_QUEUE, META, format_comment
 from fcap.files.pcapfile import VERDICT_TC
@@ -17,15 +17,13 @@ from fcap.points.spec import Point, is_device_point
 
 TC_ACT_SHOT = 2
 DROP_VERDICT = (VERDICT_TC, TC_ACT_SHOT)    # "the kernel dropped it": Wireshark shows eBPF TC: TC_ACT_SHOT (2)
-# Points every packet of which is being dropped: the tracepoint and the functions that free with a drop reason
-DROP_POINTS = frozenset(("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "kfree_skb_list_reason"))
 # Device-layer transmit points where the queue is not picked yet (fentry at the entry of dev_queue_xmit)
 _BEFORE_PICK = frozenset(("dev_queue_xmit", "__dev_queue_xmit"))
 
 
 def verdict(point: Point) -> tuple | None:
     """epb_verdict for every packet of this point: DROP_VERDICT at drop points, else None."""
-    return DROP_VERDICT if point.name in DROP_POINTS else None
+    return DROP_VERDICT if drops.drops_every_packet(point.name) else None
 
 
 def queue_source(point: Point) -> str | None:
@@ -80,7 +78,6 @@ class EpbOptions:
 
     def __init__(self, points: list[Point], context: bool = False, nft=None, linktype: int = 0,
                  comment: bool = True):
-        from fcap.kernel import drops
         from fcap.kernel.ctxnames import Context
         self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
         self.nft, self.linktype = nft, linktype
