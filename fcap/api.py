@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
-from fcap.defaults import SNAPLEN
+from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.kernel.ctxnames import CONTEXT_COMMENT
 from fcap.kernel.drops import DROP_COMMENT
@@ -16,8 +16,6 @@ from fcap.kernel.layout import COMMENT
 from fcap.kernel.nftrace import NFT_COMMENT
 from fcap.live.output import _METADATA, PacketSink
 from fcap.text.packet import Packet
-
-POLL_MS = 100
 
 
 class Capture:

@@ -15,6 +15,8 @@ BUFFER_KIB_CPU_MIN = 1024
 TRACK_MAX = 16384         # --track-max: entries of the tracking map (two per packet, one more per clone)
 FILE_BUFFERING = 1 << 20  # bytes an output file buffers before it writes
 NS = 1_000_000_000        # nanoseconds in a second: timestamps are integer ns everywhere
+POLL_MS = 100             # how long a drain waits for records before it looks again (at what may stop it)
+POLL_MS_IMMEDIATE = 5     # ... with --immediate-mode (printing, the API): records as soon as they are published
 
 
 def buffer_kib(cpus: int) -> int:

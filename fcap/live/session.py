@@ -33,7 +33,7 @@ from fcap.kernel.drops import is_drop_point
 from fcap.live import multi
 from fcap.live.attach import Attach
 from fcap.live.order import Pending, Window
-from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
+from fcap.defaults import POLL_MS, POLL_MS_IMMEDIATE, SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 
 
@@ -367,7 +367,7 @@ class Session(Attach):
         return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = 100,
+    def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = POLL_MS,
             limit: int = 0) -> None:
         """Drain records into on_record, in time order (fcap.live.order), until stop() is true, on_record returns
         False or `limit` (-c, > 0) is within reach; then detach and drain the rest (up to `limit`)."""
@@ -385,7 +385,7 @@ class Session(Attach):
                 if on_record(rec) is False:
                     keep_going = False
 
-        timeout = 5 if self.cfg.immediate else poll_ms
+        timeout = POLL_MS_IMMEDIATE if self.cfg.immediate else poll_ms
         while keep_going and not pending.reached and not stop():
             self.wait(pending, timeout)
             deliver()
@@ -406,13 +406,13 @@ class Session(Attach):
         self.buffer.drain(lambda cpu, raw: batch.append(parse(raw)))
         return pending.take(batch, cutoff, left)
 
-    def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = 100) -> None:
+    def run_file(self, drain: Callable[..., int], stop: Callable[[], bool], poll_ms: int = POLL_MS) -> None:
         """Like run(), for a drain that writes records itself (fcap.live.drain): until stop() is true, the drain is
         done or -c is within its reach; then detach and drain the rest. While the drain holds records
         (fcap.live.order) it is called again at once (a ring a quarter full whose doorbell stays quiet: see
         fcap.live.drain.RingDrain)."""
         buf = self.buffer
-        timeout = 5 if self.cfg.immediate else poll_ms
+        timeout = POLL_MS_IMMEDIATE if self.cfg.immediate else poll_ms
         while not drain.done and not drain.reached and not stop():
             buf.poll(0 if drain.held else timeout)
             self.stats.captured += drain()
