@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 from collections.abc import Iterable, Iterator
 
 from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, UsageError
+from fcap.kernel import comments
 from fcap.kernel.ctxnames import CONTEXT_COMMENT
-from fcap.kernel.drops import DROP_COMMENT
-from fcap.kernel.layout import COMMENT
 from fcap.kernel.nftrace import NFT_COMMENT
 from fcap.live.output import _METADATA, PacketSink
 from fcap.text.packet import Packet
@@ -171,17 +169,6 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
 
 # ---- files -----------------------------------------------------------------------------------------------------
 
-_STYLE_RX = {"dec": r"(\d+)", "dec64": r"(\d+)", "hex": r"([0-9a-f]+)", "hex4": r"([0-9a-f]{4})",
-             "hex16": r"([0-9a-f]{16})", "str": r"(.*?)"}
-# fcap's comment: COMMENT's keys, then --context's (CONTEXT_COMMENT, each there when known), then a drop point's,
-# then --nft's (NFT_COMMENT, a netfilter drop's: each there when known)
-_COMMENT_RX = re.compile("^" + "".join(re.escape(pre) + _STYLE_RX[style] for pre, _a, style in COMMENT)
-                         + "".join(f"(?:{re.escape(pre)}{_STYLE_RX[style]})?" for pre, _a, style in CONTEXT_COMMENT)
-                         + "(?:(?:{}(\\S+))?{}(\\S+))?".format(*(re.escape(pre) for pre, _a, _s in DROP_COMMENT))
-                         + "".join(f"(?:{re.escape(pre)}(\\S+))?" for pre, _a, _s in NFT_COMMENT) + "$")
-_BASE = {"dec": 10, "dec64": 10, "hex": 16, "hex4": 16, "hex16": 16}
-
-
 def read(path) -> Iterator[Packet]:
     """The packets of a pcap/pcapng file (fcap's own metadata and dumps where the file carries them)."""
     from fcap.files.pcapread import read as read_records
@@ -196,31 +183,21 @@ def read(path) -> Iterator[Packet]:
 
 
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.kernel.layout's COMMENT, --context's keys, at drop points ' reason=R at=L', with
-    --nft a netfilter drop's nft_* keys, then with --stack ' stack=F<F...') back as {attribute: value} (reason and
-    location as text, the stack as frames); {} when it is not one."""
-    from fcap.kernel import kstack
-    text, stack = kstack.split_text(text)
-    m = _COMMENT_RX.match(text)
-    if not m:
-        return {}
-    keys = COMMENT + CONTEXT_COMMENT + DROP_COMMENT + NFT_COMMENT
-    out = {attr: (value if style == "str" else int(value, _BASE[style]))
-           for (_pre, attr, style), value in zip(keys, m.groups()) if value is not None}
-    if stack is not None:
-        out["stack"] = stack
-    return out
+    """fcap's metadata comment (fcap.kernel.comments: the packet's metadata, --context's keys, at drop points
+    ' reason=R at=L', with --nft a netfilter drop's nft_* keys, a BPF program's verdict, then with --stack
+    ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {} when it is not
+    one."""
+    return comments.parse(text)
 
 
 def file_packet(rec) -> Packet:
     """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the metadata and drop reason from fcap's
     comment, the dumps from its custom options, direction and queue from epb_flags and epb_queue."""
-    lines = (rec.comment or "").split("\n")
-    meta = next((m for m in map(parse_comment, lines) if m), {})
+    meta = comments.of_text(rec.comment)
     dumps = {}
     if rec.custom:
         from fcap.kernel.dumps import dumps_of
-        dumps = {d.path: d for d in dumps_of(rec.custom, lines)}
+        dumps = {d.path: d for d in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
     found = {name: meta.get(name) for name in _METADATA}
     found["skb"] = meta.get("skb", rec.packet_id)
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,

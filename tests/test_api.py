@@ -256,3 +256,22 @@ def test_records_by_field_name():
     assert _METADATA == ("skb", "pid", "tid", "comm", "ifindex", "netns", "mark")
     assert set(_METADATA) <= set(Record._fields) & {attr for _p, attr, _s in COMMENT}
     assert all(hasattr(Packet(ts_ns=0, point=None, data=b"", orig_len=0, linktype=1), n) for n in _METADATA)
+
+
+def test_every_key_of_the_comment_reads_back():
+    """Pure: a comment with every key the schema declares (fcap.kernel.comments), written as each style writes it
+    (text with spaces, a BPF program's verdict, a stack) reads back as the values, through the API's parse_comment; a
+    line that is not fcap's comment reads as nothing."""
+    from fcap.api import parse_comment
+    from fcap.kernel.comments import KEYS, key_name, parse
+    made = {"dec": 7, "dec64": 1 << 60, "hex": 0x1f, "hex4": 0x86dd, "hex16": 0xffff888100000001, "str": "a b"}
+    shown = {"dec": "7", "dec64": str(1 << 60), "hex": "1f", "hex4": "86dd", "hex16": "ffff888100000001",
+             "str": "a b"}
+    text = "".join(pre + (shown[style] if attr != "stack" else "f+0x1<g+0x2") for pre, attr, style in KEYS)
+    want = {attr: made[style] for _pre, attr, style in KEYS} | {"stack": ("f+0x1", "g+0x2")}
+    assert parse_comment(text) == want and parse(text) == want
+    assert parse(text.replace(" len=7", " len=7 newer=1 2 3")) == want   # (a key this version does not know)
+    verdict = "skb=0x" + "0" * 16 + " pid=1 tid=1 comm=x ifindex=1 mark=0x0 netns=1 proto=0x0800 pkt_type=0 len=1"
+    assert parse(verdict + " verdict=XDP_DROP stack=?")["verdict_name"] == "XDP_DROP"
+    assert parse(verdict + " stack=?")["stack"] == () and parse("dump skb->dev = 1") == {}
+    assert {key_name(pre) for pre, _a, _s in KEYS} >= {"skb", "at", "reason", "verdict", "stack"}

@@ -80,22 +80,25 @@ def capture(root, tmp_path) -> tuple:
 
 
 def test_field_table_is_the_comments_declaration():
-    """Every key the comment declares (layout.COMMENT, ctxnames.CONTEXT_COMMENT, drops.DROP_COMMENT,
-    nftrace.NFT_COMMENT, kstack.STACK_COMMENT) has its field, named as fcap reads it."""
+    """Every key the comment declares (fcap.kernel.comments: layout.COMMENT, ctxnames.CONTEXT_COMMENT,
+    drops.DROP_COMMENT, nftrace.NFT_COMMENT, verdicts.VERDICT_COMMENT, kstack.STACK_COMMENT) has its field, named as
+    fcap reads it."""
+    from fcap.commands.wireshark import comment_fields, dissector_text, field_names
+    from fcap.kernel.comments import SECTIONS
     from fcap.kernel.ctxnames import CONTEXT_COMMENT
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.kstack import STACK_COMMENT
     from fcap.kernel.layout import COMMENT
     from fcap.kernel.nftrace import NFT_COMMENT
-    from fcap.commands.wireshark import comment_fields, dissector_text, field_names
-    assert [f for _k, f, _s in comment_fields()] == [attr for _p, attr, _s in COMMENT + CONTEXT_COMMENT + DROP_COMMENT
-                                                     + NFT_COMMENT + STACK_COMMENT]
+    from fcap.kernel.verdicts import VERDICT_COMMENT
+    assert SECTIONS == (COMMENT, CONTEXT_COMMENT, DROP_COMMENT, NFT_COMMENT, VERDICT_COMMENT, STACK_COMMENT)
+    assert [f for _k, f, _s in comment_fields()] == [attr for section in SECTIONS for _p, attr, _s in section]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()
     text = dissector_text()
     for key, name, style in comment_fields():
         assert f'{{"{key}", "{name}", "{style}"}},' in text
     assert {"fcap.point", "fcap.pid", "fcap.comm", "fcap.reason", "fcap.location", "fcap.dump.member",
-            "fcap.stack"} <= set(field_names())
+            "fcap.verdict_name", "fcap.stack"} <= set(field_names())
 
 
 def test_tshark_registers_every_field(home, tshark):
@@ -109,15 +112,21 @@ def test_tshark_registers_every_field(home, tshark):
 
 def test_comment_parsing_without_a_capture(home, tshark, tmp_path):
     """A file written by fcap's writer with a comm holding spaces and a key the dissector does not know: the comm
-    whole, the unknown key as fcap.other, the numbers typed."""
+    whole, the unknown key as fcap.other, the numbers typed; fcap's own reader (fcap.kernel.comments.parse, the API's
+    and `fcap path`'s) reads it by the same rule."""
     from fcap.files.linktypes import lookup
     from fcap.files.pcapfile import PcapngWriter
+    from fcap.kernel.comments import parse
     path = tmp_path / "made.pcapng"
+    comment = ("skb=0xffff888100000001 pid=7 tid=8 comm=Web Content ifindex=3 mark=0x1f netns=4026531840 "
+               "proto=0x0800 pkt_type=0 len=20 newkey=5 reason=NO_SOCKET at=f+0x1")
+    assert parse(comment) == dict(skb=0xffff888100000001, pid=7, tid=8, comm="Web Content", ifindex=3, mark=0x1f,
+                                  netns=4026531840, protocol=0x800, pkt_type=0, len=20, reason="NO_SOCKET",
+                                  location="f+0x1")
     with open(path, "wb") as f:
         w = PcapngWriter(f, closefd=False)
         iface = w.add_interface("skb:drop", lookup("LINUX_SLL2").number, description="tp_btf/kfree_skb")
-        w.write(1, bytes(20), 20, iface, comment="skb=0xffff888100000001 pid=7 tid=8 comm=Web Content ifindex=3 "
-                "mark=0x1f netns=4026531840 proto=0x0800 pkt_type=0 len=20 newkey=5 reason=NO_SOCKET at=f+0x1")
+        w.write(1, bytes(20), 20, iface, comment=comment)
     rows = _rows(tshark, home, path, "fcap.point", "fcap.skb", "fcap.pid", "fcap.tid", "fcap.comm", "fcap.ifindex",
                  "fcap.mark", "fcap.netns", "fcap.other", "fcap.reason", "fcap.location")
     assert rows == [["skb:drop", "0xffff888100000001", "7", "8", "Web Content", "3", "0x0000001f", "4026531840",

@@ -262,12 +262,12 @@ def cmd_read(args) -> int:
 def _read_print(records, limit: int, printer, count_only: bool, stacks: bool = False) -> None:
     """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted;
     `stacks`: the kernel stacks fcap's comments carry (--stack) under them."""
-    from fcap.kernel.kstack import split_text
+    from fcap.kernel.comments import of_text
     for rec in records:
         printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
         if rec.custom:   # fcap's --dump values travel as custom options
             _print_dumps(printer, rec)
-        stack = split_text(rec.comment or "")[1] if stacks else None
+        stack = of_text(rec.comment).get("stack") if stacks else None
         if stack is not None:
             printer.stack(stack)
         if printer.counted == limit:

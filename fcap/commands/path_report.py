@@ -9,12 +9,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
-from fcap.kernel import kstack
+from fcap.kernel import comments
 from fcap.kernel.drops import drops_every_packet
 from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
@@ -222,10 +221,6 @@ class PathSink(PrintSink):
 
 # ---- from a file fcap wrote --------------------------------------------------------------------------------
 
-_COMMENT_INT = re.compile(r"\b(ifindex|netns)=(\d+)")
-_DROP = re.compile(r"\breason=(\S+)(?: at=(\S+))?|\bat=(\S+)")
-
-
 def hops_of_file(path: str, stacks: bool = False) -> Iterator[Hop]:
     """The hops in a pcapng file fcap wrote (PathInputError, one line, for anything else); `stacks`: with the
     kernel stacks the file carries (fcap --stack)."""
@@ -252,14 +247,14 @@ def hops_of_file(path: str, stacks: bool = False) -> Iterator[Hop]:
 
 
 def _hop_of_record(rec, stacks: bool = False) -> Hop:
-    comment, stack = kstack.split_text(rec.comment or "")
-    ints = {k: int(v) for k, v in _COMMENT_INT.findall(comment)}
-    drop = None
-    m = _DROP.search(comment)
-    if m:
-        drop = f"{m.group(1)} at {m.group(2)}" if m.group(1) else f"at {m.group(3)}"
-    return Hop(rec.ts_ns, rec.packet_id, rec.iface_name or f"interface {rec.iface}", ints.get("ifindex"),
-               ints.get("netns"), drop, describe(rec.data, rec.linktype, rec.orig_len), stack if stacks else None)
+    meta = comments.of_text(rec.comment)
+    reason, location = meta.get("reason"), meta.get("location")
+    drop = None   # (a drop's comment always names the location; the reason where the kernel gives one)
+    if location is not None:
+        drop = f"{reason} at {location}" if reason is not None else f"at {location}"
+    return Hop(rec.ts_ns, rec.packet_id, rec.iface_name or f"interface {rec.iface}", meta.get("ifindex"),
+               meta.get("netns"), drop, describe(rec.data, rec.linktype, rec.orig_len),
+               meta.get("stack") if stacks else None)
 
 
 def report(hops: Iterable[Hop], write) -> None:

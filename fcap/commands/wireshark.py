@@ -1,33 +1,26 @@
 """fcap's metadata as Wireshark fields: the Lua postdissector `fcap extcap --install` puts into Wireshark's personal
-Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.kernel.layout.COMMENT,
-fcap.kernel.ctxnames.CONTEXT_COMMENT, fcap.kernel.drops.DROP_COMMENT, fcap.kernel.nftrace.NFT_COMMENT,
-fcap.kernel.kstack.STACK_COMMENT), so a key the comment gains gets its field with the next install; the Lua
-(wireshark.lua beside this file) holds only how to read the text."""
+Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.kernel.comments), so a
+key the comment gains gets its field with the next install; the Lua (wireshark.lua beside this file) holds only how
+to read the text, by the rule fcap.kernel.comments.parse follows."""
 
 from __future__ import annotations
 
 import os
 
-from fcap.kernel.ctxnames import CONTEXT_COMMENT
-from fcap.kernel.drops import DROP_COMMENT
-from fcap.kernel.kstack import STACK_COMMENT
-from fcap.kernel.layout import COMMENT
-from fcap.kernel.nftrace import NFT_COMMENT
+from fcap.kernel.comments import KEYS, STYLES, key_name
 
 MARK = "fcap Wireshark dissector"          # the line uninstall looks for before removing a file
 FILE_NAME = "fcap.lua"
-# how the comment shows a value -> how the Lua declares its field (wireshark.lua's MAKE)
-STYLES = ("dec", "dec64", "hex", "hex4", "hex16", "str")
 
 
 def comment_fields() -> list[tuple[str, str, str]]:
     """(key as the text writes it, field name, style) for every key of the comment, in its order: `skb=0x...`
     is ("skb", "skb", "hex16"), a drop's `at=` is ("at", "location", "str") (the field: fcap.location)."""
     out = []
-    for pre, attr, style in COMMENT + CONTEXT_COMMENT + DROP_COMMENT + NFT_COMMENT + STACK_COMMENT:
+    for pre, attr, style in KEYS:   # (each style one of wireshark.lua's MAKE)
         if style not in STYLES:
             raise ValueError(f"comment key {pre!r}: style {style!r} has no Wireshark field type")
-        out.append((pre.strip().partition("=")[0], attr, style))
+        out.append((key_name(pre), attr, style))
     return out
 
 

@@ -104,7 +104,7 @@ class EpbOptions:
     def verdict_text(self, rec) -> str:
         """' verdict=XDP_DROP' at a BPF program's exit, else ''."""
         p = self.decided.get(rec.point)
-        return f" verdict={verdicts.name(p, rec.retval)}" if p is not None else ""
+        return f"{verdicts.VERDICT_COMMENT[0][0]}{verdicts.name(p, rec.retval)}" if p is not None else ""
 
     def context_text(self, rec) -> str:
         """' cgroup=ID cgroup_path=P ...' (fcap.kernel.ctxnames.CONTEXT_COMMENT) with --context, else ''."""

@@ -121,12 +121,6 @@ def text(stack: tuple | None) -> str:
     return STACK_COMMENT[0][0] + (SEPARATOR.join(stack) if stack else UNKNOWN)
 
 
-def split_text(comment: str) -> tuple[str, tuple | None]:
-    """A comment fcap wrote (its comments, one a line) as (the text less ' stack=...', the stack's frames: () unknown,
-    None without one)."""
-    key = STACK_COMMENT[0][0]
-    if key not in comment:
-        return comment, None
-    before, _k, value = comment.rpartition(key)
-    value, nl, after = value.partition("\n")   # (the comments after fcap's: --dump's)
-    return before + nl + after, () if value == UNKNOWN else tuple(value.split(SEPARATOR))
+def frames(value: str) -> tuple:
+    """The frames of the comment's stack= value (() unknown)."""
+    return () if value == UNKNOWN else tuple(value.split(SEPARATOR))

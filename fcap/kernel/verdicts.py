@@ -11,6 +11,11 @@ from fcap.kernel.feature import RECORD_META, Feature
 from fcap.kernel.layout import META, STACK
 
 
+# What the comment of a record at a BPF program's exit adds (after a drop's keys), declared as it is: (text before,
+# attribute, style); Wireshark's field fcap.verdict_name
+VERDICT_COMMENT = ((" verdict=", "verdict_name", "str"),)
+
+
 def records_verdict(point) -> bool:
     """Does the point's program record a verdict (the exit of a BPF program)?"""
     return point.kind.on_program and point.kind.sees_return

@@ -1,0 +1,77 @@
+"""The comment fcap writes on each pcapng packet, as one schema: its sections in the order the text has them, each
+declared by the feature it belongs to ((text before, attribute, style) per key), and the one way it is read back.
+parse() is read by the API (fcap.api.read), `fcap path` and the tests; Wireshark's dissector gets the same keys
+(fcap.commands.wireshark) and reads them by the same rule (wireshark.lua's pairs_of)."""
+
+from __future__ import annotations
+
+import re
+
+from fcap.kernel.ctxnames import CONTEXT_COMMENT
+from fcap.kernel.drops import DROP_COMMENT
+from fcap.kernel.kstack import STACK_COMMENT, frames
+from fcap.kernel.layout import COMMENT
+from fcap.kernel.nftrace import NFT_COMMENT
+from fcap.kernel.verdicts import VERDICT_COMMENT
+
+# What each record's comment holds, in order: the packet's metadata (always), --context's keys (each where known),
+# a drop point's reason and location, --nft's rule (a netfilter drop), a BPF program's verdict (at its exit), then
+# --stack's frames
+SECTIONS = (COMMENT, CONTEXT_COMMENT, DROP_COMMENT, NFT_COMMENT, VERDICT_COMMENT, STACK_COMMENT)
+KEYS = tuple(key for section in SECTIONS for key in section)
+STYLES = ("dec", "dec64", "hex", "hex4", "hex16", "str")   # how a value is written (fcap.kernel.layout's _STYLE)
+
+
+def key_name(pre: str) -> str:
+    """The key as the text writes it: ' at=' -> 'at', 'skb=0x' -> 'skb'."""
+    return pre.strip().partition("=")[0]
+
+
+_BY_NAME = {key_name(pre): (attr, style) for pre, attr, style in KEYS}
+_KEY = re.compile(r"\s*(\w+)=")
+_NEXT_KEY = re.compile(" (?:" + "|".join(map(re.escape, _BY_NAME)) + ")=")   # where a text value ends
+
+
+def parse(line: str) -> dict:
+    """{attribute: value} of one of fcap's comments ({} for a line that is not one: it starts with skb=0x): numbers
+    as ints, text as str, the stack as its frames (() unknown). A text value runs to the next known key (comm may
+    hold spaces), any other is one word; keys this version does not know are passed over."""
+    if not line.startswith(COMMENT[0][0]):
+        return {}
+    out: dict = {}
+    at, end = 0, len(line)
+    while at < end:
+        m = _KEY.match(line, at)
+        if m is None:
+            break
+        attr, style = _BY_NAME.get(m.group(1), (None, "str"))
+        if style == "str":
+            nxt = _NEXT_KEY.search(line, m.end())
+            stop = nxt.start() if nxt else end
+        else:
+            stop = line.find(" ", m.end())
+            stop = end if stop < 0 else stop
+        if attr is not None:
+            value = _typed(style, line[m.end():stop])
+            if value is not None:
+                out[attr] = value
+        at = stop
+    if "stack" in out:
+        out["stack"] = frames(out["stack"])
+    return out
+
+
+def of_text(comment: str | None) -> dict:
+    """parse() of a packet's comments (one a line: fcap's, then --dump's): the first line that is fcap's."""
+    return next((m for m in map(parse, (comment or "").split("\n")) if m), {})
+
+
+def _typed(style: str, text: str):
+    """A value as its style wrote it (None: the text is not one)."""
+    if style == "str":
+        return text
+    digits = text[2:] if text.startswith("0x") else text
+    try:
+        return int(digits, 10 if style.startswith("dec") else 16)
+    except ValueError:
+        return None
