@@ -227,6 +227,39 @@ def test_encoder_never_raises_on_the_corpus():
     assert n > 5000
 
 
+_UDP = bytes.fromhex("03e807d000080000")   # 1000 > 2000, no payload
+_UDP4 = bytes.fromhex("4500001c000100004011f97c7f0000017f000001") + _UDP
+_UDP6 = bytes.fromhex("6000000000081140") + (bytes(15) + b"\x01") * 2 + _UDP
+
+
+@pytest.mark.parametrize("linktype, head, ip", [
+    (0, (2).to_bytes(4, "little"), _UDP4), (0, (30).to_bytes(4, "little"), _UDP6),
+    (108, (2).to_bytes(4, "big"), _UDP4), (108, (24).to_bytes(4, "big"), _UDP6), (12, b"", _UDP4),
+    (14, b"", _UDP4), (101, b"", _UDP6), (228, b"", _UDP4)],
+    ids=["NULL-4", "NULL-6", "LOOP-4", "LOOP-6", "12", "14", "RAW", "IPV4"])
+def test_link_types_print_and_encode_as_tcpdump_reads_them(tmp_path, linktype, head, ip):
+    """A datagram under each link type fcap decodes (fcap.files.linktypes.FRAMING), and under 12 and 14 (the DLT_RAW
+    of Linux, which libpcap reads a file's 12 as, and of OpenBSD, which it does not know): fcap -r prints tcpdump's
+    line, and --json has the IP and UDP headers exactly where tcpdump decodes them."""
+    import struct
+
+    from conftest import need_tool
+    tcpdump = need_tool("tcpdump")
+    path = tmp_path / f"{linktype}.pcap"
+    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, linktype)
+                     + struct.pack("<IIII", 1, 0, len(head + ip), len(head + ip)) + head + ip)
+    theirs = subprocess.run([tcpdump, "-nn", "-t", "-r", str(path)], capture_output=True, text=True, timeout=60)
+    ours = run_fcap(["-nn", "-t", "-r", str(path)])
+    decoded = theirs.returncode == 0 and "UDP" in theirs.stdout
+    assert decoded == (linktype != 14), theirs.stdout + theirs.stderr
+    if decoded:
+        assert ours.stdout.decode() == theirs.stdout
+    o = _lines(run_fcap(["-r", str(path), "--json"]).stdout.decode())[0]
+    assert ("ip" in o and o["udp"] == {"sport": 1000, "dport": 2000}) == decoded, o
+    if linktype in (0, 108):
+        assert o["link"]["family"] == int.from_bytes(head, "little" if linktype == 0 else "big")
+
+
 def test_absent_fields_are_left_out():
     """A packet read from a pcap (no metadata) and cut short: only what is known."""
     from fcap.text.jsonout import packet_object

@@ -314,10 +314,9 @@ def cmd_linktypes(args) -> int:
     """-L: the link types each -i point can give, as tcpdump -L lists a device's."""
     from fcap.points.spec import resolve
     from fcap.live.session import START_FOR, default_linktype
-    from fcap.files.linktypes import lookup
+    from fcap.files.linktypes import framing, lookup
     if not args.points:
         raise UsageError("-L lists the link types of a capture point: give -i POINT")
-    printable = (0, 1, 101, 108, 113, 228, 229, 276)
     out = []
     for spec in args.points:
         point = resolve(spec)
@@ -325,7 +324,7 @@ def cmd_linktypes(args) -> int:
         out.append(f"Data link types for {point.spec} (use option -y to set):\n")
         for name in [first] + [n for n in START_FOR if n != first]:
             lt = lookup(name)
-            note = "" if lt.number in printable else " (printing not supported)"
+            note = "" if framing(lt.number) is not None else " (printing not supported)"
             out.append(f"  {lt.name} ({lt.description}){note}\n")
     try:
         sys.stdout.write("".join(out))

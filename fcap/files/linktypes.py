@@ -111,6 +111,16 @@ LOOP = _BY_NAME["LOOP"]
 IEEE802_11 = _BY_NAME["IEEE802_11"]
 IEEE802_11_RADIO = _BY_NAME["IEEE802_11_RADIO"]
 
+# A file's LINKTYPE value 12: libpcap on Linux reads it as its DLT_RAW (values below 104 are read as the DLT of the
+# same value), and tcpdump prints it as RAW. (14 is OpenBSD's DLT_RAW: tcpdump on Linux does not know it.)
+LINUX_DLT_RAW = 12
+# How the network layer follows the link-layer header, for the link types fcap decodes: the printer
+# (fcap.text.dissect.link) and --json (fcap.text.jsonout) read this one table. Ethernet; raw IP (the version nibble
+# says IPv4 or IPv6, as tcpdump reads all of them); Linux cooked v1 and v2; the BSD loopbacks' 4-byte address family.
+FRAMING = {EN10MB.number: "ethernet", RAW.number: "raw", IPV4.number: "raw", IPV6.number: "raw",
+           LINUX_DLT_RAW: "raw", LINUX_SLL.number: "sll", LINUX_SLL2.number: "sll2", NULL.number: "null",
+           LOOP.number: "null"}
+
 # LINKTYPE -> DLT where libpcap's DLT value differs from the file's LINKTYPE value (libpcap on Linux).
 _DLT_DIFFERS = {101: 12, 100: 11, 102: 15, 103: 16}
 
@@ -145,6 +155,11 @@ def lookup(text: str | int) -> LinkType:
         return _BY_NAME[key]
     except KeyError:
         raise UnknownLinkType(text) from None
+
+
+def framing(number: int) -> str | None:
+    """How the link type `number` carries the network layer (FRAMING); None where fcap does not decode it."""
+    return FRAMING.get(number)
 
 
 def name_of(number: int) -> str:

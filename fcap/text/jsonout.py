@@ -10,7 +10,9 @@ import ipaddress
 import json
 import struct
 
+from fcap.files import linktypes
 from fcap.files.pcapfile import verdict_name
+from fcap.text.dissect.link import BSD_AF_INET, BSD_AF_INET6, bsd_family
 
 # the Packet attributes written as they are, in this order, when known
 _META = ("point", "packet_id", "skb", "pid", "tid", "comm", "ifindex", "netns", "netns_name", "mark", "cgroup",
@@ -75,8 +77,10 @@ def headers(data: bytes, linktype: int) -> dict:
 
 
 def _link(data: bytes, linktype: int, out: dict):
-    """The link header into out["link"]; (offset, ethertype) of what it carries, or None."""
-    if linktype == 1:
+    """The link header into out["link"]; (offset, ethertype) of what it carries, or None (fcap.files.linktypes'
+    FRAMING says which header)."""
+    framing = linktypes.framing(linktype)
+    if framing == "ethernet":
         if len(data) < 14:
             return None
         link = {"dst": _mac(data[0:6]), "src": _mac(data[6:12])}
@@ -91,18 +95,22 @@ def _link(data: bytes, linktype: int, out: dict):
         link["ethertype"] = etype
         out["link"] = link
         return off, etype
-    if linktype == 276 and len(data) >= 20:   # LINUX_SLL2
+    if framing == "sll2" and len(data) >= 20:
         etype, _mbz, ifindex, _hrd, pkttype, hlen = struct.unpack_from("!HHiHBB", data, 0)
         out["link"] = _cooked(etype, pkttype, data[12:12 + min(hlen, 8)], ifindex=ifindex)
         return 20, etype
-    if linktype == 113 and len(data) >= 16:   # LINUX_SLL
+    if framing == "sll" and len(data) >= 16:
         pkttype, _hrd, hlen = struct.unpack_from("!HHH", data, 0)
         etype = struct.unpack_from("!H", data, 14)[0]
         out["link"] = _cooked(etype, pkttype, data[6:6 + min(hlen, 8)])
         return 16, etype
-    if linktype in (101, 12, 14, 228, 229) and data:   # raw IP: the version says which
+    if framing == "raw" and data:   # the version says which
         version = data[0] >> 4
         return 0, _ETH_IP4 if version == 4 else _ETH_IP6 if version == 6 else None
+    if framing == "null" and len(data) >= 4:
+        family = bsd_family(data, linktype)
+        out["link"] = {"family": family}
+        return 4, _ETH_IP4 if family == BSD_AF_INET else _ETH_IP6 if family in BSD_AF_INET6 else None
     return None
 
 

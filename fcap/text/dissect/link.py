@@ -14,6 +14,7 @@ _ETHERTYPES = {0x0800: "IPv4", 0x0806: "ARP", 0x8035: "Reverse ARP", 0x86DD: "IP
                0x888E: "EAPOL", 0x9000: "Loopback", 0x88F7: "PTP", 0x9100: "802.1Q-9100", 0x9200: "802.1Q-9200"}
 _VLAN_TYPES = (0x8100, 0x9100, 0x9200, 0x88A8)
 _BSD_AF = {2: "IPv4", 7: "ISO", 16: "Appletalk", 23: "IPX", 24: "IPv6", 28: "IPv6", 30: "IPv6"}
+BSD_AF_INET, BSD_AF_INET6 = 2, (24, 28, 30)   # (AF_INET6: NetBSD and OpenBSD, FreeBSD, macOS)
 _ARP_OPS = {1: "Request", 2: "Reply", 3: "Reverse Request", 4: "Reverse Reply", 8: "Inverse Request",
             9: "Inverse Reply", 10: "NACK Reply"}
 _ARP_HRD = {1: "Ethernet", 6: "TokenRing", 15: "FrameRelay", 24: "IEEE1394", 32: "Infiniband"}
@@ -22,28 +23,43 @@ _SLL_PKTTYPE = {0: "In", 1: "B", 2: "M", 3: "P", 4: "Out"}
 
 def dissect_link(p: PrintState, linktype: int, length: int) -> None:
     """The packet from its link-layer header on; length is its length on the wire. Sets p.hdr as it goes."""
-    if linktype == 1:
+    framing = linktypes.framing(linktype)
+    if framing == "ethernet":
         _ether(p, 0, length)
-    elif linktype in (101, 228, 229):  # tcpdump picks IPv4 or IPv6 by the version nibble for all three
-        p.proto = "raw"
-        if p.eflag:
-            p.add("ip: ")
-        p.proto = "ipn"
-        version = p.u8(0) >> 4 if length >= 1 else None
-        if version in (4, 6):
-            (ip4 if version == 4 else ip6)(p, 0, length)
-        else:
-            p.add(f"truncated-ip {length}" if version is None else f"unknown ip {version}")
-    elif linktype == 113:
+    elif framing == "raw":
+        _raw(p, length)
+    elif framing == "sll":
         _sll(p, length)
-    elif linktype == 276:
+    elif framing == "sll2":
         _sll2(p, length)
-    elif linktype in (0, 108):
+    elif framing == "null":
         _null(p, linktype, length)
     else:
         name = linktypes.name_of(linktype)
         p.add(f"unknown linktype {linktype}, length {length}" if name.startswith("LINKTYPE_")
               else f"linktype {name} ({linktype}), length {length}")
+
+
+def _raw(p: PrintState, length: int) -> None:
+    """Raw IP: tcpdump picks IPv4 or IPv6 by the version nibble, whichever raw link type says it."""
+    p.proto = "raw"
+    if p.eflag:
+        p.add("ip: ")
+    p.proto = "ipn"
+    version = p.u8(0) >> 4 if length >= 1 else None
+    if version in (4, 6):
+        (ip4 if version == 4 else ip6)(p, 0, length)
+    else:
+        p.add(f"truncated-ip {length}" if version is None else f"unknown ip {version}")
+
+
+def bsd_family(head: bytes, linktype: int) -> int:
+    """The address family a BSD loopback header's 4 bytes hold: host order (NULL; read little-endian, or swapped
+    where that gives high bits) or network order (LOOP)."""
+    family = int.from_bytes(head[:4], "little" if linktype == linktypes.NULL.number else "big")
+    if family & 0xFFFF0000:
+        family = int.from_bytes(family.to_bytes(4, "little"), "big")
+    return family
 
 
 def _ethertype_name(etype: int) -> str:
@@ -95,15 +111,13 @@ def _null(p: PrintState, linktype: int, length: int) -> None:
     p.proto = "null"
     p.need(0, 4)
     p.hdr = 4
-    family = int.from_bytes(p.b[:4], "little" if linktype == 0 else "big")
-    if family & 0xFFFF0000:
-        family = int.from_bytes(family.to_bytes(4, "little"), "big")
+    family = bsd_family(p.b[:4], linktype)
     header = f"AF {_BSD_AF.get(family, 'Unknown')} ({family}), length {length}: "
     if p.eflag:
         p.add(header)
-    if family == 2:
+    if family == BSD_AF_INET:
         ip4(p, 4, length - 4)
-    elif family in (24, 28, 30):
+    elif family in BSD_AF_INET6:
         ip6(p, 4, length - 4)
     else:
         if not p.eflag:
