@@ -24,7 +24,10 @@ class Capture:
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None, stack: bool = False, context: bool = False,
-                 cgroup: str | None = None, container: str | None = None, nft: bool = False):
+                 cgroup: str | None = None, container: str | None = None, nft: bool = False,
+                 pid: int | None = None, comm: str | None = None, mark: int | None = None,
+                 ifindex: int | None = None, ifname: str | None = None, netns: int | None = None,
+                 direction: str | None = None):
         from fcap.live.session import Config, Session
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
@@ -35,8 +38,8 @@ class Capture:
         self.count, self.timeout = count, timeout
         self.session = None
         from fcap.kernel import predicates
-        from fcap.kernel.context import target_predicates
-        preds = [predicates.where_factory(text) for text in where] + target_predicates(cgroup, container)
+        preds = predicates.factories(where=where, direction=direction, cgroup=cgroup, container=container, pid=pid,
+                                     comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True, predicates=preds,
                      dumps=dump, track=bool(track), stack=bool(stack), context=bool(context), nft=bool(nft),
@@ -161,8 +164,10 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     followed to every point under one packet id (`track_max`: the tracking map's entries); `stack`: each Packet's
     `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first); `context`: as --context,
     each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
-    --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy). The
-    programs are attached when this returns. Errors are fcap.FcapError types."""
+    --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy);
+    `pid`, `comm`, `mark`, `ifindex`, `ifname`, `netns`, `direction` ("in", "out"): as --pid, --comm, --mark,
+    --ifindex, --ifname, --netns and -Q, tested in the kernel. The programs are attached when this returns. Errors are
+    fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
                    dump=dump, stack=stack, **kw)
 

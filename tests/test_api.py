@@ -92,6 +92,31 @@ def test_linktype_where_and_dump(sink):
     assert all(p.dumps["skb->dev->name"].value == "lo" for p in pkts)
 
 
+def test_every_predicate_the_command_line_has(sink):
+    """pid, comm, mark, ifindex, ifname, netns and direction, tested in the kernel as their flags are (one function
+    makes both): all at once they keep exactly this process's marked datagrams; each alone, given another value,
+    keeps none of them."""
+    import fcap
+    mine = dict(pid=os.getpid(), comm=open("/proc/self/comm").read().strip(), mark=7,
+                ifindex=socket.if_nametoindex("lo"), ifname="lo", netns=os.stat("/proc/self/ns/net").st_ino,
+                direction="out")
+    flt = f"udp and dst port {sink.port}"
+    with fcap.capture(POINT, filter=flt, count=3, timeout=30, **mine) as cap:
+        threads = [_send_later(sink.port, [10, 20, 30], mark=7), _send_later(sink.port, [15, 25, 35])]
+        pkts = list(cap)
+    for t in threads:
+        t.join()
+    assert sorted(p.orig_len - 14 - 28 for p in pkts) == [10, 20, 30] and all(p.mark == 7 for p in pkts)
+    others = dict(pid=1, comm="no-such-comm", mark=8, ifindex=mine["ifindex"] + 1000, ifname="no-such-dev",
+                  netns=1, direction="in")
+    for key, value in others.items():
+        with fcap.capture(POINT, filter=flt, count=1, timeout=1.0, **{key: value}) as cap:
+            t = _send_later(sink.port, [10, 20], mark=7, delay=0.1)
+            got = list(cap)
+        t.join()
+        assert got == [], f"{key}={value!r} kept {len(got)}"
+
+
 def test_leaving_the_block_detaches_everything(sink):
     import fcap
     before = _prog_ids()
@@ -131,6 +156,10 @@ def test_garbage_collection_detaches(sink):
     (dict(points=POINT, count=0), "UsageError", "count: a positive number"),
     (dict(points=[]), "UsageError", "capture points"),
     (dict(points=POINT, linktype="NOPE"), "UnknownLinkType", "unknown linktype 'NOPE'"),
+    (dict(points=POINT, pid="1"), "PredicateError", "pid: a number, 0 or more, not '1'"),
+    (dict(points=POINT, ifindex=0), "PredicateError", "ifindex: a number, 1 or more, not 0"),
+    (dict(points=POINT, comm=5), "PredicateError", "comm: a name, not 5"),
+    (dict(points=POINT, direction="sideways"), "PredicateError", "unknown capture direction `sideways'"),
 ])
 def test_errors_are_fcap_errors(root, kwargs, kind, says):
     import fcap

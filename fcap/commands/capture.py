@@ -69,8 +69,6 @@ def _config(args):
     if args.linktype:
         from fcap.files.linktypes import lookup
         lookup(args.linktype)
-    if args.direction is not None and args.direction.lower() not in ("in", "out", "inout"):
-        raise UsageError(f"unknown capture direction `{args.direction}'")
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
@@ -127,40 +125,19 @@ def _filter_note(session, args) -> None:
             sys.stderr.write(f"{PROG}: {note}\n")
 
 
-_PREDICATE_FLAGS = ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where", "direction", "cgroup", "container")
-
-
 def _predicates(args) -> list:
-    """Factories (point -> predicate) for the predicate flags, in a cheap-first order."""
-    if not any(getattr(args, flag) for flag in _PREDICATE_FLAGS):   # (a capture without them starts sooner)
-        return []
+    """Factories (point -> predicate) for the predicate flags (fcap.kernel.predicates.factories)."""
+    if not any(getattr(args, flag) for flag in ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where",
+                                                  "direction", "cgroup", "container")):
+        return []   # (a capture without them starts sooner)
     from fcap.kernel import predicates as pr
-    out = []
-
-    def const(pred):
-        return lambda point: pred
+    numbers = {flag: int_flag(getattr(args, flag), flag, 0, least) for flag, least in
+               (("pid", 0), ("mark", 0), ("ifindex", 1), ("netns", 1)) if getattr(args, flag) is not None}
     try:
-        if args.pid is not None:
-            out.append(const(pr.pid(int_flag(args.pid, "pid", 0, 0))))
-        if args.comm is not None:
-            out.append(const(pr.comm(args.comm)))
-        if args.mark is not None:
-            out.append(const(pr.mark(int_flag(args.mark, "mark", 0, 0))))
-        if args.ifindex is not None:
-            out.append(const(pr.ifindex(int_flag(args.ifindex, "ifindex", 0, 1))))
-        if args.ifname is not None:
-            out.append(const(pr.ifname(args.ifname)))
-        if args.netns is not None:
-            out.append(const(pr.netns(int_flag(args.netns, "netns", 0, 1))))
-        if args.cgroup is not None or args.container is not None:
-            from fcap.kernel import context
-            out += context.target_predicates(args.cgroup, args.container)
-        out += [pr.where_factory(text) for text in args.where]
+        return pr.factories(where=args.where, direction=args.direction, cgroup=args.cgroup, container=args.container,
+                            comm=args.comm, ifname=args.ifname, **numbers)
     except pr.PredicateError as e:
         raise UsageError(str(e)) from None
-    if args.direction is not None and args.direction.lower() != "inout":
-        out.insert(0, pr.direction(args.direction.lower()))
-    return out
 
 
 def _dump(session, args) -> int:

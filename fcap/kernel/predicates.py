@@ -143,6 +143,45 @@ def direction(want: str) -> Callable[[Point], Predicate]:
     return make
 
 
+DIRECTIONS = ("in", "out", "inout")   # -Q's values
+# the tests of one value each, as factories() takes them: (keyword, predicate, type, least value)
+_BY_DIRECTION = direction   # (factories' keyword has its name)
+_TESTS = (("pid", pid, int, 0), ("comm", comm, str, None), ("mark", mark, int, 0), ("ifindex", ifindex, int, 1),
+          ("ifname", ifname, str, None), ("netns", netns, int, 1))
+
+
+def factories(where=(), direction: str | None = None, cgroup: str | None = None, container: str | None = None,
+              **tests) -> list:
+    """The factories (point -> predicate) of a capture's predicates, cheap first: the one way the command line's
+    flags and the API's keywords become them. `tests`: pid, comm, mark, ifindex, ifname, netns (None: untested).
+    PredicateError (one line) for a value no program can test."""
+    out = []
+    for name, make, kind, least in _TESTS:
+        value = tests.pop(name, None)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool) or (least is not None and value < least):
+            want = "a name" if kind is str else f"a number, {least} or more"
+            raise PredicateError(f"{name}: {want}, not {value!r}")
+        out.append(_constant(make(value)))
+    if tests:
+        raise TypeError(f"factories(): unknown keywords {sorted(tests)}")
+    if cgroup is not None or container is not None:
+        from fcap.kernel import context
+        out += context.target_predicates(cgroup, container)
+    out += [where_factory(text) for text in where]
+    if direction is not None:
+        if not isinstance(direction, str) or direction.lower() not in DIRECTIONS:
+            raise PredicateError(f"unknown capture direction `{direction}'")
+        if direction.lower() != "inout":
+            out.insert(0, _BY_DIRECTION(direction.lower()))
+    return out
+
+
+def _constant(pred: Predicate) -> Callable[[Point], Predicate]:
+    return lambda point: pred
+
+
 # ---- --where 'PATH OP VALUE' -------------------------------------------------------------------
 
 _WHERE = re.compile(r"^\s*(?P<path>[A-Za-z_][\w]*(?:\s*(?:->|\.)\s*[A-Za-z_]\w*)*)\s*"
