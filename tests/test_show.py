@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import io
 import re
@@ -22,7 +21,7 @@ from fcap.text import show
 from fcap.errors import PcapFormatError
 from fcap.files.pcapfile import PcapWriter
 from fcap.files.pcapread import read
-from fcap.text.printer import Printer
+from fcap.text.printer import PrintOptions, Printer
 from fcap.text.show import Summarizer, describe, format_time, hexdump, scapy_decode, summary
 from corpus import CAPTURES as CORPUS
 
@@ -74,9 +73,10 @@ def tcpdump_packets(path: Path, *flags: str) -> list[str]:
 def printed_packets(recs, linktype: int, *flags: str) -> list[str]:
     """Everything fcap -r prints for each packet with the same flags (parsed by fcap's own parser)."""
     from fcap.commands.cli import _parser
+    from fcap.commands.flagvalues import print_options
     args = _parser().parse_args([*flags, "-r", "-"])
     out = io.StringIO()
-    printer = Printer(args, out)
+    printer = Printer(print_options(args), out)
     chunks = []
     for ts, data, orig in recs:
         out.seek(0)
@@ -504,7 +504,7 @@ def test_no_printing(capsys):
 def printed(packets, point=None, **args) -> list[str]:
     """Printer's lines for Ethernet (ts, data, orig_len) packets; args as the command line sets them."""
     out = io.StringIO()
-    printer = Printer(argparse.Namespace(**args), out)
+    printer = Printer(PrintOptions(**args), out)
     for ts, data, orig in packets:
         printer.packet(ts, data, 1, orig, point)
     return out.getvalue().splitlines()

@@ -4,7 +4,6 @@ past the link-level header as tcpdump counts it at every truncation of each link
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 import struct
@@ -19,7 +18,7 @@ from fcap.text import show
 from fcap.errors import PcapFormatError
 from fcap.files.pcapfile import PcapWriter
 from fcap.files.pcapread import read
-from fcap.text.printer import Printer
+from fcap.text.printer import PrintOptions, Printer
 from test_show import (CORPUS, LO4, LO6, SYN, T0, TCPDUMP, UDP4, arp_packets, compare_printed, eth, ipv4_packets,
                        ipv6_packets, need_tcpdump, printed_packets, tcp_conversation, tcpdump_packets, write_pcap)
 
@@ -211,10 +210,10 @@ def test_printer_line_buffered_flushes_each_packet():
             super().flush()
     udp = bytes(eth(UDP4))
     out = Stream()
-    printer = Printer(argparse.Namespace(line_buffered=True), out)
+    printer = Printer(PrintOptions(line_buffered=True), out)
     for i in range(3):
         printer.packet(T0 + i, udp, 1, len(udp))
         assert Stream.flushes == i + 1 and out.getvalue().count("\n") == i + 1
-    quiet = Printer(argparse.Namespace(count_only=True), out)
+    quiet = Printer(PrintOptions(count_only=True), out)
     quiet.packet(T0, udp, 1, len(udp))
     assert quiet.counted == 1 and out.getvalue().count("\n") == 3 and quiet.count_line() == "1 packet\n"

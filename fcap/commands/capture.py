@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from fcap.commands.console import PROG, fail, quiet_stdout
-from fcap.commands.flagvalues import decimal_flag, int_flag
+from fcap.commands.flagvalues import decimal_flag, int_flag, print_options
 from fcap.defaults import SNAPLEN, TRACK_MAX, check_snaplen
 from fcap.errors import FcapError, UsageError
 
@@ -187,9 +187,9 @@ def _sink(args, fmt: str | None, rotation=None):
         return JsonSink(sys.stdout, args.line_buffered)
     if args.live_path:
         from fcap.commands.path_report import PathSink
-        return PathSink(Printer(args, sys.stdout))
+        return PathSink(Printer(print_options(args), sys.stdout))
     from fcap.live.output import PrintSink
-    return PrintSink(Printer(args, sys.stdout))
+    return PrintSink(Printer(print_options(args), sys.stdout))
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:

@@ -19,7 +19,7 @@ from fcap.defaults import BUFFER_KIB_PER_CPU, SNAPLEN, TRACK_MAX  # noqa: E402
 from fcap.errors import FcapError, UsageError  # noqa: E402
 from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
 from fcap.commands.capture import cmd_capture  # noqa: E402
-from fcap.commands.flagvalues import int_flag  # noqa: E402
+from fcap.commands.flagvalues import int_flag, print_options  # noqa: E402
 
 class _Parser(argparse.ArgumentParser):
     """fcap's parser; the help's epilog (points, commands, examples: fcap.commands.usage) is written only when help
@@ -240,7 +240,7 @@ def cmd_read(args) -> int:
     from fcap.files.pcapread import read
     from fcap.text.printer import Printer
     limit = int_flag(args.count, "packet count", 0, 1) if args.count is not None else 0
-    printer = Printer(args, sys.stdout)
+    printer = Printer(print_options(args), sys.stdout)
     try:
         records = read(sys.stdin.buffer if args.read == "-" else args.read)
         if args.json:

@@ -28,3 +28,9 @@ def decimal_flag(value: str | None, what: str, lo: int) -> int:
     if n < lo:
         raise UsageError(f"invalid {what} '{value}': must be at least {lo}")
     return n
+
+
+def print_options(args):
+    """The printing flags (tcpdump's, and --dump's style) as the printer's options (fcap.text.printer)."""
+    from fcap.text.printer import PrintOptions
+    return PrintOptions(**{name: getattr(args, name) for name in PrintOptions._fields})

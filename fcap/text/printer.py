@@ -3,29 +3,43 @@ then -x/-X/-A dumps or scapy's decode; --count counts instead; -l flushes each p
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import NamedTuple, TextIO
+
+
+class PrintOptions(NamedTuple):
+    """How packets are printed: tcpdump's printing flags (the command line's, fcap.commands.cli.print_options)."""
+
+    hex: int = 0                 # -x (twice: -xx)
+    hexascii: int = 0            # -X
+    ascii: int = 0               # -A
+    verbose: int = 0             # -v: scapy's decode under each line
+    count_only: bool = False     # --count
+    line_buffered: bool = False  # -l
+    nano: bool = False           # --time-stamp-precision=nano
+    time: int = 0                # -t, -tt, ...
+    absolute_seq: bool = False   # -S
+    link_header: int = 0         # -e
+    dump_style: str | None = None   # --dump-style
+    dump_zeroes: bool = False    # --dump-zeroes
 
 
 class Printer:
-    """Prints packets as `fcap -i ...` (on a terminal) and `fcap -r` show them, as tcpdump's flags in `args` say."""
+    """Prints packets as `fcap -i ...` (on a terminal) and `fcap -r` show them, as `options` say."""
 
-    def __init__(self, args, out: TextIO):
+    def __init__(self, options: PrintOptions, out: TextIO):
         from fcap.text import show
         self.out = out
-        self.hex = getattr(args, "hex", 0)
-        self.hexascii = getattr(args, "hexascii", 0)
-        self.ascii = getattr(args, "ascii", 0)
-        self.decode = getattr(args, "verbose", 0) > 0
-        self.count_only = getattr(args, "count_only", False)
-        self.line_buffered = getattr(args, "line_buffered", False)
+        self.hex, self.hexascii, self.ascii = options.hex, options.hexascii, options.ascii
+        self.decode = options.verbose > 0
+        self.count_only = options.count_only
+        self.line_buffered = options.line_buffered
         self.counted = 0
-        self.summarizer = show.Summarizer(precision="nano" if getattr(args, "nano", False) else "micro",
-                                          time_style=show.time_style(getattr(args, "time", 0) or 0),
-                                          relative_seq=not getattr(args, "absolute_seq", False),
-                                          eflag=getattr(args, "link_header", 0) > 0,
+        self.summarizer = show.Summarizer(precision="nano" if options.nano else "micro",
+                                          time_style=show.time_style(options.time),
+                                          relative_seq=not options.absolute_seq, eflag=options.link_header > 0,
                                           suppress=bool(self.hex or self.hexascii))
-        self.dump_compact = getattr(args, "dump_style", None) == "compact"
-        self.dump_zeroes = getattr(args, "dump_zeroes", False)
+        self.dump_compact = options.dump_style == "compact"
+        self.dump_zeroes = options.dump_zeroes
 
     def packet(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None,
                stamp: tuple | None = None) -> None:
