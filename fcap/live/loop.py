@@ -15,12 +15,6 @@ from fcap.live.output import Sink
 GRACE_S = 2.0    # a command still running when the capture ends: SIGTERM, then SIGKILL after this long
 
 
-def _per_record(session) -> bool:
-    """User space lays out each record's block: --dump (its dumps), --stack (its stack, read after the record),
-    --nft (the rule that dropped its packet, matched by its bytes)."""
-    return session.dump_area is not None or session.stacks is not None or session.nft is not None
-
-
 class CaptureLoop:
     """One capture: run() drains the session into the output until something stops it, then cleans up and
     returns the exit status: the command's when its exit ended the capture, else 0."""
@@ -50,7 +44,7 @@ class CaptureLoop:
         signal.signal(signal.SIGTERM, self._on_signal)
         self.session.buffer.watch(rfd)
         writer = self.out.writer
-        if writer is not None and not _per_record(self.session):
+        if writer is not None and not self.session.per_record:
             self.drain = self.session.file_drain(writer, limit=self.count, options=self.out.options)
 
     def run(self) -> int:
@@ -79,7 +73,7 @@ class CaptureLoop:
 
     def _drain(self) -> None:
         writer = self.out.writer
-        if writer is None or _per_record(self.session):   # records one by one (user space lays out every block,
+        if writer is None or self.session.per_record:   # records one by one (user space lays out every block,
             # each has its own dumps or stack)
             self.session.run(self._deliver, self._should_stop, limit=self.count)
             return

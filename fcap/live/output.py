@@ -122,12 +122,11 @@ class FileSink(Sink):
     def stats(self, session) -> None:
         """A pcapng file ends with each point's counts (Interface Statistics Blocks). Not a series of -C/-G files:
         the counts are the whole capture's, no one file's."""
-        w = self.writer
-        if self.fmt != PCAPNG or not hasattr(w, "write_isb") or not session.point_stats:
+        if self.fmt != PCAPNG or self.rotation is not None or not session.point_stats:
             return
         from fcap.kernel import stats
-        stats.write_isbs(w, session.point_stats, session.attached_ns, session.detached_ns or session.attached_ns,
-                         session.window.disorder())
+        stats.write_isbs(self.writer, session.point_stats, session.attached_ns,
+                         session.detached_ns or session.attached_ns, session.window.disorder())
 
     def close(self, ok: bool = True) -> None:
         if ok:

@@ -358,6 +358,12 @@ class Session(Attach):
         ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 
+    @property
+    def per_record(self) -> bool:
+        """Whether user space lays out each record's block (run(), not run_file()): --dump (its dumps), --stack (its
+        stack, read after the record), --nft (the rule that dropped its packet, matched by its bytes)."""
+        return self.dump_area is not None or self.stacks is not None or self.nft is not None
+
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from fcap.live.drain import FileDrain, RingDrain
