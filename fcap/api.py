@@ -10,8 +10,8 @@ from collections.abc import Iterable, Iterator
 from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.kernel import comments
-from fcap.kernel.ctxnames import CONTEXT_COMMENT
-from fcap.kernel.nftrace import NFT_COMMENT
+from fcap.host.ctxnames import CONTEXT_COMMENT
+from fcap.host.nftrace import NFT_COMMENT
 from fcap.live.output import _METADATA, PacketSink
 from fcap.text.packet import Packet
 

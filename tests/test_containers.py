@@ -233,7 +233,7 @@ def test_runtime_names_from_podmans_and_dockers_records(tmp_path, monkeypatch):
     """--container NAME: the ids podman's containers.json and docker's config.v2.json give NAME (their layouts)."""
     import json
 
-    from fcap.kernel import ctxnames
+    from fcap.host import ctxnames
     a, b, c = ("a" * 64, "b" * 64, "c" * 64)
     (tmp_path / "containers.json").write_text(json.dumps([{"id": a, "names": ["web"]}, {"id": b, "names": ["db"]}]))
     (tmp_path / "docker" / c).mkdir(parents=True)

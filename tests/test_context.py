@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from fcap.kernel import containers
-from fcap.kernel.ctxnames import CgroupNames, cgroup2_mount
+from fcap.host import containers
+from fcap.host.ctxnames import CgroupNames, cgroup2_mount
 from netns import free_port, read_packets, run_fcap, sh, start_fcap, start_tcpdump, subprocess_env
 
 ID = "0123456789abcdef" * 4

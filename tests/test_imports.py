@@ -188,3 +188,14 @@ def test_walker_names_every_cycle(tmp_path):
     graph = import_graph(root, ("q",))
     assert cycles(graph) == [["q.a", "q.b"], ["q.c", "q.d"]]
     assert [describe_cycle(graph, c) for c in cycles(graph)] == ["q.a:1 -> q.b:1 -> q.a", "q.c:1 -> q.d:3 -> q.c"]
+
+
+def test_the_host_floor_imports_nothing_above_it():
+    """fcap.host (what the host says of a packet: kallsyms, cgroups and containers, nf_tables) is a floor below
+    fcap.kernel: of fcap it imports only itself and fcap.errors."""
+    graph = import_graph()
+    host = [m for m in graph if m == "fcap.host" or m.startswith("fcap.host.")]
+    assert len(host) >= 6
+    above = {m: sorted(t for t in graph[m] if t.split(".")[0] == "fcap" and not t.startswith("fcap.host")
+                       and t not in ("fcap", "fcap.errors")) for m in host}
+    assert not any(above.values()), above

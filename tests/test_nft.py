@@ -1,5 +1,5 @@
-"""--nft: which nftables table, chain and rule dropped each packet netfilter dropped (fcap.kernel.nftrace over
-fcap.kernel.nftables). The netlink encoding read back by the kernel and by `nft` itself; then live, with real
+"""--nft: which nftables table, chain and rule dropped each packet netfilter dropped (fcap.host.nftrace over
+fcap.host.nftables). The netlink encoding read back by the kernel and by `nft` itself; then live, with real
 nftables tables made by `nft` dropping chosen datagrams between veth namespaces: each NETFILTER_DROP record names the
 table, chain and the rule handle `nft -a -j list` shows for the rule that dropped it (a rule in a base chain, one in a
 chain jumped to, a chain's policy), a packet dropped for another reason is not attributed, in the comment, --json,
@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from fcap.kernel import nftables as nft
-from fcap.kernel import nftrace
+from fcap.host import nftables as nft
+from fcap.host import nftrace
 from netns import SLOW, free_port, run_fcap, start_fcap, subprocess_env
 
 # ---- the netlink encoding (pure) ---------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def test_the_api_names_the_rule_in_this_namespace(veth):
 
 FILTERED = r"""
 import socket, sys, time
-from fcap.kernel import nftables as nft, nftrace
+from fcap.host import nftables as nft, nftrace
 ok, no = int(sys.argv[1]), int(sys.argv[2])
 t = nftrace.Tracer()
 every = nft.NfSocket(trace=True, rcvbuf=1 << 22)     # no filter: every event
@@ -350,7 +350,7 @@ print(t.filtered, len(kept), sum(e.decides_drop() for e in kept), len(all_), sum
 
 
 def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
-    """fcap.kernel.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 2 a rule drops (at output),
+    """fcap.host.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 2 a rule drops (at output),
     fcap's trace socket gets the 2 drop verdicts and, of the accepted ones, only the end of the output chain they
     match no rule of (its headers, kept for a policy of drop), where a socket without the filter gets each chain's
     events (fcap's own two, the output chain's end and policy, the input chain's accept)."""

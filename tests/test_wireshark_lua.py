@@ -85,11 +85,11 @@ def test_field_table_is_the_comments_declaration():
     fcap reads it."""
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
     from fcap.kernel.comments import SECTIONS
-    from fcap.kernel.ctxnames import CONTEXT_COMMENT
+    from fcap.host.ctxnames import CONTEXT_COMMENT
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.kstack import STACK_COMMENT
     from fcap.kernel.layout import COMMENT
-    from fcap.kernel.nftrace import NFT_COMMENT
+    from fcap.host.nftrace import NFT_COMMENT
     from fcap.kernel.verdicts import VERDICT_COMMENT
     assert SECTIONS == (COMMENT, CONTEXT_COMMENT, DROP_COMMENT, NFT_COMMENT, VERDICT_COMMENT, STACK_COMMENT)
     assert [f for _k, f, _s in comment_fields()] == [attr for section in SECTIONS for _p, attr, _s in section]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 
-from fcap.kernel.ctxnames import CONTEXT_COMMENT
+from fcap.host.ctxnames import CONTEXT_COMMENT
 from fcap.kernel.drops import DROP_COMMENT
 from fcap.kernel.kstack import STACK_COMMENT, frames
 from fcap.kernel.layout import COMMENT
-from fcap.kernel.nftrace import NFT_COMMENT
+from fcap.host.nftrace import NFT_COMMENT
 from fcap.kernel.verdicts import VERDICT_COMMENT
 
 # What each record's comment holds, in order: the packet's metadata (always), --context's keys (each where known),

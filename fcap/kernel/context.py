@@ -3,7 +3,7 @@ kernel's sock_cgroup_ptr reads it) or, where there is none, of the current task 
 (the cgroup2 directory's inode number, kernfs_node.id) into META's cgroup with --context, and the --cgroup predicate
 (that cgroup or one under it: its ancestor at the target's level). Member paths from BTF: 5.10's sock_cgroup_data
 is a u64 `val` (low bits set: net_cls/net_prio data, the root cgroup), later ones a `cgroup` pointer; 5.10's cgroup
-has ancestor_ids[], later ones ancestors[]. User space names the ids (fcap.kernel.ctxnames)."""
+has ancestor_ids[], later ones ancestors[]. User space names the ids (fcap.host.ctxnames)."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _records_cgroup(point, options, maps) -> bool:
 
 
 CGROUP = Feature("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),
-                 reads="fcap.kernel.ctxnames.Context")
+                 reads="fcap.host.ctxnames.Context")
 
 
 # --where's context terms: the --cgroup and --container predicates spelled as tests ('cgroup == /system.slice')
@@ -183,10 +183,10 @@ def where_term(text: str) -> tuple[str, str] | None:
 
 def target_predicates(cgroup: str | None = None, container: str | None = None) -> list:
     """Factories (point -> predicate) of --cgroup PATH and --container NAME: under() of each target, found by
-    walking the cgroup2 hierarchy now (fcap.kernel.ctxnames; PredicateError with one line when it is not there)."""
+    walking the cgroup2 hierarchy now (fcap.host.ctxnames; PredicateError with one line when it is not there)."""
     if cgroup is None and container is None:
         return []
-    from fcap.kernel import ctxnames
+    from fcap.host import ctxnames
     names = ctxnames.CgroupNames()
     targets = ([names.target(cgroup)] if cgroup is not None else []) + \
         ([names.container(container)] if container is not None else [])

@@ -7,7 +7,8 @@ from __future__ import annotations
 from bpf.asm import DW, FP, R0, R1, R2, R7, label, ldx
 from bpf.btf import BTF, BTFError, Enum, Enum64, Type
 
-from fcap.kernel import kallsyms, pointinfo
+from fcap.host import kallsyms
+from fcap.kernel import pointinfo
 from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
 from fcap.points.spec import Point
@@ -115,7 +116,7 @@ def close_names(leaf: Type, text: str, n: int = 4) -> list[str]:
 
 
 class Names:
-    """Names for drop records: reasons from this kernel's BTF, locations from /proc/kallsyms (fcap.kernel.kallsyms:
+    """Names for drop records: reasons from this kernel's BTF, locations from /proc/kallsyms (fcap.host.kallsyms:
     unreadable or hidden addresses leave the location as a number)."""
 
     def __init__(self, btf: BTF | None = None):

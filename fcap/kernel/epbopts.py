@@ -72,13 +72,13 @@ def queue_always(point: Point, options, maps) -> bool:
 class EpbOptions:
     """A block's options (keyword arguments of PcapngWriter.write and epb_parts) for a record whose block user
     space lays out: the same as the capture program writes into the file rings. At drop points the comment also
-    says why and where the packet was dropped, and with --nft (`nft`: the session's fcap.kernel.nftrace.Tracer, the
+    says why and where the packet was dropped, and with --nft (`nft`: the session's fcap.host.nftrace.Tracer, the
     records' link type number `linktype`) which nftables rule dropped a packet netfilter dropped; with --stack it
     ends with the kernel stack (fcap.kernel.kstack)."""
 
     def __init__(self, points: list[Point], context: bool = False, nft=None, linktype: int = 0,
                  comment: bool = True):
-        from fcap.kernel.ctxnames import Context
+        from fcap.host.ctxnames import Context
         self.context = Context() if context else None   # --context: the cgroup's path, container, netns name
         self.nft, self.linktype = nft, linktype
         self.comment = comment                           # (--no-comment: records without one)
@@ -107,7 +107,7 @@ class EpbOptions:
         return f"{verdicts.VERDICT_COMMENT[0][0]}{verdicts.name(p, rec.retval)}" if p is not None else ""
 
     def context_text(self, rec) -> str:
-        """' cgroup=ID cgroup_path=P ...' (fcap.kernel.ctxnames.CONTEXT_COMMENT) with --context, else ''."""
+        """' cgroup=ID cgroup_path=P ...' (fcap.host.ctxnames.CONTEXT_COMMENT) with --context, else ''."""
         return self.context.text(rec) if self.context is not None else ""
 
     def context_values(self, rec) -> dict:
@@ -126,7 +126,7 @@ class EpbOptions:
             return {}
         last, values = self._nft_last
         if last is not rec:
-            from fcap.kernel import nftrace
+            from fcap.host import nftrace
             reason, location = self.drop(rec)
             values = {}
             if nftrace.is_netfilter_drop(reason, location):
@@ -136,10 +136,10 @@ class EpbOptions:
         return values
 
     def nft_text(self, rec) -> str:
-        """' nft_family=inet nft_table=T nft_chain=C nft_rule=H' (fcap.kernel.nftrace.NFT_COMMENT), else ''."""
+        """' nft_family=inet nft_table=T nft_chain=C nft_rule=H' (fcap.host.nftrace.NFT_COMMENT), else ''."""
         if self.nft is None:
             return ""
-        from fcap.kernel import nftrace
+        from fcap.host import nftrace
         return nftrace.text(self.nft_values(rec))
 
     def drop(self, rec) -> tuple:

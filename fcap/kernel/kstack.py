@@ -1,6 +1,6 @@
 """--stack: the kernel stack of each record. The capture program stores the stack in a stack trace map with
 bpf_get_stackid (the kernel keeps one copy of each distinct stack: the record carries its id, META's stack); user
-space reads each id's addresses once and names them from /proc/kallsyms (fcap.kernel.kallsyms), innermost frame
+space reads each id's addresses once and names them from /proc/kallsyms (fcap.host.kallsyms), innermost frame
 first.
 
 The ids stay true: without BPF_F_REUSE_STACKID a stack that hashes to a bucket another stack holds is not stored
@@ -15,7 +15,7 @@ import struct
 from bpf.asm import DW, FP, JSLT, R0, R1, R2, R3, R7, call, ja, jmp, label, ld_map_fd, ldx, movi
 from bpf.uapi import Helper
 
-from fcap.kernel import kallsyms
+from fcap.host import kallsyms
 from fcap.kernel.feature import RECORD_META, Feature, MapUse
 from fcap.kernel.layout import META, STACK, STACK_NONE
 

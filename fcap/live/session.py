@@ -58,7 +58,7 @@ class Config(NamedTuple):
     track_max: int = TRACK_MAX
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
     context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
-    nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.kernel.nftrace, user space)
+    nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.host.nftrace, user space)
     comment: bool = True      # pcapng records carry the metadata comment (--no-comment: they do not)
 
 
@@ -113,7 +113,7 @@ class Session(Attach):
         self.track_report: dict = {}
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
-        self.nft = None          # --nft: fcap.kernel.nftrace.Tracer (its trace table), from open() to close()
+        self.nft = None          # --nft: fcap.host.nftrace.Tracer (its trace table), from open() to close()
 
     # -- set-up --------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -265,7 +265,7 @@ class Session(Attach):
                 wake = 1 if self.cfg.immediate else pages * PAGE // 4
                 self.buffer = PerfBuffer(events, pages=pages, wakeup_bytes=wake, cpus=cpus)
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
-                from fcap.kernel.nftrace import Tracer
+                from fcap.host.nftrace import Tracer
                 self.nft = Tracer()
         except BPFError as e:
             self.close()

@@ -1,6 +1,6 @@
 """Names for the context --context records (user space): a cgroup id's path in the cgroup2 hierarchy (the id is its
 directory's inode number: the tree walked once, cached, walked again on a miss), the container and pod the path
-names (fcap.kernel.containers), a network namespace inode's name (`ip netns` bind mounts in /run/netns, docker's in
+names (fcap.host.containers), a network namespace inode's name (`ip netns` bind mounts in /run/netns, docker's in
 /run/docker/netns); the comment's text of them (CONTEXT_COMMENT) and --cgroup/--container's target cgroup."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import time
 
 from fcap.errors import PredicateError
-from fcap.kernel import containers
+from fcap.host import containers
 
 MOUNTINFO = "/proc/self/mountinfo"
 # where container runtimes keep their containers' names (--container NAME): podman's (rootful) storage, docker's

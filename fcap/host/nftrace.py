@@ -17,7 +17,7 @@ import time
 from typing import NamedTuple
 
 from fcap.errors import CaptureError
-from fcap.kernel import nftables as nft
+from fcap.host import nftables as nft
 
 TABLE_PREFIX = "fcap_nftrace_"
 HOOKS = (("pre", nft.Hook.prerouting), ("out", nft.Hook.output))   # a packet's first hook: received, or made here
@@ -120,8 +120,8 @@ class Tracer:
     def __init__(self, table: str | None = None):
         self.table = table or f"{TABLE_PREFIX}{os.getpid()}"
         self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)   # first: no event of the table's is missed
-        try:   # only the events a drop needs are queued (fcap.kernel.nftfilter); without it, all of them
-            from fcap.kernel import nftfilter
+        try:   # only the events a drop needs are queued (fcap.host.nftfilter); without it, all of them
+            from fcap.host import nftfilter
             nftfilter.attach(self.listener.sock)
             self.filtered = True
         except OSError:

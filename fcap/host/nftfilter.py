@@ -1,5 +1,5 @@
 """--nft's socket filter: a classic BPF program on fcap's trace socket that lets through only the nf_tables trace
-events --nft needs (fcap.kernel.nftrace), so that the kernel queues (and fcap parses) none of the rest: a drop
+events --nft needs (fcap.host.nftrace), so that the kernel queues (and fcap parses) none of the rest: a drop
 verdict (a rule's verdict drop, a base chain's policy drop) and, for the drop verdicts of the same run of a chain
 that carry no packet headers, the events that carry them before a drop can follow (a rule whose verdict is
 continue, jump, goto or break; a chain's end before its policy). The events of a rule's or a policy's accept stay
@@ -15,7 +15,7 @@ import struct
 from bpf.cbpf_plan import (C_ALU, C_JMP, C_LD, C_LDX, C_MISC, C_RET, C_ST, J_JA, J_JEQ, J_JGE, J_JSET, M_IMM,
                            M_IND, M_LEN, M_MEM, MISC_TAX, SRC_K, SRC_X, S_H, S_W)
 
-from fcap.kernel import nftables as nft
+from fcap.host import nftables as nft
 
 SO_ATTACH_FILTER = 26
 ATTRS = 24                  # attributes walked (a trace event has at most 16; more are left unread)
