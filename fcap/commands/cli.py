@@ -313,7 +313,7 @@ def _print_dumps(printer, rec) -> None:
 def cmd_linktypes(args) -> int:
     """-L: the link types each -i point can give, as tcpdump -L lists a device's."""
     from fcap.points.spec import resolve
-    from fcap.live.session import START_FOR, default_linktype
+    from fcap.live.planner import START_FOR, default_linktype
     from fcap.files.linktypes import framing, lookup
     if not args.points:
         raise UsageError("-L lists the link types of a capture point: give -i POINT")
