@@ -9,9 +9,10 @@ from fcap.errors import ProgramError
 from fcap.kernel.program import Builder
 from fcap.kernel.progopts import Maps, ProgramOptions
 from fcap.kernel.xdpprog import XdpBuilder
+from fcap.points.kinds import SKB_STRUCT, XDP_STRUCT
 from fcap.points.spec import Point
 
-BUILDERS = {"sk_buff": Builder, "xdp_buff": XdpBuilder}   # by the struct the point's context argument points to
+BUILDERS = {SKB_STRUCT: Builder, XDP_STRUCT: XdpBuilder}   # by the struct the point's context argument points to
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

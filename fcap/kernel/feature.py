@@ -55,7 +55,7 @@ def always(point, options, maps) -> bool:
 
 def has_skb(point) -> bool:
     """Is the point's packet an skb (not an XDP program's xdp_buff)?"""
-    return point.kind.context == "sk_buff"
+    return point.kind.on_skb
 
 
 @dataclass(frozen=True, eq=False)

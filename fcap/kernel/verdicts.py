@@ -23,7 +23,7 @@ def records_verdict(point) -> bool:
 
 def verdict_type(point) -> int:
     """The epb_verdict type of the point's verdicts: eBPF XDP or eBPF TC."""
-    return VERDICT_XDP if point.kind.context == "xdp_buff" else VERDICT_TC
+    return VERDICT_TC if point.kind.on_skb else VERDICT_XDP
 
 
 def name(point, value: int) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from fcap.points.spec import Point
 
 ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
+SKB_STRUCT, XDP_STRUCT = "sk_buff", "xdp_buff"   # what a kind's programs' context argument points to (Kind.context)
 ALTERNATIVE = "capture at a tracepoint that sees the same packets"
 
 
@@ -79,7 +80,7 @@ class Kind:
     multi = False         # one program at many functions: the point id is the attach cookie, not a constant
     single: Kind | None = None   # a multi kind: the kind of the points it runs at (fentry, fexit, kprobe)
     operand = "TP"        # what follows KIND/ in the -i grammar (fcap --help)
-    context = "sk_buff"   # the kernel struct the context argument points to: the skb, or an XDP program's xdp_buff
+    context = SKB_STRUCT  # the kernel struct the context argument points to: the skb, or an XDP program's xdp_buff
     on_program = False    # at a loaded BPF program (its fd is the load's attach_prog_fd), not a kernel function
     skb_may_be_gone = False   # the function may have freed the skb or handed it on when the program runs (fexit):
                               # read it only through loads the kernel checks and probe reads, never through a
@@ -87,6 +88,11 @@ class Kind:
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def on_skb(self) -> bool:
+        """Its programs' context argument is an skb (not an XDP program's xdp_buff)."""
+        return self.context == SKB_STRUCT
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"
@@ -366,7 +372,7 @@ class _XdpEntry(_OnProgram):
     summary = "an XDP program's entry: the packet as it arrives (xdp/PROG: entry and exit)"
     attach_type = AttachType.TRACE_FENTRY
     at_entry = True
-    context = "xdp_buff"
+    context = XDP_STRUCT
     target_type = ProgType.XDP
     word, label = "xdp", "XDP"
     ctx_name = "xdp_md"

@@ -35,7 +35,7 @@ def dynptr_kfunc(point: Point) -> int:
 def head_loads(point: Point) -> bool:
     """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
     untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
-    if not point.typed or point.kind.context != "sk_buff":
+    if not point.typed or not point.kind.on_skb:
         return False
 
     def fn():

@@ -20,7 +20,7 @@ from fcap.errors import PointError
 from fcap.points import kinds
 from fcap.points.spec import Argument, Point
 
-ARG_NAME = {"xdp_buff": "xdp", "sk_buff": "skb"}   # the context argument's name (--where, --dump)
+ARG_NAME = {kinds.XDP_STRUCT: "xdp", kinds.SKB_STRUCT: "skb"}   # the context argument's name (--where, --dump)
 
 
 class Target:

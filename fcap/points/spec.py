@@ -12,7 +12,7 @@ from fcap.errors import PointError
 from fcap.points import kinds
 from fcap.points.kinds import Kind
 
-SKB = "sk_buff"
+SKB = kinds.SKB_STRUCT
 TP_PREFIX = "btf_trace_"
 
 
@@ -89,12 +89,12 @@ class Point:
         """Does the program copy the packet's bytes itself (probe reads) rather than hand the skb to a helper that
         copies from it (bpf_skb_output, skb dynptrs)? Untyped points, XDP's (no skb), fexit's (the skb may be
         gone)."""
-        return not self.typed or self.kind.context != "sk_buff" or self.kind.skb_may_be_gone
+        return not self.typed or not self.kind.on_skb or self.kind.skb_may_be_gone
 
     @property
     def direction(self) -> str | None:
         if self.kind.on_program:   # XDP: received; tc: either way, as attached
-            return "in" if self.kind.context == "xdp_buff" else None
+            return "in" if self.kind.context == kinds.XDP_STRUCT else None
         return direction_of(self.name)
 
     @property
