@@ -243,6 +243,7 @@ class RingDrain:
         self.bases = [i * ring_map.stride for i in range(ring_map.max_entries)]   # (multiples of 8)
         self.index = [(b + index_at(ring_size)) // 8 for b in self.bases]
         self.counts = [0] * len(self.bases)   # records taken (as `taken`)
+        self.taken = 0                         # ... all CPUs' together: those written and those -c passed over
         self.tails = [0] * len(self.bases)
         self.disorder = [0] * len(self.bases)   # each CPU's count of records out of order, as last read
         self.ordered = [True] * len(self.bases)   # its records not taken yet are in time order
@@ -401,6 +402,7 @@ class RingDrain:
                 words[(base + _TAIL) // 8] = self.tails[i]
                 self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
                 words[(base + _TAKEN) // 8] = self.counts[i]
+                self.taken += k
             if k == lengths[i] and not self.moved[i]:
                 self.ordered[i] = True   # (until the program counts a record out of order again)
             # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
@@ -417,12 +419,12 @@ class RingDrain:
     def published(self) -> int:
         """Records the programs have published so far: those taken (written, or past -c) plus those not yet."""
         if self.view is None:
-            return self.written
+            return self.taken
         left = 0
         for i, base in enumerate(self.bases):
             head = _U64.unpack_from(self.view, base + _HEAD)[0]
             left += ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
-        return self.written + left
+        return self.taken + left
 
     def close(self) -> None:
         self.np_words = self.np_bytes = None
