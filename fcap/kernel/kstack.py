@@ -18,6 +18,7 @@ from bpf.uapi import Helper
 from fcap.host import kallsyms
 from fcap.kernel.feature import RECORD_META, Feature, MapUse
 from fcap.kernel.layout import META, STACK, STACK_NONE
+from fcap.points import kinds
 
 DEPTH = 64               # frames kept of each stack (deeper stacks lose their outermost frames)
 STACK_MAX = 16384        # distinct stacks the map holds (its buckets: stacks hashing alike are not stored)
@@ -29,7 +30,7 @@ assert STACK_MAX < STACK_NONE
 # at the return address of its call to the trampoline: ip_finish_output2+0x9). A kprobe program's stack starts at
 # the probed instruction (ip_finish_output2+0x5): nothing to skip. (Seen on 6.18 and Debian's 6.12.)
 STACKID_FLAGS = 0
-SKIP = {"tp_btf": 2, "raw_tp": 2, "fentry": 2, "fexit": 2}
+SKIP = {kinds.TP_BTF: 2, kinds.RAW_TP: 2, kinds.FENTRY: 2, kinds.FEXIT: 2}
 # frames of the tracing machinery the skip count cannot cover (there or not as the kernel was built and as many
 # probes share the tracepoint): left out in user space while they lead the stack
 MACHINERY = ("bpf_prog_", "bpf_trampoline_", "__bpf_trace_", "bpf_trace_run", "__traceiter_", "__bpf_prog_enter",
@@ -43,7 +44,7 @@ UNKNOWN = "?"
 
 def flags(point) -> int:
     """bpf_get_stackid's flags at `point`."""
-    return STACKID_FLAGS | SKIP.get(str(point.kind), 0)
+    return STACKID_FLAGS | SKIP.get(point.kind, 0)
 
 
 def emit_stackid(b) -> None:
