@@ -12,7 +12,7 @@ from typing import Sequence
 
 from .errors import SyscallError
 from .sys import (FD, KprobeMultiAttr, LinkCreateAttr, PerfEventAttr, RawTracepointAttr, TracingMultiAttr, addr, bpf,
-                  bpf_errno, membarrier_global, perf_event_open)
+                  bpf_errno, perf_event_open)
 from .uapi import PERF_FLAG_FD_CLOEXEC, AttachType, Cmd, PerfIoctl
 
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe"
@@ -41,13 +41,6 @@ class Link:
 
     def __repr__(self) -> str:
         return f"Link({self.what})"
-
-
-def settle() -> None:
-    """Return once every run of a program that began before its link was closed has ended (programs run in RCU
-    read-side sections, or with preemption off: an RCU grace period outlasts them), so that what they write is all
-    there. Where the kernel offers no such wait (no membarrier, nohz_full CPUs) it returns at once."""
-    membarrier_global()
 
 
 def attach_tracing(prog_fd: int, what: str) -> Link:

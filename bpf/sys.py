@@ -7,7 +7,7 @@ import errno
 import os
 
 from .errors import SyscallError
-from .uapi import MEMBARRIER_CMD_GLOBAL, STATS_RUN_TIME, SYS_BPF, SYS_MEMBARRIER, SYS_PERF_EVENT_OPEN, Cmd
+from .uapi import STATS_RUN_TIME, SYS_BPF, SYS_PERF_EVENT_OPEN, Cmd
 
 # the process's own symbols (libc's syscall among them): ctypes.util.find_library would run ldconfig (~60 ms)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -140,13 +140,6 @@ def perf_event_open(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int, flag
     if ret < 0:
         raise SyscallError(op, ctypes.get_errno())
     return ret
-
-
-def membarrier_global() -> int:
-    """membarrier(MEMBARRIER_CMD_GLOBAL): returns once every CPU has passed an RCU grace period (the kernel's
-    synchronize_rcu); 0, or the errno (ENOSYS: no CONFIG_MEMBARRIER; EINVAL: nohz_full CPUs)."""
-    ret = _syscall(SYS_MEMBARRIER, ctypes.c_int(MEMBARRIER_CMD_GLOBAL), ctypes.c_uint(0), ctypes.c_int(0))
-    return ctypes.get_errno() if ret < 0 else 0
 
 
 class FD:

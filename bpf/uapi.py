@@ -4,8 +4,6 @@ from enum import IntEnum, IntFlag
 
 SYS_BPF = 321             # x86_64
 SYS_PERF_EVENT_OPEN = 298  # x86_64
-SYS_MEMBARRIER = 324       # x86_64
-MEMBARRIER_CMD_GLOBAL = 1  # linux/membarrier.h: synchronize_rcu() (4.3, as MEMBARRIER_CMD_SHARED)
 
 
 class Cmd(IntEnum):

@@ -22,7 +22,10 @@ from pathlib import Path
 from netns import Pkt, Proc, UDPSink, fcap_argv, flow_of, ping, read_packets, stop_helper
 
 IN_VM = bool(os.environ.get("FCAP_VM"))
-READY = 180.0 if IN_VM else 60.0     # many fcap processes start at once; TCG is ~10x slower
+# many fcap processes start at once, their programs verified side by side: the time until the last is listening
+# grows with how many (~3 s each in a TCG guest, alone; 24 at once in a busy 7.2 guest took over 180 s)
+READY = 180.0 if IN_VM else 60.0
+READY_EACH = 20.0 if IN_VM else 5.0
 SETTLE = 0.3                         # after the last packet, before stopping the captures
 POINT = "tp_btf/net_dev_queue"
 
@@ -70,8 +73,9 @@ class Captures:
         try:
             for c in self.caps.values():
                 c.proc = Proc(fcap_argv() + c.args, name=f"fcap [{c.name}]")
+            ready = max(READY, READY_EACH * len(self.caps))
             for c in self.caps.values():
-                c.proc.wait_for(r"^listening on ", timeout=READY)
+                c.proc.wait_for(r"^listening on ", timeout=ready)
         except BaseException:
             self.kill()
             raise

@@ -7,7 +7,7 @@ import re
 import time
 
 from bpf.errors import BPFError, VerifierError
-from bpf.link import Link, settle
+from bpf.link import Link
 from bpf.prog import Program, load
 
 from fcap.errors import CaptureError
@@ -141,11 +141,8 @@ class Attach:
         return p.kind.attach(prog.fileno(), p)
 
     def detach(self) -> None:
-        """Close the links; returns when the programs' runs under way have ended (their records all published)."""
-        if not self.links:
-            return
-        self.detached_ns = time.time_ns()
+        if self.links:
+            self.detached_ns = time.time_ns()
         for link in self.links:
             link.close()
         self.links = []
-        settle()

@@ -10,9 +10,9 @@ interrupted by another point's program on the same CPU can publish an older reco
 CPU's batch is unsorted and is merged record by record.
 
 `-c N` keeps the N oldest: once the records published and not yet written would complete it (reached()), a pass
-writes none of them; the capture detaches its programs (every program that read the time has then published: see
-bpf.link.settle) and its last pass writes the oldest. (Written at once, a record whose program was held between its
-clock read and its publish for longer than the margin would be passed over for a newer one.)"""
+writes none of them; the capture detaches its programs and its last pass writes the oldest of all they published.
+(Written at once, a record whose program was held between its clock read and its publish for longer than the
+margin would be passed over for a newer one.)"""
 
 from __future__ import annotations
 
