@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
 from fcap.kernel import comments
-from fcap.kernel.drops import drops_every_packet
+from fcap.kernel.drops import base_name, drops_every_packet
 from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
 
@@ -47,8 +47,7 @@ class Hop:
 def end_of(h: Hop) -> str | None:
     if h.drop is not None or drops_every_packet(h.point):
         return "dropped"
-    name = h.point.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in h.point else h.point
-    if name in CONSUME_POINTS or h.point in CONSUME_POINTS:
+    if base_name(h.point) in CONSUME_POINTS or h.point in CONSUME_POINTS:
         return "consumed"
     return None
 

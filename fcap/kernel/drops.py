@@ -41,11 +41,16 @@ def location_arg(point: Point) -> int | None:
     return _arg(point, "location", False) if not point.kind.function else None
 
 
+def base_name(name: str) -> str:
+    """A point's function or tracepoint as a file names its interface: KIND/NAME and KIND/NAME:... -> NAME (a
+    semantic point's name, skb:drop, stays whole)."""
+    return name.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in name else name
+
+
 def drops_every_packet(name: str) -> bool:
     """Whether every packet at a point is being dropped, by the point's name: a function's or tracepoint's (NAME),
-    or as a file names its interface (KIND/NAME, KIND/NAME:..., skb:drop)."""
-    base = name.rsplit("/", 1)[-1].split(":", 1)[0] if "/" in name else name
-    return base in DROP_POINTS or name == DROP_ALIAS
+    or as a file names its interface (base_name; skb:drop)."""
+    return base_name(name) in DROP_POINTS or name == DROP_ALIAS
 
 
 def is_drop_point(point: Point) -> bool:
