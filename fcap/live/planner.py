@@ -234,11 +234,11 @@ class Planner:
     def map_plan(self) -> MapPlan:
         """The maps the programs use, decided once for open() (which makes them) and dump() (which names them)."""
         self.units = self.units or self.plan()
-        ncpus = len(online_cpus())
-        pages = self._pages(ncpus)
+        cpus = online_cpus()
+        pages = self._pages(len(cpus))
         kfunc = self._file_ring_kfunc()
         return MapPlan(scratch_size=max(cprog.scratch_size(p, self.options(p)) for p in self._program_points()),
-                       track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=ncpus, pages=pages,
+                       track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
                        kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if kfunc else 0)
 
     def dump(self) -> str:
@@ -268,14 +268,14 @@ class Planner:
 
 
 class MapPlan(NamedTuple):
-    """What maps a capture's programs use (Session.map_plan): the scratch value's size, the tracking maps, the
-    stack map, the CPUs and the buffer's pages per CPU, and the file rings (kfunc: bpf_dynptr_from_skb's BTF id,
-    0 for none; each CPU's ring size asked for)."""
+    """What maps a capture's programs use (Planner.map_plan): the scratch value's size, the tracking maps, the
+    stack map, the online CPUs and the buffer's pages per CPU, and the file rings (kfunc: bpf_dynptr_from_skb's BTF
+    id, 0 for none; each CPU's ring size asked for)."""
 
     scratch_size: int
     track: bool
     stack: bool
-    cpus: int
+    cpus: list
     pages: int
     kfunc: int
     ring_size: int

@@ -10,7 +10,7 @@ from typing import Callable
 from bpf import features
 from bpf.errors import BPFError
 from bpf.link import Link
-from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, online_cpus, possible_cpus
+from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
@@ -98,7 +98,7 @@ class Session(Planner, Attach):
                 maps.stack = self.stacks.map.fileno()
                 self.parse = self.stacks.parser(self.parse, self.dump_area.size if self.dump_area is not None else 0)
             if plan.kfunc:
-                if plan.cpus > 1:   # the drain's merge at C speed, imported while the programs load
+                if len(plan.cpus) > 1:   # the drain's merge at C speed, imported while the programs load
                     from fcap.live.drain import FAST
                     FAST.load()
                 ring_size = self._make_ring(plan.ring_size)
@@ -106,13 +106,12 @@ class Session(Planner, Attach):
             self._load_all(maps)
             if track.uses_map(self.ident()):
                 self._load_helpers(maps)
-            cpus = online_cpus()
             if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
-                self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=cpus)
+                self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=plan.cpus)
                 self.ring_size = maps.ring_size
             else:
                 wake = 1 if self.cfg.immediate else plan.pages * PAGE // 4
-                self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=cpus)
+                self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
                 from fcap.host.nftrace import Tracer
                 self.nft = Tracer()
