@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import collections
 import os
+from dataclasses import fields
 from collections.abc import Iterable, Iterator
 
 from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, UsageError
-from fcap.kernel import comments
-from fcap.host.ctxnames import CONTEXT_COMMENT
-from fcap.host.nftrace import NFT_COMMENT
-from fcap.live.output import _METADATA, PacketSink
+from fcap.features import comments
+from fcap.live.output import PacketSink
 from fcap.text.packet import Packet
 
 
@@ -23,12 +22,15 @@ class Capture:
     def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
-                 track_max: int | None = None, stack: bool = False, context: bool = False,
-                 cgroup: str | None = None, container: str | None = None, nft: bool = False,
+                 track_max: int | None = None, cgroup: str | None = None, container: str | None = None,
                  pid: int | None = None, comm: str | None = None, mark: int | None = None,
                  ifindex: int | None = None, ifname: str | None = None, netns: int | None = None,
-                 direction: str | None = None):
+                 direction: str | None = None, **features):
+        from fcap.features import config
         from fcap.live.session import Config, Session
+        unknown = sorted(set(features) - {f.name for f in config.FLAGGED})
+        if unknown:   # (stack, context, nft: fcap.features)
+            raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
@@ -42,12 +44,15 @@ class Capture:
                                      comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True, predicates=preds,
-                     dumps=dump, track=bool(track), stack=bool(stack), context=bool(context), nft=bool(nft),
+                     dumps=dump, track=bool(track), **config.asked(features.get),
                      **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
         try:
             session.resolve()
+            why = config.refusal(cfg, session.points)
+            if why:
+                raise UsageError(why)
             session.open()
             from fcap.live.output import start
             start(session, self._sink)
@@ -188,7 +193,7 @@ def read(path) -> Iterator[Packet]:
 
 
 def parse_comment(text: str) -> dict:
-    """fcap's metadata comment (fcap.kernel.comments: the packet's metadata, --context's keys, at drop points
+    """fcap's metadata comment (fcap.features.comments: the packet's metadata, --context's keys, at drop points
     ' reason=R at=L', with --nft a netfilter drop's nft_* keys, a BPF program's verdict, then with --stack
     ' stack=F<F...') back as {attribute: value} (reason and location as text, the stack as frames); {} when it is not
     one."""
@@ -203,13 +208,15 @@ def file_packet(rec) -> Packet:
     if rec.custom:
         from fcap.kernel.dumps import dumps_of
         dumps = {d.path: d for d in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
-    found = {name: meta.get(name) for name in _METADATA}
+    found = {attr: meta.get(attr) for attr in _FROM_COMMENT}
     found["skb"] = meta.get("skb", rec.packet_id)
     return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
-                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, reason=meta.get("reason"),
-                  location=meta.get("location"), verdict=rec.verdict, comment=rec.comment,
-                  **{attr: meta.get(attr) for _pre, attr, _s in CONTEXT_COMMENT + NFT_COMMENT},
-                  direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue, stack=meta.get("stack"))
+                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, verdict=rec.verdict,
+                  comment=rec.comment, direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+
+
+# the Packet attributes a file's comment gives back (every feature's keys that are Packet attributes)
+_FROM_COMMENT = tuple(attr for _pre, attr, _s in comments.KEYS if attr in {f.name for f in fields(Packet)})
 
 
 _DIRECTIONS = {1: "in", 2: "out"}   # epb_flags' direction bits (0: not known)

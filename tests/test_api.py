@@ -280,7 +280,8 @@ def test_track_follows_one_packet_under_the_command_lines_names(root, tmp_path, 
 
 def test_records_by_field_name():
     """fcap.Packet takes its metadata by name: each is a Record field and an attribute fcap's comment shows."""
-    from fcap.api import _METADATA, Packet
+    from fcap.api import Packet
+    from fcap.features.metadata import METADATA as _METADATA
     from fcap.kernel.layout import COMMENT, Record
     assert _METADATA == ("skb", "pid", "tid", "comm", "ifindex", "netns", "mark")
     assert set(_METADATA) <= set(Record._fields) & {attr for _p, attr, _s in COMMENT}
@@ -288,11 +289,11 @@ def test_records_by_field_name():
 
 
 def test_every_key_of_the_comment_reads_back():
-    """Pure: a comment with every key the schema declares (fcap.kernel.comments), written as each style writes it
+    """Pure: a comment with every key the schema declares (fcap.features.comments), written as each style writes it
     (text with spaces, a BPF program's verdict, a stack) reads back as the values, through the API's parse_comment; a
     line that is not fcap's comment reads as nothing."""
     from fcap.api import parse_comment
-    from fcap.kernel.comments import KEYS, key_name, parse
+    from fcap.features.comments import KEYS, key_name, parse
     made = {"dec": 7, "dec64": 1 << 60, "hex": 0x1f, "hex4": 0x86dd, "hex16": 0xffff888100000001, "str": "a b"}
     shown = {"dec": "7", "dec64": str(1 << 60), "hex": "1f", "hex4": "86dd", "hex16": "ffff888100000001",
              "str": "a b"}

@@ -199,3 +199,13 @@ def test_the_host_floor_imports_nothing_above_it():
     above = {m: sorted(t for t in graph[m] if t.split(".")[0] == "fcap" and not t.startswith("fcap.host")
                        and t not in ("fcap", "fcap.errors")) for m in host}
     assert not any(above.values()), above
+
+
+def test_the_features_floor_imports_nothing_above_it():
+    """fcap.features (the per-packet features as units) stands above fcap.kernel, fcap.host and fcap.text and below
+    what runs a capture: it imports no module of fcap.live, fcap.commands or fcap.api."""
+    graph = import_graph()
+    units = [m for m in graph if m.startswith("fcap.features.")]
+    assert len(units) >= 8
+    above = {m: sorted(t for t in graph[m] if t.startswith(("fcap.live", "fcap.commands", "fcap.api"))) for m in units}
+    assert not any(above.values()), above

@@ -80,11 +80,11 @@ def capture(root, tmp_path) -> tuple:
 
 
 def test_field_table_is_the_comments_declaration():
-    """Every key the comment declares (fcap.kernel.comments: layout.COMMENT, ctxnames.CONTEXT_COMMENT,
+    """Every key the comment declares (fcap.features.comments: layout.COMMENT, ctxnames.CONTEXT_COMMENT,
     drops.DROP_COMMENT, nftrace.NFT_COMMENT, verdicts.VERDICT_COMMENT, kstack.STACK_COMMENT) has its field, named as
     fcap reads it."""
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
-    from fcap.kernel.comments import SECTIONS
+    from fcap.features.comments import SECTIONS
     from fcap.host.ctxnames import CONTEXT_COMMENT
     from fcap.kernel.drops import DROP_COMMENT
     from fcap.kernel.kstack import STACK_COMMENT
@@ -112,11 +112,11 @@ def test_tshark_registers_every_field(home, tshark):
 
 def test_comment_parsing_without_a_capture(home, tshark, tmp_path):
     """A file written by fcap's writer with a comm holding spaces and a key the dissector does not know: the comm
-    whole, the unknown key as fcap.other, the numbers typed; fcap's own reader (fcap.kernel.comments.parse, the API's
+    whole, the unknown key as fcap.other, the numbers typed; fcap's own reader (fcap.features.comments.parse, the API's
     and `fcap path`'s) reads it by the same rule."""
     from fcap.files.linktypes import lookup
     from fcap.files.pcapfile import PcapngWriter
-    from fcap.kernel.comments import parse
+    from fcap.features.comments import parse
     path = tmp_path / "made.pcapng"
     comment = ("skb=0xffff888100000001 pid=7 tid=8 comm=Web Content ifindex=3 mark=0x1f netns=4026531840 "
                "proto=0x0800 pkt_type=0 len=20 newkey=5 reason=NO_SOCKET at=f+0x1")

@@ -29,12 +29,11 @@ def cmd_capture(args, command: list[str]) -> int:
         if fmt == "pcap" and _dumps(args):
             flag = "--dump" if args.dump else "--ct"
             raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
-        _nft_points(args, session)
-        for flag, asked, what in (("--stack", args.stack, "stack"), ("--context", args.context, "context"),
-                                  ("--nft", args.nft, "nftables rules")):
-            if fmt == "pcap" and asked:
-                raise UsageError(f"{flag}: a pcap file has no room for the {what}; write pcapng (-w FILE.pcapng)")
-        _no_comment(args, fmt)
+        from fcap.features.config import refusal
+        why = refusal(session.cfg, session.points, fmt)
+        if why:
+            raise UsageError(why)
+        _no_comment(args, session.cfg, fmt)
         if fmt is not None:
             session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
@@ -53,6 +52,7 @@ def cmd_capture(args, command: list[str]) -> int:
 
 def _config(args):
     """The session's configuration and the packet count, from the flags (UsageError on nonsense)."""
+    from fcap.features.config import asked
     from fcap.live.session import Config
     if not args.points:
         raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
@@ -72,28 +72,19 @@ def _config(args):
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
                   immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
-                  track_max=track_max, stack=args.stack, context=args.context, nft=args.nft,
-                  comment=not args.no_comment), count
+                  track_max=track_max, comment=not args.no_comment,
+                  **asked(lambda name: getattr(args, name))), count
 
 
-def _no_comment(args, fmt: str | None) -> None:
+def _no_comment(args, cfg, fmt: str | None) -> None:
     """--no-comment: only where records have comments, and not with the flags whose output lives in them."""
     if not args.no_comment:
         return
     if fmt != "pcapng":
         raise UsageError("--no-comment: only pcapng records carry a comment (-w FILE.pcapng)")
-    for flag, asked in (("--dump", args.dump), ("--ct", args.ct), ("--stack", args.stack),
-                        ("--context", args.context), ("--nft", args.nft)):
-        if asked:
-            raise UsageError(f"--no-comment: {flag} writes into the comment")
-
-
-def _nft_points(args, session) -> None:
-    """--nft names the rules of netfilter drops: it needs a drop point."""
-    from fcap.kernel.drops import is_drop_point
-    if args.nft and not any(is_drop_point(p) for p in session.points):
-        raise UsageError("--nft names the nftables rule of each netfilter drop: capture at a drop point "
-                         "(-i skb:drop, tp_btf/kfree_skb)")
+    from fcap.features.config import in_comment
+    for flag in [flag for flag, asked in (("--dump", args.dump), ("--ct", args.ct)) if asked] + in_comment(cfg):
+        raise UsageError(f"--no-comment: {flag} writes into the comment")
 
 
 def _dumps(args) -> list:

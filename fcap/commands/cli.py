@@ -114,18 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
                    help="one member per line (default) or all on one line")
     g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
-    g.add_argument("--stack", action="store_true",
-                   help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from "
-                        "/proc/kallsyms)")
     g.add_argument("--ct", action="store_true",
                    help="copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
                         "original and reply tuples: NAT per packet) as a dump named ct")
-    g.add_argument("--context", action="store_true",
-                   help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, "
-                        "container, pod and network namespace name in the comment, --json and the API")
-    g.add_argument("--nft", action="store_true",
-                   help="at drop points, the nftables table, chain and rule handle that dropped each packet netfilter "
-                        "dropped (fcap adds table inet fcap_nftrace_PID to this netns while it runs)")
+    from fcap.features import FLAGGED
+    for feature in FLAGGED:   # (fcap.features: --stack, --context, --nft)
+        g.add_argument(feature.flag, dest=feature.name, action="store_true", help=feature.help)
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "
@@ -262,7 +256,7 @@ def cmd_read(args) -> int:
 def _read_print(records, limit: int, printer, count_only: bool, stacks: bool = False) -> None:
     """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted;
     `stacks`: the kernel stacks fcap's comments carry (--stack) under them."""
-    from fcap.kernel.comments import of_text
+    from fcap.features.comments import of_text
     for rec in records:
         printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
         if rec.custom:   # fcap's --dump values travel as custom options

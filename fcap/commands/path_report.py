@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fcap.errors import FcapError
-from fcap.kernel import comments
+from fcap.features import comments
 from fcap.kernel.drops import base_name, drops_every_packet
 from fcap.live.output import PrintSink
 from fcap.text.show import describe, format_time
@@ -202,12 +202,14 @@ class PathSink(PrintSink):
 
     def open(self, session) -> None:
         super().open(session)
+        from fcap.features.drop_reason import drop_names
         self.points = {p.id: p for p in session.points}
+        self.drops = drop_names(session.points)
 
     def write(self, rec) -> None:
-        session, o = self.session, self.options
+        session = self.session
         p = self.points[rec.point]
-        drop = o.drop_names.describe(rec, o.drop_points[rec.point]) if rec.point in o.drop_points else None
+        drop = self.drops.describe(rec) if self.drops is not None else None
         hop = Hop(rec.ts_ns + session.clock_offset_ns, rec.id, p.alias or p.spec, rec.ifindex, rec.netns, drop,
                   describe(rec.data, session.linktype.number, rec.orig_len), rec.stack)
         for text in self.tracker.feed(hop):

@@ -1,13 +1,13 @@
 """fcap's metadata as Wireshark fields: the Lua postdissector `fcap extcap --install` puts into Wireshark's personal
-Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.kernel.comments), so a
+Lua plugins folder. Its field table is made here from the comment's own declaration (fcap.features.comments), so a
 key the comment gains gets its field with the next install; the Lua (wireshark.lua beside this file) holds only how
-to read the text, by the rule fcap.kernel.comments.parse follows."""
+to read the text, by the rule fcap.features.comments.parse follows."""
 
 from __future__ import annotations
 
 import os
 
-from fcap.kernel.comments import KEYS, STYLES, key_name
+from fcap.features.comments import KEYS, STYLES, key_name
 
 MARK = "fcap Wireshark dissector"          # the line uninstall looks for before removing a file
 FILE_NAME = "fcap.lua"

@@ -168,7 +168,7 @@ def _records_cgroup(point, options, maps) -> bool:
 
 
 CGROUP = Feature("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),
-                 reads="fcap.host.ctxnames.Context")
+                 reads="fcap.features.packet_context.ContextNames")
 
 
 # --where's context terms: the --cgroup and --container predicates spelled as tests ('cgroup == /system.slice')

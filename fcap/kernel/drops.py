@@ -81,7 +81,7 @@ def _records_drops(point, options, maps) -> bool:
 
 
 DROP_META = Feature("drop reason", on=_records_drops, stages={DEVICE: emit_meta}, fields=("reason", "location"),
-                    reads="fcap.kernel.drops.Names")
+                    reads="fcap.features.drop_reason.DropNames")
 
 
 # ---- user space: names ---------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def _ring_comment(point, options, maps) -> bool:
 
 
 # what the file ring's pcapng blocks carry, laid out by the program itself (user space makes both for the other
-# records: fcap.kernel.layout.format_comment, fcap.kernel.epbopts.EpbOptions)
+# records: fcap.kernel.layout.format_comment, fcap.features.epb.EpbOptions)
 COMMENT = Feature("comment", on=_ring_comment, layouts=("CAREA", "COMMENT"), within="file ring")
 EPB_OPTIONS = Feature("epb options", on=_ring_pcapng, within="file ring")
 

@@ -37,4 +37,4 @@ def emit(b) -> None:
 
 
 VERDICT = Feature("verdict", on=lambda point, options, maps: records_verdict(point), stages={RECORD_META: emit},
-                  fields=("verdict",), reads="fcap.kernel.epbopts.EpbOptions")
+                  fields=("verdict",), reads="fcap.features.prog_verdict.VerdictNames")

@@ -11,11 +11,8 @@ import os
 import sys
 from abc import ABC, abstractmethod
 
-from dataclasses import fields
-
 from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
-from fcap.kernel.layout import COMMENT
 from fcap.text.packet import Packet
 
 PCAP, PCAPNG = "pcap", "pcapng"
@@ -35,12 +32,9 @@ class Sink(ABC):
 
     def open(self, session) -> None:
         """Take the session's points (and, for a file, write its header and interfaces)."""
-        from fcap.kernel.epbopts import EpbOptions
+        from fcap.features.epb import EpbOptions
         self.session = session
-        # (pcapng options, what a drop point's records say, --context's names, --nft's rules)
-        self.options = EpbOptions(session.points, session.cfg.context, nft=session.nft,
-                                  linktype=session.linktype.number if session.linktype is not None else 0,
-                                  comment=session.cfg.comment)
+        self.options = EpbOptions(session)   # (pcapng options; what the features say of each record)
 
     @abstractmethod
     def write(self, rec) -> None:
@@ -168,25 +162,18 @@ class PrintSink(Sink):
     def write(self, rec) -> None:
         session = self.session
         name = self.names.get(rec.point)
-        opts = self.options
-        why = (opts.context_text(rec) + opts.drop_text(rec) + opts.nft_text(rec) + opts.verdict_text(rec)).strip()
-        if why:   # the point's name, then --context's names, why and where it dropped the packet (--nft: which
-            # rule), a BPF program's verdict
+        why = self.options.printed(rec)
+        if why:   # the point's name, then what the features say (--context's names, a drop's reason and location,
+            # --nft's rule, a BPF program's verdict)
             name = f"{name or session.points[0].if_name} [{why}]"
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)
         if rec.dumps:
             self.printer.dumps(rec.dumps)
-        if rec.stack is not None:
-            self.printer.stack(rec.stack)
+        self.options.below(self.printer, rec)
 
     def close(self, ok: bool = True) -> None:
         self.printer.flush()
-
-
-# the metadata a Packet takes by name from a capture's record (fcap.kernel.layout.Record) or, read from a file, from
-# fcap's comment (fcap.kernel.layout.COMMENT): the Packet attributes the comment shows
-_METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})
 
 
 class PacketSink(Sink):
@@ -201,13 +188,10 @@ class PacketSink(Sink):
 
     def packet(self, r) -> Packet:
         opts = self.options(r)
-        reason, location = self.options.drop(r)
         return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
-                      orig_len=r.orig_len, linktype=self.linktype, **{name: getattr(r, name) for name in _METADATA},
-                      dumps={d.path: d for d in r.dumps}, packet_id=opts["packet_id"], reason=reason,
-                      location=location, verdict=opts["verdict"], comment=opts["comment"],
-                      direction=self.directions.get(r.point), queue=r.queue, stack=r.stack,
-                      **self.options.context_values(r), **self.options.nft_values(r))
+                      orig_len=r.orig_len, linktype=self.linktype, dumps={d.path: d for d in r.dumps},
+                      packet_id=opts["packet_id"], verdict=opts["verdict"], comment=opts["comment"],
+                      direction=self.directions.get(r.point), queue=r.queue, **self.options.values(r))
 
 
 class JsonSink(PacketSink):

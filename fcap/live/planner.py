@@ -16,10 +16,10 @@ from bpf.perfbuf import PAGE
 
 from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
+from fcap.features import FEATURES, FLAGGED
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from fcap.kernel import ancillary, builders, layout, stats, track
 from fcap.kernel import program as cprog
-from fcap.kernel.drops import is_drop_point
 from fcap.kernel.feature import has_skb
 from fcap.kernel.filter import compile_filter
 from fcap.live import multi
@@ -150,9 +150,9 @@ class Planner:
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
                              head_loads=pointcaps.head_loads(point), count_seen=self.counts_ring_records(),
-                             ident=self.ident(), points=len(self.points), stack=self.cfg.stack,
-                             starts_inside_free=track.only_inside_free(self.points),
-                             context=self.cfg.context, comment=self.cfg.comment,
+                             ident=self.ident(), points=len(self.points),
+                             starts_inside_free=track.only_inside_free(self.points), comment=self.cfg.comment,
+                             **{f.name: getattr(self.cfg, f.name) for f in FLAGGED if f.option},
                              division_tracked=self.cbpf is not None and features.division_ranges() is None)
 
     def ident(self) -> str:
@@ -220,14 +220,12 @@ class Planner:
     def _file_ring_kfunc(self) -> int:
         """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
         skb dynptrs allowed there), else 0."""
-        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None or self.cfg.stack:
+        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None:
             return 0
         if not all(p.typed for p in self.points) or any(u.kind is not None for u in self.units):
             return 0
-        if any(is_drop_point(p) for p in self.points):   # their comments name reason and location: user space's
-            return 0
-        if self.cfg.context:   # the comment names the cgroup, container and netns: user space's
-            return 0
+        if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
+            return 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames)
         ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 import ipaddress
 import json
 import struct
+from dataclasses import fields
 
 from fcap.files import linktypes
 from fcap.files.pcapfile import verdict_name
 from fcap.text.dissect.link import BSD_AF_INET, BSD_AF_INET6, bsd_family
+from fcap.text.packet import Packet
 
-# the Packet attributes written as they are, in this order, when known
-_META = ("point", "packet_id", "skb", "pid", "tid", "comm", "ifindex", "netns", "netns_name", "mark", "cgroup",
-         "cgroup_path", "container", "pod", "direction", "queue", "reason", "location", "nft_family", "nft_table",
-         "nft_chain", "nft_rule", "nft_policy", "stack")
+# the Packet attributes written as they are, in its order, when known: all but those written otherwise (a feature's
+# new Packet attribute is a JSON key with no more said)
+_OTHERWISE = frozenset(("ts_ns", "data", "orig_len", "linktype", "verdict", "dumps", "comment"))
+_META = tuple(f.name for f in fields(Packet) if f.name not in _OTHERWISE)
 _TCP_FLAGS = ("FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR")
 _IP6_EXTENSIONS = frozenset((0, 43, 60))     # hop-by-hop, routing, destination options: skipped to what they carry
 _IP6_FRAGMENT = 44

@@ -19,32 +19,33 @@ class Packet:
     data: bytes                # the captured bytes, from the link type's start
     orig_len: int              # the packet's length from there
     linktype: int              # LINKTYPE_* number: 1 EN10MB, 276 LINUX_SLL2, 101 RAW, ...
+    # (--json writes the attributes from packet_id to stack as they are, in this order: fcap.text.jsonout)
+    packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
     skb: int | None = None     # the skb's address (the same skb at several points: one packet followed)
     pid: int | None = None     # thread group id of the task the point ran in
     tid: int | None = None
     comm: str | None = None
     ifindex: int | None = None
     netns: int | None = None   # the device's network namespace inode number
+    netns_name: str | None = None  # the name of the device's network namespace (`ip netns`; docker:NAME)
     mark: int | None = None
-    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
-    packet_id: int | None = None   # the pcapng packet id: one packet's records share it (frame.packet_id)
-    reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
-    location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
-    verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
-    comment: str | None = None     # the pcapng comment fcap writes for the packet
-    direction: str | None = None   # "in" or "out" where the point has one (epb_flags)
-    queue: int | None = None       # the device queue at device-layer points (epb_queue)
-    stack: tuple | None = None     # --stack: the kernel stack, FUNC+0xOFF per frame, innermost first (() unknown)
     cgroup: int | None = None      # --context: the cgroup id of the packet's socket, else of the task
     cgroup_path: str | None = None   # its path in the cgroup2 hierarchy ("/system.slice/x.scope")
     container: str | None = None   # the container that path names, runtime:id ("docker:<64 hex>")
     pod: str | None = None         # the Kubernetes pod uid it names
-    netns_name: str | None = None  # the name of the device's network namespace (`ip netns`; docker:NAME)
+    direction: str | None = None   # "in" or "out" where the point has one (epb_flags)
+    queue: int | None = None       # the device queue at device-layer points (epb_queue)
+    reason: str | None = None      # drop points: the drop reason's name (NO_SOCKET; None before Linux 5.17)
+    location: str | None = None    # drop points: where the skb was freed (FUNC+0xOFF)
     nft_family: str | None = None  # --nft, a netfilter drop: the nftables table's family (inet, ip, ip6, ...)
     nft_table: str | None = None   # the table whose chain dropped it
     nft_chain: str | None = None   # the chain (the one holding the rule, also when jumped to)
     nft_rule: int | None = None    # the rule's handle (`nft -a list ruleset`); None when the policy decided
     nft_policy: str | None = None  # "drop" when the base chain's policy dropped it
+    stack: tuple | None = None     # --stack: the kernel stack, FUNC+0xOFF per frame, innermost first (() unknown)
+    verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
+    dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
+    comment: str | None = None     # the pcapng comment fcap writes for the packet
 
     def scapy(self):
         """The packet as a scapy packet (scapy must be installed: pip install 'fcap[decode]')."""

@@ -1,23 +1,19 @@
 """The comment fcap writes on each pcapng packet, as one schema: its sections in the order the text has them, each
-declared by the feature it belongs to ((text before, attribute, style) per key), and the one way it is read back.
-parse() is read by the API (fcap.api.read), `fcap path` and the tests; Wireshark's dissector gets the same keys
-(fcap.commands.wireshark) and reads them by the same rule (wireshark.lua's pairs_of)."""
+declared by the feature it belongs to (fcap.features.FEATURES: (text before, attribute, style) per key), and the one
+way it is read back. parse() is read by the API (fcap.api.read), `fcap path` and the tests; Wireshark's dissector
+gets the same keys (fcap.commands.wireshark) and reads them by the same rule (wireshark.lua's pairs_of)."""
 
 from __future__ import annotations
 
 import re
 
-from fcap.host.ctxnames import CONTEXT_COMMENT
-from fcap.kernel.drops import DROP_COMMENT
-from fcap.kernel.kstack import STACK_COMMENT, frames
+from fcap.features import FEATURES
+from fcap.kernel.kstack import frames
 from fcap.kernel.layout import COMMENT
-from fcap.host.nftrace import NFT_COMMENT
-from fcap.kernel.verdicts import VERDICT_COMMENT
 
-# What each record's comment holds, in order: the packet's metadata (always), --context's keys (each where known),
-# a drop point's reason and location, --nft's rule (a netfilter drop), a BPF program's verdict (at its exit), then
-# --stack's frames
-SECTIONS = (COMMENT, CONTEXT_COMMENT, DROP_COMMENT, NFT_COMMENT, VERDICT_COMMENT, STACK_COMMENT)
+# What each record's comment holds, in order: the packet's metadata (always), then each feature's keys where it has
+# something to say (fcap.features.FEATURES' order)
+SECTIONS = tuple(f.comment for f in FEATURES)
 KEYS = tuple(key for section in SECTIONS for key in section)
 STYLES = ("dec", "dec64", "hex", "hex4", "hex16", "str")   # how a value is written (fcap.kernel.layout's _STYLE)
 

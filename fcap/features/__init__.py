@@ -1,0 +1,15 @@
+"""Per-packet features, each one unit (fcap.features.unit.PacketFeature), as a retis collector is: a module here
+declares what a feature records and says. The lists that name features are loops over FEATURES: the command line's
+flags (fcap.commands.cli), the API's keywords and what both refuse (fcap.features.config), the comment's schema
+(fcap.features.comments) and so Wireshark's fields, each record's comment, printed words and Packet attributes
+(fcap.features.epb), and whether the programs may write the records themselves (fcap.live.planner). README's
+"How it is built" walks through one."""
+
+from __future__ import annotations
+
+from fcap.features import drop_reason, kernel_stack, metadata, nft_rule, packet_context, prog_verdict
+
+# in the order their parts stand in the comment and between the printed line's brackets
+FEATURES = (metadata.FEATURE, packet_context.FEATURE, drop_reason.FEATURE, nft_rule.FEATURE, prog_verdict.FEATURE,
+            kernel_stack.FEATURE)
+FLAGGED = tuple(f for f in FEATURES if f.flag)   # those a flag (and an API keyword) asks for

@@ -1,0 +1,33 @@
+"""The one way the flagged features (fcap.features.FLAGGED) become a capture's Config and are refused: the command
+line's flags (fcap.commands.capture) and the API's keywords (fcap.api) go through here."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fcap.features import FLAGGED
+from fcap.kernel.layout import RECORD_PCAP
+
+
+def asked(said: Callable[[str], object]) -> dict:
+    """{Config field: on} of every flagged feature, `said(name)` what the flag or keyword of that name said."""
+    return {f.name: bool(said(f.name)) for f in FLAGGED}
+
+
+def refusal(cfg, points, fmt: str | None = None) -> str:
+    """Why the features `cfg` asks for cannot be had at these points (fcap.points.spec.Point) written as `fmt`
+    (pcap, pcapng, None: no file), as one line; "" when they can."""
+    on = [f for f in FLAGGED if f.asked(cfg)]
+    for f in on:
+        why = f.refuse(points) if f.refuse is not None else ""
+        if why:
+            return f"{f.flag} {why}"
+    for f in on:
+        if fmt == RECORD_PCAP and f.room:
+            return f"{f.flag}: a pcap file has no room for the {f.room}; write pcapng (-w FILE.pcapng)"
+    return ""
+
+
+def in_comment(cfg) -> list[str]:
+    """The flags of the features `cfg` asks for that write into the comment (--no-comment refuses them)."""
+    return [f.flag for f in FLAGGED if f.room and f.asked(cfg)]

@@ -1,0 +1,29 @@
+"""--stack: the kernel stack of each packet at its point (FUNC+0xOFF per frame, innermost first), the programs'
+stack ids (fcap.kernel.kstack) named from /proc/kallsyms; the comment ends with it, the printed line has it under."""
+
+from __future__ import annotations
+
+from fcap.features.unit import Annotator, PacketFeature
+from fcap.kernel import kstack
+
+
+class StackFrames(Annotator):
+    def text(self, rec) -> str:
+        return kstack.text(rec.stack)
+
+    def values(self, rec) -> dict:
+        return {"stack": rec.stack}
+
+    def printed(self, rec) -> str:
+        return ""   # (under the line instead)
+
+    def below(self, printer, rec) -> None:
+        if rec.stack is not None:
+            printer.stack(rec.stack)
+
+
+FEATURE = PacketFeature(
+    "stack", comment=kstack.STACK_COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
+    help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
+    annotator=lambda session: StackFrames() if session.cfg.stack else None,
+    user_space=lambda cfg, points: cfg.stack)   # (frames: user space's)

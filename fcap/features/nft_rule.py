@@ -1,0 +1,53 @@
+"""--nft: at drop points, the nftables table, chain and rule handle that dropped each packet netfilter dropped,
+matched in user space from the kernel's nftables trace events (fcap.host.nftrace; the session's Tracer)."""
+
+from __future__ import annotations
+
+from fcap.features.drop_reason import drop_names
+from fcap.features.unit import Annotator, PacketFeature
+from fcap.host import nftrace
+from fcap.kernel.drops import is_drop_point
+
+
+class NftRules(Annotator):
+    """The rule of each netfilter drop (tracer: the session's fcap.host.nftrace.Tracer; linktype: the records')."""
+
+    def __init__(self, tracer, linktype: int, drops):
+        self.tracer, self.linktype, self.drops = tracer, linktype, drops
+        self._last: tuple = (None, {})    # (record, its values): each record matched once
+
+    def values(self, rec) -> dict:
+        if self.drops is None or rec.point not in self.drops.has_reason:
+            return {}
+        last, values = self._last
+        if last is not rec:
+            reason, location = self.drops.drop(rec)
+            values = {}
+            if nftrace.is_netfilter_drop(reason, location):
+                d = self.tracer.attribute(nftrace.network_bytes(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns)
+                values = d.values() if d is not None else {}
+            self._last = (rec, values)
+        return values
+
+    def text(self, rec) -> str:
+        return nftrace.text(self.values(rec))
+
+
+def _annotator(session) -> NftRules | None:
+    if session.nft is None:
+        return None
+    return NftRules(session.nft, session.linktype.number if session.linktype is not None else 0,
+                    drop_names(session.points))
+
+
+def _refuse(points) -> str:
+    if any(is_drop_point(p) for p in points):
+        return ""
+    return "names the nftables rule of each netfilter drop: capture at a drop point (-i skb:drop, tp_btf/kfree_skb)"
+
+
+FEATURE = PacketFeature(
+    "nft", comment=nftrace.NFT_COMMENT, flag="--nft", room="nftables rules",
+    help="at drop points, the nftables table, chain and rule handle that dropped each packet netfilter dropped (fcap "
+         "adds table inet fcap_nftrace_PID to this netns while it runs)",
+    annotator=_annotator, refuse=_refuse, user_space=lambda cfg, points: cfg.nft)

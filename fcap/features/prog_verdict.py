@@ -1,0 +1,28 @@
+"""At a BPF program's exit (xdp/PROG:exit, tc/PROG:exit): the verdict the program returned, recorded by the capture
+program (fcap.kernel.verdicts) and named (XDP_DROP, TC_ACT_SHOT) in the comment and the printed line; epb_verdict
+carries its number (fcap.features.epb)."""
+
+from __future__ import annotations
+
+from fcap.features.unit import Annotator, PacketFeature
+from fcap.kernel import verdicts
+
+
+class VerdictNames(Annotator):
+    """The verdict's name of the records of BPF programs' exits (decided: point id -> its Point)."""
+
+    def __init__(self, decided: dict):
+        self.decided = decided
+
+    def text(self, rec) -> str:
+        p = self.decided.get(rec.point)
+        return f"{verdicts.VERDICT_COMMENT[0][0]}{verdicts.name(p, rec.retval)}" if p is not None else ""
+
+
+def _annotator(session) -> VerdictNames | None:
+    decided = {p.id: p for p in session.points if verdicts.records_verdict(p)}
+    return VerdictNames(decided) if decided else None
+
+
+FEATURE = PacketFeature("verdict", comment=verdicts.VERDICT_COMMENT, program=(verdicts.VERDICT,),
+                        annotator=_annotator)

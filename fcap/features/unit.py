@@ -1,0 +1,51 @@
+"""What a per-packet feature is, as one unit (fcap.features.FEATURES holds them): the program's half it puts in
+(fcap.kernel.feature.Features), the flag and API keyword that ask for it, what it refuses, its keys in the record's
+comment, and user space's half for each capture (an Annotator: the comment's text, the Packet's attributes, the
+printed line's words and what prints under it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+class Annotator:
+    """User space's half of a feature in one capture, per record (fcap.kernel.layout.Record): its part of the
+    comment (text: each key with the space before it, '' when it has nothing to say), the Packet attributes it
+    gives (values), its words between the printed line's brackets (printed: the comment's text unless said
+    otherwise), and what it prints under the line (below)."""
+
+    def text(self, rec) -> str:
+        return ""
+
+    def values(self, rec) -> dict:
+        return {}
+
+    def printed(self, rec) -> str:
+        return self.text(rec)
+
+    def below(self, printer, rec) -> None:
+        """Lines under the packet's (printer: a fcap.text.printer.Printer)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PacketFeature:
+    """One per-packet feature (see the module's docstring). A flagged feature is asked for by `flag` on the command
+    line and by the keyword `name` in the API, both becoming the capture Config's field `name`."""
+
+    name: str
+    comment: tuple = ()          # its keys in the comment: (text before, Packet attribute, style) per key
+    flag: str = ""               # the command-line flag that asks for it ("": on wherever the points call for it)
+    help: str = ""               # the flag's help
+    room: str = ""               # what it writes into pcapng's comment ("the context"): pcap and --no-comment refuse
+                                 # it ("": nothing of it is refused)
+    option: bool = False         # the capture programs take it as the ProgramOptions field `name`
+    program: tuple = ()          # its fcap.kernel.feature.Features (the program's half), for the reader
+    annotator: Callable | None = None   # (session) -> Annotator, or None where it has nothing to say in this capture
+    refuse: Callable | None = None      # (points) -> why the capture cannot have it (a line), or "" (asked for)
+    user_space: Callable | None = None  # (cfg, points) -> the records must be laid out in user space (no file
+                                        # rings: the programs cannot write what it says)
+
+    def asked(self, cfg) -> bool:
+        """Is it asked for in this capture's Config (a flagged feature; an unflagged one is never asked for)?"""
+        return bool(self.flag) and bool(getattr(cfg, self.name))

@@ -1,0 +1,74 @@
+"""Per-packet features as units (fcap.features): each declares its flag and API keyword, what it refuses, its
+comment keys and its user-space half; the command line, the API, the comment's schema, the Packet and --json, and
+the file-ring decision read them from FEATURES, so what a unit declares is what the capture does. The live tests of
+each feature (test_context, test_stack, test_nft, test_drop*) read its output back from real captures."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+
+import pytest
+
+import fcap
+from fcap.errors import UsageError
+from fcap.features import FEATURES, FLAGGED, comments
+from fcap.features.config import asked, in_comment, refusal
+from fcap.kernel import program as cprog
+from fcap.kernel.progopts import ProgramOptions
+from fcap.live.planner import Config
+from fcap.text.jsonout import packet_object
+from fcap.text.packet import Packet
+
+PACKET = {f.name for f in fields(Packet)}
+
+
+def test_the_units_declare_the_comment_in_its_order():
+    names = [f.name for f in FEATURES]
+    assert len(names) == len(set(names)) and names[0] == "metadata"
+    assert comments.SECTIONS == tuple(f.comment for f in FEATURES)
+    keys = [comments.key_name(pre) for pre, _a, _s in comments.KEYS]
+    assert len(keys) == len(set(keys)), "a key two units write"
+
+
+def test_a_units_keys_are_packet_attributes_and_json_keys():
+    """Every attribute a unit's comment keys name is a Packet attribute (read back by fcap.read) and, known, a
+    --json key; those that are not are the record's own (protocol, pkt_type, len) or named otherwise (verdict_name)."""
+    otherwise = {"protocol", "pkt_type", "len", "verdict_name"}
+    attrs = {attr for _pre, attr, _s in comments.KEYS}
+    assert attrs - PACKET == otherwise
+    p = Packet(ts_ns=1, point="p", data=b"", orig_len=0, linktype=101,
+               **{a: ("f+0x1",) if a == "stack" else 1 if a == "skb" else "x" for a in attrs & PACKET})
+    assert attrs & PACKET <= set(packet_object(p))
+
+
+def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
+    for f in FLAGGED:
+        assert f.flag.startswith("--") and f.help and f.name in Config._fields, f.name
+        assert (f.name in ProgramOptions._fields) == f.option, f.name
+        assert all(p in cprog.FEATURES for p in f.program), f"{f.name}: a program part the builder does not run"
+        assert f.room or f.annotator is None, f"{f.name}: says something in the comment, so refuses pcap"
+    cfg = Config(points=["p"], **asked({"stack": 1, "nft": 0}.get))
+    assert cfg.stack is True and cfg.nft is False and cfg.context is False
+    assert in_comment(cfg) == ["--stack"] and in_comment(cfg._replace(stack=False)) == []
+    assert refusal(cfg, [], "pcap") == "--stack: a pcap file has no room for the stack; write pcapng (-w FILE.pcapng)"
+    assert refusal(cfg, [], "pcapng") == "" and refusal(cfg, [], None) == ""
+
+
+@pytest.mark.parametrize("feature", [f for f in FLAGGED], ids=lambda f: f.name)
+def test_the_command_line_has_each_flag(feature):
+    from fcap.commands.cli import _parser
+    args = _parser().parse_args(["-i", "tp_btf/net_dev_queue", feature.flag])
+    assert getattr(args, feature.name) is True
+    assert getattr(_parser().parse_args(["-i", "tp_btf/net_dev_queue"]), feature.name) is False
+
+
+def test_the_api_takes_the_units_keywords_and_refuses_as_the_command_line():
+    """An unknown keyword is Python's TypeError; --nft's refusal (no drop point) is the API's too, before anything
+    is loaded."""
+    with pytest.raises(TypeError, match="'stacks'"):
+        fcap.capture("tp_btf/net_dev_queue", stacks=True)
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        pytest.skip("this kernel has no BTF")
+    with pytest.raises(UsageError, match="^--nft names the nftables rule .*capture at a drop point"):
+        fcap.capture("tp_btf/net_dev_queue", nft=True)
