@@ -19,7 +19,7 @@ import tarfile
 import time
 
 import pytest
-from conftest import runtime_dependencies
+from conftest import need_root, need_tool, runtime_dependencies
 
 from netns import (SLOW, Proc, free_port, make_veth_ns, read_packets, remove_veth_ns, start_fcap, start_tcpdump)
 
@@ -184,11 +184,17 @@ def _wheels(ctx: str, glob: tuple, run: tuple) -> None:
         pytest.skip(f"pip cannot fetch fcap's dependencies for the image: {w.stderr.strip().splitlines()[-1:]}")
 
 
-def test_fcaps_image_captures_the_hosts_network(runner, tmp_path):
-    """Containerfile built on deploy/base-image's base (made here once when podman has none: debootstrap from
-    Debian's mirror), run privileged with the host's pids and network, /sys/kernel/btf and bpffs: it captures
-    datagrams sent on the host's lo into a file tcpdump's reader (fcap's own here) reads back whole."""
-    glob, run = runner
+@pytest.fixture(scope="module")
+def fcap_image(tmp_path_factory):
+    """fcap's image: Containerfile built on deploy/base-image's base (made here once when podman has none:
+    debootstrap from Debian's mirror), once for the module's tests, removed after them. (its name, (podman's global
+    flags, `run` flags), seconds the build took)"""
+    need_root()
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (Debian: apt-get install podman)")
+    glob, run, why = _runner()
+    if why:
+        pytest.skip(f"podman cannot run a container here: {why}")
     if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
         if shutil.which("debootstrap") is None:
             pytest.skip(f"no {BASE_IMAGE} and no debootstrap to make it (apt-get install debootstrap)")
@@ -196,13 +202,20 @@ def test_fcaps_image_captures_the_hosts_network(runner, tmp_path):
                            timeout=900)
         if r.returncode != 0:
             pytest.skip(f"deploy/base-image could not make the base: {r.stderr.strip().splitlines()[-1:]}")
-    ctx = _context_dir(tmp_path)
+    ctx = _context_dir(tmp_path_factory.mktemp("image"))
     _wheels(ctx, glob, run)
     image = f"localhost/fcap-test:{os.getpid()}"
     t0 = time.monotonic()
     podman("build", "--network", "host", "--isolation", "chroot", "--build-arg",
            "PIP_ARGS=--no-index --find-links /src/fcap/wheels", "-t", image, ctx, timeout=600)
-    built_s = time.monotonic() - t0
+    yield image, (glob, run), time.monotonic() - t0
+    podman("rmi", "-f", image, check=False)
+
+
+def test_fcaps_image_captures_the_hosts_network(fcap_image, tmp_path):
+    """fcap's image run privileged with the host's pids and network, /sys/kernel/btf and bpffs: it captures
+    datagrams sent on the host's lo into a file tcpdump's reader (fcap's own here) reads back whole."""
+    image, (glob, run), built_s = fcap_image
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()
@@ -221,12 +234,107 @@ def test_fcaps_image_captures_the_hosts_network(runner, tmp_path):
     finally:
         fc.kill()
         podman(*glob, "rm", "-f", "-t", "0", name, check=False)
-        podman("rmi", "-f", image, check=False)
     got = read_packets(out / "c.pcapng")
     assert [p.l3[28:] for p in got] == [b"from the host %d" % i for i in range(3)], f"built in {built_s:.0f} s"
     if shutil.which("tcpdump"):
         r = subprocess.run(["tcpdump", "-nn", "-r", str(out / "c.pcapng")], capture_output=True, text=True)
         assert r.stdout.count(f".{port}: UDP, length 15") == 3, r.stdout + r.stderr
+
+
+def _pod_of_daemonset(image: str, out, node: str) -> dict:
+    """The DaemonSet's pod template as the Pod a node's kubelet runs, for `podman kube play`: the test's image
+    (imagePullPolicy Never: no registry here), the files' hostPath a directory of the test's. What podman 4.3 does
+    not do as a kubelet does is stood in for: NODE_NAME's fieldRef (spec.nodeName, which it refuses) becomes the
+    value `node`, and $(NODE_NAME) in the args (which it leaves as it is) is expanded here."""
+    import yaml
+    with open(os.path.join(ROOT, "deploy", "daemonset.yaml")) as f:
+        template = {d["kind"]: d for d in yaml.safe_load_all(f)}["DaemonSet"]["spec"]["template"]
+    spec = template["spec"]
+    (c,) = spec["containers"]
+    assert c["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    c.update(image=image, imagePullPolicy="Never", env=[{"name": "NODE_NAME", "value": node}],
+             args=[a.replace("$(NODE_NAME)", node) for a in c["args"]])
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "out"]
+    vol["hostPath"]["path"] = str(out)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"fcap-{os.getpid()}",
+                                                            "labels": template["metadata"]["labels"]}, "spec": spec}
+
+
+def _programs_of(pid: int) -> set[int]:
+    """The ids of the BPF programs process `pid` holds a descriptor of (the kernel's view: /proc/PID/fdinfo)."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                out |= {int(line.split()[1]) for line in f if line.startswith("prog_id:")}
+        except OSError:
+            continue
+    return out
+
+
+def test_the_daemonsets_pod_runs_as_kubernetes_starts_it(fcap_image, tmp_path):
+    """deploy/daemonset.yaml's pod template run by a real engine reading Kubernetes YAML (`podman kube play`: the
+    node's network and pids, privileged, the hostPath volumes) on the Containerfile's image: fcap listens, drops on
+    the node (datagrams to a closed port: NO_SOCKET) land in the rotated file the manifest names
+    (/var/lib/fcap/NODE.pcapng0: -C -W) with their context, tcpdump reads it; stopped as a kubelet stops a pod
+    (SIGTERM, then the grace period: `podman pod stop`), fcap exits 0 and leaves nothing: its programs and its
+    nftables trace table (--nft) are gone."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML writes the pod's manifest")
+    need_tool("bpftool", "the pod's programs are looked for after it stopped")
+    need_tool("nft", "the DaemonSet's fcap runs with --nft")
+    image, (glob, _run), _built = fcap_image
+    out = tmp_path / "var-lib-fcap"
+    pod = _pod_of_daemonset(image, out, "node1")
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(pod))
+    conf = tmp_path / "containers.conf"   # (the limits podman run takes as --ulimit: LIMITS)
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n')
+    env = dict(os.environ, CONTAINERS_CONF=str(conf))
+    name, ctr = pod["metadata"]["name"], pod["metadata"]["name"] + "-fcap"
+    r = podman(*glob, "kube", "play", str(tmp_path / "pod.yaml"), check=False, env=env)
+    try:
+        if r.returncode != 0 and "catatonit" in r.stderr:
+            pytest.skip(f"podman kube play needs catatonit for the pod's infra container (apt-get install "
+                        f"catatonit): {r.stderr.strip().splitlines()[-1]}")
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + TIMEOUT
+        while "listening on " not in podman("logs", ctr).stderr + podman("logs", ctr).stdout:
+            assert time.monotonic() < deadline, podman("logs", ctr).stderr
+            time.sleep(0.5)
+        pid = int(podman("inspect", "-f", "{{.State.Pid}}", ctr).stdout.strip())
+        held = _programs_of(pid)
+        port = free_port()
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for i in range(3):
+                s.sendto(b"to a closed port %d" % i, ("127.0.0.1", port))
+        time.sleep(1)
+        podman("pod", "stop", "-t", "30", name, env=env)
+        state = podman("inspect", "-f", "{{.State.ExitCode}}", ctr).stdout.strip()
+        logs = podman("logs", ctr)
+    finally:
+        podman(*glob, "kube", "down", str(tmp_path / "pod.yaml"), check=False, env=env)
+    assert state == "0" and " packets captured" in logs.stderr, logs.stderr
+    assert held and not held & _loaded(held), "programs left after the pod stopped"
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert f"fcap_nftrace_{pid}" not in tables, tables
+    assert sorted(os.listdir(out)) == ["node1.pcapng0"]
+    import fcap
+    mine = [p for p in fcap.read(str(out / "node1.pcapng0")) if b"to a closed port" in bytes(p.data)]
+    assert len(mine) == 3 and {p.reason for p in mine} == {"NO_SOCKET"}, [p.comment for p in mine]
+    assert all(p.cgroup is not None and p.point == "skb:drop" for p in mine), [p.comment for p in mine]
+    r = subprocess.run(["tcpdump", "-nn", "-r", str(out / "node1.pcapng0"), f"udp dst port {port}"],
+                       capture_output=True, text=True)
+    assert r.stdout.count(f".{port}: UDP, length 18") == 3, r.stdout + r.stderr
+
+
+def _loaded(ids: set[int]) -> set[int]:
+    """Those of these program ids that are still loaded."""
+    return {i for i in ids if subprocess.run(["bpftool", "prog", "show", "id", str(i)], capture_output=True,
+                                             timeout=30).returncode == 0}
 
 
 def test_runtime_names_from_podmans_and_dockers_records(tmp_path, monkeypatch):
@@ -242,6 +350,23 @@ def test_runtime_names_from_podmans_and_dockers_records(tmp_path, monkeypatch):
     monkeypatch.setattr(ctxnames, "DOCKER_CONTAINERS", str(tmp_path / "docker"))
     assert ctxnames.runtime_ids("web") == [a, c] and ctxnames.runtime_ids("db") == [b]
     assert ctxnames.runtime_ids("nothing") == []
+
+
+def test_the_manifests_are_valid_kubernetes_objects():
+    """Each object of deploy/daemonset.yaml validated against the Kubernetes API's own OpenAPI schema (the newest
+    kubernetes-validate carries, strict: an unknown field is an error, as `kubectl apply` on a cluster says), with
+    no cluster; a misspelt field is caught the same way."""
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate carries the API's schemas")
+    import yaml
+    from kubernetes_validate.utils import latest_version
+    with open(os.path.join(ROOT, "deploy", "daemonset.yaml")) as f:
+        docs = list(yaml.safe_load_all(f))
+    assert [d["kind"] for d in docs] == ["Namespace", "DaemonSet"]
+    for d in docs:
+        kv.validate(d, latest_version(), strict=True)
+    docs[1]["spec"]["template"]["spec"]["hostNetwrok"] = True
+    with pytest.raises(kv.ValidationError, match="hostNetwrok"):
+        kv.validate(docs[1], latest_version(), strict=True)
 
 
 def test_the_daemonsets_arguments_are_fcaps():

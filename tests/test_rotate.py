@@ -279,6 +279,27 @@ def test_size_rotation_beside_tcpdump(sink, tmp_path, tcpdump, tshark, fmt, drai
     assert f"{len(pays)} packets captured" in fc.stderr, fc.stderr
 
 
+def test_size_rotation_of_blocks_user_space_lays_out(sink, tmp_path, tcpdump, tshark):
+    """-C 1 with --stack (user space lays out each block, the stack in its comment; so with --dump, --nft and a
+    drop point's names): the names tcpdump's rule gives, cut only between records, every packet once, each file
+    readable, each record with its stack. (The DaemonSet's -C with skb:drop --nft runs this way.)"""
+    import fcap
+    pays = _datagrams(2200)
+    name = "x.pcapng"
+    fc, mine, theirs, _complete = _capture_both(sink, tmp_path, ["-C", "1"], name, pays,
+                                                ["--stack", "-c", str(len(pays))])
+    got = _listing(mine)
+    paths = [str(mine / name)] + [str(mine / f"{name}{i}") for i in range(1, len(got))]
+    assert sorted(os.path.basename(p) for p in paths) == [n for n, _ in got] and len(got) >= 3
+    _check_cut(paths, MB)
+    for p in paths:
+        _readable(p)
+        assert all(pk.stack is not None for pk in fcap.read(p)), p
+    seen = _payloads(paths)
+    assert len(seen) == len(set(seen)) and sorted(seen) == sorted(pays)
+    assert f"{len(pays)} packets captured" in fc.stderr, fc.stderr
+
+
 def test_ring_of_three_files_beside_tcpdump(sink, tmp_path, tcpdump, tshark):
     """-C 1 -W 3 on ~5 MB: exactly x0, x1, x2 as tcpdump leaves them (same sizes), the oldest overwritten,
     each file whole."""

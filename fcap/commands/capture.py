@@ -35,7 +35,7 @@ def cmd_capture(args, command: list[str]) -> int:
             raise UsageError(why)
         _no_comment(args, session.cfg, fmt)
         if fmt is not None:
-            session.cfg = output.record_config(session.cfg, fmt, args.perf_buffer)
+            session.write_file(fmt, args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind

@@ -165,12 +165,12 @@ def check_ringbuf() -> Result:
 MULTI_PAIR = ("ip_output", "ip_finish_output")
 
 
-def check_multi(key: str, kind_name: str) -> Result:
-    """Two points of `kind_name` (fentry or kprobe) captured through one multi-attach program and link, where the
-    probe of the multi kind says the kernel has it; else why not."""
+def check_multi(key: str, single) -> Result:
+    """Two points of kind `single` (kinds.FENTRY or kinds.KPROBE) captured through one multi-attach program and
+    link, where the probe of the multi kind says the kernel has it; else why not."""
     from fcap.live.session import Config, Session
     from fcap.points import kinds
-    single = kinds.get(kind_name)
+    kind_name = single.name
     m = kinds.multi_for(single)[0]
     why = m.probe()
     if why is not None:
@@ -214,6 +214,7 @@ def check_bpf_programs() -> Result:
 def report() -> list[Result]:
     """Every row of ROWS, tried on this kernel (as root)."""
     from fcap.kernel import predicates as pr
+    from fcap.points import kinds
     checks = {
         "tp_btf": lambda: check_capture("tp_btf", "tp_btf/net_dev_queue"),
         "fentry": lambda: check_capture("fentry", "fentry/ip_output"),
@@ -230,8 +231,8 @@ def report() -> list[Result]:
         "filter_frags": lambda: check_filter_frags("filter_frags"),
         "file_rings": lambda: check_filter_frags("file_rings"),
         "ringbuf": check_ringbuf,
-        "tracing_multi": lambda: check_multi("tracing_multi", "fentry"),
-        "kprobe_multi": lambda: check_multi("kprobe_multi", "kprobe"),
+        "tracing_multi": lambda: check_multi("tracing_multi", kinds.FENTRY),
+        "kprobe_multi": lambda: check_multi("kprobe_multi", kinds.KPROBE),
         "bpf_programs": check_bpf_programs,
     }
     return [checks[key]() for key, _f, _n in ROWS]

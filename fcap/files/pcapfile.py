@@ -88,6 +88,10 @@ class Writer:
     def add_interface(self, name: str, linktype: int, snaplen: int = SNAPLEN, description: str = "") -> int:
         raise NotImplementedError
 
+    def tell(self) -> int:
+        """Bytes in the file so far (what write() left buffered included)."""
+        return self._file.tell()
+
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
               more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:

@@ -44,7 +44,8 @@ def file_name(template: str, count: int, chars: int, start: int | None) -> str:
 
 
 class RotatingWriter:
-    """The writer the drains write to (fmt, writev, epb_parts, flush, fileno, close), over a series of files.
+    """The writer the drains and a file sink write to (fmt, write, writev, epb_parts, flush, fileno, close), over a
+    series of files.
     `start(fileobj)` makes a capture file's writer, its header and interfaces written. -C: before each record, a
     file already larger than SIZE is closed and the next one opened (tcpdump's test); -G: tick() opens the next
     file once SECONDS have passed. Batches are whole records; one is cut at a record boundary only when a -C
@@ -95,6 +96,16 @@ class RotatingWriter:
         finally:
             for v in made:
                 v.release()
+
+    def write(self, *args, **kwargs) -> None:
+        """One record the file's writer lays out (its write(): what user space lays out, --dump, --stack, --nft):
+        in the next file when this one is already larger than -C's size, as tcpdump tests before each packet."""
+        self._check()
+        if self.plan.size and self.size > self.plan.size and not self.fresh:
+            self.rotate()
+        self.writer.write(*args, **kwargs)
+        self.size = self.writer.tell()
+        self.fresh = False
 
     def write_iov(self, iov) -> None:
         """writev() for records that lie in memory (fcap.files.iovec): cut between records where -C rotates."""

@@ -229,12 +229,6 @@ def file_format(path: str | None, fmt: str | None, to_stdout: bool, points: int)
     return chosen
 
 
-def record_config(cfg, fmt: str, perf_buffer: bool = False):
-    """The session's configuration for writing `fmt`: the programs lay out its record headers, write finished
-    records themselves where they can (unless `perf_buffer`), and record metadata only where the file keeps it."""
-    return cfg._replace(record=fmt, file_ring=not perf_buffer, meta=fmt != PCAP)
-
-
 def check_rotation_dir(path: str, rotation, user) -> None:
     """-Z with -C/-G: the files after the first are made as USER (as tcpdump makes them): say so now when USER
     cannot make files there."""

@@ -105,6 +105,13 @@ class Planner:
             except FilterError as e:
                 raise CaptureError(f"{self.cfg.filter}: {e}") from None
 
+    def write_file(self, fmt: str, perf_buffer: bool = False) -> None:
+        """The capture writes a `fmt` file (pcap or pcapng; which one is known once the points are): the programs lay
+        out its record headers, write finished records themselves where they can (unless `perf_buffer`), and record
+        metadata only where the file keeps it. Once resolved, before anything is planned."""
+        assert self.points and not self.units, "write_file: after resolve(), before map_plan()"
+        self.cfg = self.cfg._replace(record=fmt, file_ring=not perf_buffer, meta=fmt != layout.RECORD_PCAP)
+
     def _points_of(self, spec: str) -> list[Point]:
         """What one -i names: a semantic point's hooks, a glob's matches, or one point."""
         from fcap.points.semantic import is_semantic, resolve_semantic
