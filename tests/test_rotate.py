@@ -280,9 +280,9 @@ def test_size_rotation_beside_tcpdump(sink, tmp_path, tcpdump, tshark, fmt, drai
 
 
 def test_size_rotation_of_blocks_user_space_lays_out(sink, tmp_path, tcpdump, tshark):
-    """-C 1 with --stack (user space lays out each block, the stack in its comment; so with --dump, --nft and a
-    drop point's names): the names tcpdump's rule gives, cut only between records, every packet once, each file
-    readable, each record with its stack. (The DaemonSet's -C with skb:drop --nft runs this way.)"""
+    """-C 1 with --stack (user space lays out each block, the stack in its comment; so with --dump and --nft: the
+    DaemonSet's -C -W with --nft runs this way): the names tcpdump's rule gives, cut only between records, every
+    packet once, each file readable, each record with its stack."""
     import fcap
     pays = _datagrams(2200)
     name = "x.pcapng"
