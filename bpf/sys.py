@@ -114,6 +114,16 @@ class PerfEventAttr(ctypes.Structure):
                 ("sample_max_stack", u16), ("_reserved2", u16)]
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Move this thread into the namespace the descriptor `fd` refers to (os.setns, before Python 3.12)."""
+    if _libc.setns(fd, nstype) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 def addr(obj) -> int:
     """Address of a ctypes object or buffer, as the u64 the kernel wants."""
     return ctypes.addressof(obj) if obj is not None else 0

@@ -28,8 +28,8 @@ class Capture:
                  direction: str | None = None, **features):
         from fcap.features import config
         from fcap.live.session import Config, Session
-        unknown = sorted(set(features) - {f.name for f in config.FLAGGED})
-        if unknown:   # (stack, context, nft: fcap.features)
+        unknown = sorted(set(features) - {n for f in config.FLAGGED for n in [f.name] + [s.name for s in f.settings]})
+        if unknown:   # (stack, context, nft, nft_netns: fcap.features)
             raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):

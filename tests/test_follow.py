@@ -386,6 +386,28 @@ def test_path_streams_in_time_order():
     assert re.search(r"^a -> b +1 +10 +10$", out, re.M) and "dropped 1: NO_SOCKET at f+0x1" in out
 
 
+def test_a_paths_title_is_its_most_complete_record():
+    """Pure: a packet's path is titled by its first record whose bytes decode whole (at a function before the
+    network header is set, the bytes read as 'IP bad-len 0'), made by the printer from real bytes; a packet
+    damaged everywhere keeps its first record's line."""
+    from fcap.commands.path_report import Hop, Tracker
+    from fcap.text.show import describe
+    import struct
+    sll2 = struct.pack(">HHIHBB8s", 0x0800, 0, 1, 772, 0, 6, bytes(8))     # LINUX_SLL2: IPv4, ifindex 1, lo
+    udp = bytes.fromhex("4500001c000100004011f97cc6120001c6120002d431003500080000")   # (198.18.0.1 -> .2)
+    early = describe(sll2 + b"\x45" + bytes(19) + udp[20:], 276, 48)   # the IP header not written yet
+    whole = describe(sll2 + udp, 276, 48)
+    assert "bad-len 0" in early and "198.18" not in early, early
+    assert "IP 198.18.0.1.54321 > 198.18.0.2.53" in whole, whole
+    t = Tracker(window_ns=1000, idle_ns=10**12)
+    hops = [Hop(100, 1, "kprobe/udp4_hwcsum", line=early), Hop(110, 1, "tp_btf/net_dev_queue", line=whole),
+            Hop(120, 1, "skb:consume", line=whole), Hop(200, 2, "a", line=early), Hop(210, 2, "skb:consume",
+                                                                                       line=early)]
+    out = "".join(text for h in hops for text in t.feed(h)) + "".join(t.finish())
+    titles = [line for line in out.splitlines() if line.startswith("packet 0x")]
+    assert titles == [f"packet 0x1: {whole}", f"packet 0x2: {early}"], out
+
+
 def test_path_needs_a_file_fcap_wrote(tmp_path, root):
     """fcap path on a pcap, a foreign pcapng, or not a capture at all: one line saying what it needs."""
     from fcap.files.pcapfile import open_writer

@@ -373,7 +373,75 @@ def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
         table.delete()
 
 
+@pytest.fixture
+def two_veths(root):
+    _need_nft()
+    from netns import make_veth_ns, remove_veth_ns
+    a = make_veth_ns()
+    try:
+        b = make_veth_ns()
+        try:
+            yield a, b
+        finally:
+            remove_veth_ns(b)
+    finally:
+        remove_veth_ns(a)
+
+
+def _ns_inode(ns: str) -> int:
+    return os.stat(f"/run/netns/{ns}").st_ino
+
+
+@pytest.mark.parametrize("where", ["names", "all"])
+def test_nft_names_the_rules_of_two_other_namespaces_at_once(two_veths, tmp_path, where):
+    """fcap in the host's namespace, --nft-netns naming two others (`ip netns` names; or all: every one found), each
+    with a table of the test's own dropping a port: each NETFILTER_DROP record names its own namespace's table,
+    chain and handle, and that namespace (nft_netns: its inode number, as `ip netns` bind-mounts it); fcap's trace
+    table is in the host's and both namespaces while it runs and in none after."""
+    a, b = two_veths
+    port = free_port()
+    tables = []
+    try:
+        for v, tag in ((a, "a"), (b, "b")):
+            name = f"fcapnft{tag}{os.getpid() % 100000}"
+            tables.append(Table(f"""table inet {name} {{
+                chain inp {{ type filter hook input priority 0; policy accept;
+                    udp dport {port} counter drop comment "{tag}"
+                }}
+            }}""", name, ns=v.ns))
+        handles = [t.handles() for t in tables]
+        path = tmp_path / "nft.pcapng"
+        netns_flags = ["--nft-netns", a.ns, "--nft-netns", b.ns] if where == "names" else ["--nft-netns", "all"]
+        fc = start_fcap(["-i", "skb:drop", "--nft", *netns_flags, "-c", "4", "-w", str(path),
+                         f"udp dst port {port}"])
+        try:
+            mine = f"{nftrace.TABLE_PREFIX}{fc.pid}"
+            assert mine in trace_tables() and trace_tables(a.ns) == trace_tables(b.ns) == [mine]
+            send(a.peer, [(port, "a--1"), (port, "a--2")])
+            send(b.peer, [(port, "b--1"), (port, "b--2")])
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+        assert mine not in trace_tables() and trace_tables(a.ns) == trace_tables(b.ns) == [], "trace tables left"
+        import fcap
+        got = {_text(p): p for p in fcap.read(str(path))}
+        assert sorted(got) == ["a--1", "a--2", "b--1", "b--2"], fc.stderr
+        for key, p in got.items():
+            i = "ab".index(key[0])
+            v, t, h = (a, b)[i], tables[i], handles[i][key[0]]
+            assert _nf_drop(p), p.comment
+            assert (p.nft_table, p.nft_chain, p.nft_rule, p.nft_netns) == (t.name, "inp", h[1], _ns_inode(v.ns)), \
+                (p.comment, fc.stderr)
+            assert p.netns == p.nft_netns and f" nft_netns={p.nft_netns}" in p.comment
+    finally:
+        for t in tables:
+            t.delete()
+
+
 @pytest.mark.parametrize("args,message", [
+    (["-i", "skb:drop", "--nft-netns", "x", "-c", "1"], "--nft-netns says where --nft looks: give --nft too"),
+    (["-i", "skb:drop", "--nft", "--nft-netns", "fcap-no-such-ns", "-c", "1"],
+     "--nft-netns fcap-no-such-ns: no such network namespace"),
     (["-i", "tp_btf/net_dev_queue", "--nft", "-c", "1"], "--nft names the nftables rule of each netfilter drop"),
     (["-i", "skb:drop", "--nft", "-c", "1", "-w", "x.pcap"], "--nft: a pcap file has no room"),
 ])

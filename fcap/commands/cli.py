@@ -120,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     from fcap.features import FLAGGED
     for feature in FLAGGED:   # (fcap.features: --stack, --context, --nft)
         g.add_argument(feature.flag, dest=feature.name, action="store_true", help=feature.help)
+        for s in feature.settings:
+            g.add_argument(s.flag, dest=s.name, metavar=s.metavar, action="append", default=[], help=s.help)
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "

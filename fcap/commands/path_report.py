@@ -24,6 +24,8 @@ SAMPLE_MAX = 10_000         # latencies kept per hop (reservoir sampling past th
 HOLD_MAX = 100_000          # records held for reordering at most (at high rates the window is shorter)
 CONSUME_POINTS = ("consume_skb", "skb:consume")
 ADDRESS_IDS = 1 << 63       # packet ids from here up are skb addresses (files fcap wrote before packet ids)
+# what tcpdump's lines (fcap.text.show) say of bytes that are not a whole packet where they are read
+DAMAGE = ("bad-len", "bad-hlen", "[|", "[Invalid header", "truncated", "(invalid)")
 
 
 class PathInputError(FcapError):
@@ -40,7 +42,7 @@ class Hop:
     ifindex: int | None = None
     netns: int | None = None
     drop: str | None = None    # "NO_SOCKET at __udp4_lib_rcv+0x4bc" at drop points
-    line: str = ""             # the packet as tcpdump prints it (first hop only is used)
+    line: str = ""             # the packet as tcpdump prints it (the path's title: its most complete one)
     stack: tuple | None = None   # --stack: the kernel stack's frames there, innermost first (() unknown)
 
 
@@ -50,6 +52,12 @@ def end_of(h: Hop) -> str | None:
     if base_name(h.point) in CONSUME_POINTS or h.point in CONSUME_POINTS:
         return "consumed"
     return None
+
+
+def title(hops: list[Hop]) -> str:
+    """The packet as tcpdump prints it, from its most complete record: the first whose line shows no damage (at a
+    function before the network header is set the bytes read as 'IP bad-len 0'), else the first."""
+    return next((h.line for h in hops if not any(sign in h.line for sign in DAMAGE)), hops[0].line)
 
 
 def place(h: Hop) -> tuple:
@@ -150,7 +158,7 @@ class Tracker:
     def _report(self, pid: int, end: str) -> str:
         hops = self.packets.pop(pid).hops
         first = hops[0]
-        out = [f"packet {pid:#x}: {first.line}".rstrip()]
+        out = [f"packet {pid:#x}: {title(hops)}".rstrip()]
         if len(hops) > 1:
             out.append(f"  {len(hops)} points in {hops[-1].ts_ns - first.ts_ns} ns")
         prev = None

@@ -10,13 +10,24 @@ from fcap.kernel.layout import RECORD_PCAP
 
 
 def asked(said: Callable[[str], object]) -> dict:
-    """{Config field: on} of every flagged feature, `said(name)` what the flag or keyword of that name said."""
-    return {f.name: bool(said(f.name)) for f in FLAGGED}
+    """{Config field: value} of every flagged feature (on or off) and its settings (a tuple of values), `said(name)`
+    what the flag or keyword of that name said."""
+    out: dict = {}
+    for f in FLAGGED:
+        out[f.name] = bool(said(f.name))
+        for s in f.settings:
+            value = said(s.name) or ()
+            out[s.name] = (value,) if isinstance(value, str) else tuple(value)
+    return out
 
 
 def refusal(cfg, points, fmt: str | None = None) -> str:
     """Why the features `cfg` asks for cannot be had at these points (fcap.points.spec.Point) written as `fmt`
     (pcap, pcapng, None: no file), as one line; "" when they can."""
+    for f in FLAGGED:
+        for s in f.settings:
+            if getattr(cfg, s.name) and not f.asked(cfg):
+                return f"{s.flag} says where {f.flag} looks: give {f.flag} too"
     on = [f for f in FLAGGED if f.asked(cfg)]
     for f in on:
         why = f.refuse(points) if f.refuse is not None else ""

@@ -1,16 +1,17 @@
 """--nft: at drop points, the nftables table, chain and rule handle that dropped each packet netfilter dropped,
-matched in user space from the kernel's nftables trace events (fcap.host.nftrace; the session's Tracer)."""
+matched in user space from the kernel's nftables trace events (fcap.host.nftrace; the session's Tracers: one per
+network namespace, --nft-netns)."""
 
 from __future__ import annotations
 
 from fcap.features.drop_reason import drop_names
-from fcap.features.unit import Annotator, PacketFeature
+from fcap.features.unit import Annotator, PacketFeature, Setting
 from fcap.host import nftrace
 from fcap.kernel.drops import is_drop_point
 
 
 class NftRules(Annotator):
-    """The rule of each netfilter drop (tracer: the session's fcap.host.nftrace.Tracer; linktype: the records')."""
+    """The rule of each netfilter drop (tracer: the session's fcap.host.nftrace.Tracers; linktype: the records')."""
 
     def __init__(self, tracer, linktype: int, drops):
         self.tracer, self.linktype, self.drops = tracer, linktype, drops
@@ -24,7 +25,8 @@ class NftRules(Annotator):
             reason, location = self.drops.drop(rec)
             values = {}
             if nftrace.is_netfilter_drop(reason, location):
-                d = self.tracer.attribute(nftrace.network_bytes(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns)
+                d = self.tracer.attribute(nftrace.network_bytes(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns,
+                                          rec.netns)
                 values = d.values() if d is not None else {}
             self._last = (rec, values)
         return values
@@ -50,4 +52,7 @@ FEATURE = PacketFeature(
     "nft", comment=nftrace.NFT_COMMENT, flag="--nft", room="nftables rules",
     help="at drop points, the nftables table, chain and rule handle that dropped each packet netfilter dropped (fcap "
          "adds table inet fcap_nftrace_PID to this netns while it runs)",
+    settings=(Setting("--nft-netns", "nft_netns", "NETNS",
+                      "--nft in network namespace NETNS too (a name of `ip netns list`, docker's, a path such as a "
+                      "pod's /proc/PID/ns/net, or all: every one found); its table added there (repeatable)"),),
     annotator=_annotator, refuse=_refuse, user_space=lambda cfg, points: cfg.nft)

@@ -28,6 +28,17 @@ class Annotator:
         """Lines under the packet's (printer: a fcap.text.printer.Printer)."""
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A further flag of a flagged feature (repeatable: its values a tuple), the Config field and API keyword
+    `name`; given without the feature's own flag, it is refused."""
+
+    flag: str
+    name: str
+    metavar: str
+    help: str
+
+
 @dataclass(frozen=True, eq=False)
 class PacketFeature:
     """One per-packet feature (see the module's docstring). A flagged feature is asked for by `flag` on the command
@@ -37,6 +48,7 @@ class PacketFeature:
     comment: tuple = ()          # its keys in the comment: (text before, Packet attribute, style) per key
     flag: str = ""               # the command-line flag that asks for it ("": on wherever the points call for it)
     help: str = ""               # the flag's help
+    settings: tuple = ()         # its further flags (Setting)
     room: str = ""               # what it writes into pcapng's comment ("the context"): pcap and --no-comment refuse
                                  # it ("": nothing of it is refused)
     option: bool = False         # the capture programs take it as the ProgramOptions field `name`

@@ -29,9 +29,10 @@ NETFILTER_DROP = "NETFILTER_DROP"
 # What a netfilter drop's comment adds after the drop's reason and location (fcap.kernel.drops.DROP_COMMENT), declared
 # as it is: (text before, Packet attribute, style). A rule decided: its handle (`nft -a list ruleset`); the base
 # chain's policy decided: nft_policy=drop, no rule. Read back by Wireshark's fcap fields.
+# nft_netns: the table's network namespace (its inode number, as the record's netns) when it is not fcap's own.
 NFT_COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "str"),
                (" nft_chain=", "nft_chain", "str"), (" nft_rule=", "nft_rule", "dec64"),
-               (" nft_policy=", "nft_policy", "str"))
+               (" nft_policy=", "nft_policy", "str"), (" nft_netns=", "nft_netns", "dec64"))
 _ETH_VLAN = (0x8100, 0x88A8)
 
 
@@ -46,11 +47,13 @@ class Decision(NamedTuple):
     transport: bytes          # the first bytes of its transport header (b"": none)
     mark: int
     read_ns: int              # CLOCK_MONOTONIC when fcap read the event
+    netns: int = 0            # the table's network namespace (inode number) when not fcap's own, else 0
 
     def values(self) -> dict:
         """{Packet attribute: value} of NFT_COMMENT's keys."""
         return {"nft_family": self.family, "nft_table": word(self.table), "nft_chain": word(self.chain),
-                "nft_rule": self.rule, "nft_policy": "drop" if self.rule is None else None}
+                "nft_rule": self.rule, "nft_policy": "drop" if self.rule is None else None,
+                "nft_netns": self.netns or None}
 
     def matches(self, l3: bytes, mark: int) -> bool:
         """Whether a drop record's bytes from its network header (`l3`, as far as captured) and skb mark are this
@@ -114,11 +117,13 @@ def text(values: dict) -> str:
 
 
 class Tracer:
-    """The trace table (made when this is made) and the trace events, matched to drop records: attribute().
+    """The trace table (made when this is made) and the trace events, matched to drop records: take().
     close() deletes the table; the kernel deletes it too when the socket goes (kernels with owner tables)."""
 
-    def __init__(self, table: str | None = None):
+    def __init__(self, table: str | None = None, netns: int = 0, elsewhere: bool = False):
         self.table = table or f"{TABLE_PREFIX}{os.getpid()}"
+        self.netns = netns        # the namespace's inode number, where the sockets are made (0: not known)
+        self.elsewhere = elsewhere   # not fcap's own namespace: its decisions say which (nft_netns)
         self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)   # first: no event of the table's is missed
         try:   # only the events a drop needs are queued (fcap.host.nftfilter); without it, all of them
             from fcap.host import nftfilter
@@ -140,7 +145,7 @@ class Tracer:
         self.added = True
         self.headers: collections.OrderedDict = collections.OrderedDict()   # trace id -> (network, transport)
         self.waiting: collections.deque = collections.deque()
-        self.lost = self.attributed = self.unattributed = 0
+        self.lost = 0             # reads of trace events that failed for want of buffer
 
     def _parts(self, owner: bool) -> list:
         parts = [nft.new_table(self.table, owner)]
@@ -166,11 +171,11 @@ class Tracer:
             if head is None:
                 continue
             self.waiting.append(Decision(t.family, t.table, t.chain, t.rule if t.type == nft.TraceType.RULE
-                                         else None, head[0], head[1], t.mark, now))
+                                         else None, head[0], head[1], t.mark, now, self.netns if self.elsewhere else 0))
             if len(self.waiting) > VERDICTS_MAX:
                 self.waiting.popleft()
 
-    def attribute(self, l3: bytes, mark: int, ts_ns: int) -> Decision | None:
+    def take(self, l3: bytes, mark: int, ts_ns: int) -> Decision | None:
         """The drop verdict of a netfilter drop record (its bytes from the network header, skb mark and
         CLOCK_MONOTONIC time): the oldest waiting one of the same packet, taken; None when none is."""
         self.pump()
@@ -179,6 +184,57 @@ class Tracer:
         for i, d in enumerate(self.waiting):
             if d.matches(l3, mark):
                 del self.waiting[i]
+                return d
+        return None
+
+    def close(self) -> None:
+        """Delete the trace table (once) and close the sockets."""
+        if self.added:
+            self.added = False
+            self.control.transact(nft.Family.inet, nft.del_table(self.table))
+            self.control.close()
+            self.listener.close()
+
+
+class Tracers:
+    """--nft in several network namespaces (`where`: fcap.host.namespaces names, besides fcap's own): a Tracer made
+    inside each (its table there, its sockets bound there), as one: a drop record's verdict is looked for first in
+    the namespace its device is in, then in the others. close() deletes every table."""
+
+    def __init__(self, where: list | tuple = ()):
+        from fcap.host import namespaces
+        own = namespaces.own()
+        self.tracers = [Tracer(netns=own.inum)]
+        try:
+            found: dict = {}   # inode number -> the namespace, by the first name given for it
+            for w in where:
+                for n in namespaces.find(w):
+                    found.setdefault(n.inum, n)
+            found.pop(own.inum, None)
+            for ns in found.values():
+                try:
+                    with namespaces.inside(ns):
+                        self.tracers.append(Tracer(netns=ns.inum, elsewhere=True))
+                except OSError as e:
+                    raise CaptureError(f"--nft-netns {ns.label}: cannot enter {ns.path} ({e.strerror})") from None
+        except BaseException:
+            self.close()
+            raise
+        self.attributed = self.unattributed = 0
+
+    @property
+    def lost(self) -> int:
+        return sum(t.lost for t in self.tracers)
+
+    def pump(self) -> None:
+        for t in self.tracers:
+            t.pump()
+
+    def attribute(self, l3: bytes, mark: int, ts_ns: int, netns: int = 0) -> Decision | None:
+        """As Tracer.attribute, in the namespace `netns` (the record's device's) first."""
+        for t in sorted(self.tracers, key=lambda t: t.netns != netns):
+            d = t.take(l3, mark, ts_ns)
+            if d is not None:
                 self.attributed += 1
                 return d
         self.unattributed += 1
@@ -188,15 +244,12 @@ class Tracer:
         """One line when netfilter drops went unattributed, else ""."""
         if not self.unattributed:
             return ""
+        where = "these network namespaces" if len(self.tracers) > 1 else "this network namespace"
         why = (f"{self.lost} reads of trace events failed for want of buffer (ENOBUFS)" if self.lost else
-               "no nftables drop verdict of this network namespace matched (iptables-legacy, a netdev, bridge or "
-               "arp table, or another namespace)")
+               f"no nftables drop verdict of {where} matched (iptables-legacy, a netdev, bridge or arp table, or "
+               f"another namespace: --nft-netns)")
         return f"--nft: {self.unattributed} netfilter drops not attributed: {why}"
 
     def close(self) -> None:
-        """Delete the trace table (once) and close the sockets."""
-        if self.added:
-            self.added = False
-            self.control.transact(nft.Family.inet, nft.del_table(self.table))
-            self.control.close()
-            self.listener.close()
+        for t in self.tracers:
+            t.close()

@@ -48,6 +48,7 @@ class Config(NamedTuple):
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
     context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
     nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.host.nftrace, user space)
+    nft_netns: tuple = ()     # --nft-netns: further network namespaces --nft traces in (fcap.host.namespaces)
     comment: bool = True      # pcapng records carry the metadata comment (--no-comment: they do not)
 
 

@@ -60,7 +60,7 @@ class Session(Planner, Attach):
         self.track_report: dict = {}
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
-        self.nft = None          # --nft: fcap.host.nftrace.Tracer (its trace table), from open() to close()
+        self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -113,8 +113,8 @@ class Session(Planner, Attach):
                 wake = 1 if self.cfg.immediate else plan.pages * PAGE // 4
                 self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
-                from fcap.host.nftrace import Tracer
-                self.nft = Tracer()
+                from fcap.host.nftrace import Tracers
+                self.nft = Tracers(self.cfg.nft_netns)
         except BPFError as e:
             self.close()
             raise CaptureError(f"{e}") from None

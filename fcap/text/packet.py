@@ -42,6 +42,7 @@ class Packet:
     nft_chain: str | None = None   # the chain (the one holding the rule, also when jumped to)
     nft_rule: int | None = None    # the rule's handle (`nft -a list ruleset`); None when the policy decided
     nft_policy: str | None = None  # "drop" when the base chain's policy dropped it
+    nft_netns: int | None = None   # --nft-netns: that table's network namespace (inode number, as netns)
     stack: tuple | None = None     # --stack: the kernel stack, FUNC+0xOFF per frame, innermost first (() unknown)
     verdict: tuple | None = None   # epb_verdict (type, value): (1, 2): eBPF TC, TC_ACT_SHOT at drop points
     dumps: dict = field(default_factory=dict)   # --dump PATH -> fcap.kernel.dumps.Dump (.value, .text(), .node())
