@@ -48,8 +48,13 @@ def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
         assert (f.name in ProgramOptions._fields) == f.option, f.name
         assert all(p in cprog.FEATURES for p in f.program), f"{f.name}: a program part the builder does not run"
         assert f.room or f.annotator is None, f"{f.name}: says something in the comment, so refuses pcap"
+    for f in FLAGGED:
+        for setting in f.settings:
+            assert setting.flag.startswith("--") and setting.name in Config._fields, setting
     cfg = Config(points=["p"], **asked({"stack": 1, "nft": 0}.get))
-    assert cfg.stack is True and cfg.nft is False and cfg.context is False
+    assert cfg.stack is True and cfg.nft is False and cfg.context is False and cfg.nft_netns == ()
+    with_ns = Config(points=["p"], **asked({"nft_netns": "x"}.get))
+    assert with_ns.nft_netns == ("x",) and refusal(with_ns, []) == "--nft-netns says where --nft looks: give --nft too"
     assert in_comment(cfg) == ["--stack"] and in_comment(cfg._replace(stack=False)) == []
     assert refusal(cfg, [], "pcap") == "--stack: a pcap file has no room for the stack; write pcapng (-w FILE.pcapng)"
     assert refusal(cfg, [], "pcapng") == "" and refusal(cfg, [], None) == ""
@@ -58,8 +63,10 @@ def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
 @pytest.mark.parametrize("feature", [f for f in FLAGGED], ids=lambda f: f.name)
 def test_the_command_line_has_each_flag(feature):
     from fcap.commands.cli import _parser
-    args = _parser().parse_args(["-i", "tp_btf/net_dev_queue", feature.flag])
+    more = [w for s in feature.settings for w in (s.flag, "a", s.flag, "b")]
+    args = _parser().parse_args(["-i", "tp_btf/net_dev_queue", feature.flag, *more])
     assert getattr(args, feature.name) is True
+    assert all(getattr(args, s.name) == ["a", "b"] for s in feature.settings)
     assert getattr(_parser().parse_args(["-i", "tp_btf/net_dev_queue"]), feature.name) is False
 
 
