@@ -170,6 +170,7 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first); `context`: as --context,
     each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
     --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy);
+    `nft_netns`: as --nft-netns, further network namespaces (names, paths, "all") whose rules --nft names (nft_netns);
     `pid`, `comm`, `mark`, `ifindex`, `ifname`, `netns`, `direction` ("in", "out"): as --pid, --comm, --mark,
     --ifindex, --ifname, --netns and -Q, tested in the kernel. The programs are attached when this returns. Errors are
     fcap.FcapError types."""
