@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from bpf import asm, features
 from bpf.errors import BPFError, NotSupported
@@ -19,8 +19,16 @@ from bpf.uapi import AttachType, Helper, ProgType
 
 from fcap.errors import PointError
 
-if TYPE_CHECKING:
-    from fcap.points.spec import Point
+
+
+class PointLike(Protocol):
+    """What a kind reads of a point (fcap.points.spec.Point, which holds its kind: this module stays below it)."""
+
+    spec: str            # as the user named it
+    name: str            # the function, tracepoint or program
+    btf_id: int          # its BTF id (fentry, tp_btf)
+    target: object       # the program it is on (xdp.entry, ...)
+    kind: object         # its Kind
 
 ENOTSUPP = 524   # (the kernel's own: no user-space name) e.g. a function ftrace cannot patch
 SKB_STRUCT, XDP_STRUCT = "sk_buff", "xdp_buff"   # what a kind's programs' context argument points to (Kind.context)
@@ -132,7 +140,7 @@ class Kind:
         """The load's expected_attach_type as this kernel numbers it."""
         return self.attach_type
 
-    def attach(self, prog_fd: int, point: Point) -> Link:
+    def attach(self, prog_fd: int, point: PointLike) -> Link:
         """Attach the loaded program at `point` (a BTF-typed program's target was fixed at load time)."""
         return attach_tracing(prog_fd, point.spec)
 
@@ -141,12 +149,12 @@ class Kind:
         where the kind attaches to one); None when it does. The probe is per kind: its first answer stays."""
         return features.tracing_program(self.attach_type, btf_id, btf_obj_fd, label=f"{self.name} programs")
 
-    def refusal(self, point: Point, alternative: str) -> str | None:
+    def refusal(self, point: PointLike, alternative: str) -> str | None:
         """One line when the kernel refuses every program of this kind (so every point alike), naming the
         tracepoint `alternative` that sees the same packets; None when it may load one (tried before a load)."""
         return None
 
-    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+    def explain(self, point: PointLike, e: BPFError, alternative: str) -> str:
         """The kernel's refusal `e` to load or attach a program at `point`, in one line."""
         problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
         if problem:
@@ -168,7 +176,7 @@ class _Trampoline(Kind):
     family = "fentry/fexit"
     operand = "FUNC"
 
-    def refusal(self, point: Point, alternative: str) -> str | None:
+    def refusal(self, point: PointLike, alternative: str) -> str | None:
         refused = self.probe(point.btf_id)
         if refused is not None and refused.errno == errno.EPERM:   # a policy refusing trampolines altogether
             return self.explain(point, refused, alternative)
@@ -207,7 +215,7 @@ class _RawTp(Kind):
     summary = "a raw tracepoint, arguments untyped (linear bytes only)"
     prog_type = ProgType.RAW_TRACEPOINT
 
-    def attach(self, prog_fd: int, point: Point) -> Link:
+    def attach(self, prog_fd: int, point: PointLike) -> Link:
         return attach_raw_tracepoint(prog_fd, point.name)
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
@@ -234,19 +242,19 @@ class _Kprobe(Kind):
             raise PointError(f"kprobe points: argument {index + 1} is past the registers")
         return offsets[index]
 
-    def attach(self, prog_fd: int, point: Point) -> Link:
+    def attach(self, prog_fd: int, point: PointLike) -> Link:
         return attach_kprobe(prog_fd, point.name)
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
         return features.kprobe_program()
 
-    def refusal(self, point: Point, alternative: str) -> str | None:
+    def refusal(self, point: PointLike, alternative: str) -> str | None:
         refused = self.probe()
         if refused is None:
             return None
         return f"{point.spec}: {refused.reason}; {ALTERNATIVE}: {alternative}"
 
-    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+    def explain(self, point: PointLike, e: BPFError, alternative: str) -> str:
         if e.errno in (errno.ENOENT, errno.EINVAL, errno.ESRCH):
             return f"{point.spec}: the kernel cannot probe {point.name}: {e}"
         return super().explain(point, e, alternative)
@@ -285,7 +293,7 @@ class _TracingMulti(Kind):
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
         return features.tracing_multi(self.attach_type.name)
 
-    def attach_many(self, prog_fd: int, points: list[Point], cookies: list[int]) -> Link:
+    def attach_many(self, prog_fd: int, points: list[PointLike], cookies: list[int]) -> Link:
         """One link running the program at every point, bpf_get_attach_cookie() giving the cookie at the same
         index."""
         return attach_tracing_multi(prog_fd, self.load_attach_type(), [p.btf_id for p in points], cookies,
@@ -320,7 +328,7 @@ class _KprobeMulti(_Kprobe):
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
         return features.kprobe_multi()
 
-    def attach_many(self, prog_fd: int, points: list[Point], cookies: list[int]) -> Link:
+    def attach_many(self, prog_fd: int, points: list[PointLike], cookies: list[int]) -> Link:
         return attach_kprobe_multi(prog_fd, [p.name for p in points], cookies,
                                    what=f"{self.name} ({len(points)} functions)")
 
@@ -356,14 +364,14 @@ class _OnProgram(_Trampoline):
     ctx_name = ""             # how the target's BTF names its context struct
     alternative = ""          # what sees the same packets where the kernel refuses fentry/fexit
 
-    def refusal(self, point: Point, alternative: str) -> str | None:
+    def refusal(self, point: PointLike, alternative: str) -> str | None:
         refused = features.tracing_program(self.attach_type, point.btf_id, point.target.fd,
                                            label=f"{self.name} programs")
         if refused is not None and refused.errno == errno.EPERM:
             return self.explain(point, refused, alternative)
         return None
 
-    def explain(self, point: Point, e: BPFError, alternative: str) -> str:
+    def explain(self, point: PointLike, e: BPFError, alternative: str) -> str:
         return super().explain(point, e, self.alternative)
 
 
