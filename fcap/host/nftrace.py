@@ -206,17 +206,19 @@ class Tracers:
         own = namespaces.own()
         self.tracers = [Tracer(netns=own.inum)]
         try:
-            found: dict = {}   # inode number -> the namespace, by the first name given for it
+            found: dict = {}   # inode number -> (the namespace by the first name given for it, asked by name)
             for w in where:
                 for n in namespaces.find(w):
-                    found.setdefault(n.inum, n)
+                    found.setdefault(n.inum, (n, w != namespaces.EVERY))
             found.pop(own.inum, None)
-            for ns in found.values():
+            for ns, named in found.values():
                 try:
                     with namespaces.inside(ns):
                         self.tracers.append(Tracer(netns=ns.inum, elsewhere=True))
                 except OSError as e:
-                    raise CaptureError(f"--nft-netns {ns.label}: cannot enter {ns.path} ({e.strerror})") from None
+                    if named or e.errno not in (errnos.ENOENT, errnos.ESRCH):
+                        raise CaptureError(f"--nft-netns {ns.label}: cannot enter {ns.path} ({e.strerror})") from None
+                    # (all: a process's namespace gone since it was found)
         except BaseException:
             self.close()
             raise
