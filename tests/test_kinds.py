@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -123,12 +124,78 @@ def test_x86_64_offsets_are_the_kernels_pt_regs():
     assert all(regs.member(name)[0].type.strip().size == 8 for name in kinds.X86_64.arg_regs)
 
 
+def _arm64_holds(vm) -> None:
+    """kinds.ARM64 against an arm64 kernel's BTF: a kprobe program's context (bpf_user_pt_regs_t) is struct
+    user_pt_regs, whose u64 regs[] start it; argument i is regs[i]."""
+    regs = vm.find("user_pt_regs", "struct")
+    assert regs is not None and kinds.ARM64.regs == regs.name
+    typedef = vm.find("bpf_user_pt_regs_t", "typedef")
+    assert typedef is None or typedef.strip().name == regs.name   # (the typedef: what the verifier types it as)
+    member, bits = regs.member("regs")
+    array = member.type.strip()
+    assert array.nelems >= len(kinds.ARM64.arg_offsets) and array.elem.strip().size == 8
+    assert [bits // 8 + 8 * i for i in range(len(kinds.ARM64.arg_regs))] == list(kinds.ARM64.arg_offsets)
+
+
 def test_arm64_offsets_are_the_kernels_user_pt_regs():
     regs = _vmlinux().find("user_pt_regs", "struct")
     if regs is None:
         pytest.skip("this kernel is not arm64's (no struct user_pt_regs)")
-    member, bits = regs.member("regs")
-    assert bits == 0 and member.type.strip().nelems >= len(kinds.ARM64.arg_offsets)
+    _arm64_holds(_vmlinux())
+
+
+ARM64_SUITE = "trixie"
+ARM64_PACKAGE = re.compile(r"^linux-image-[0-9.+a-z]+-cloud-arm64$")
+
+
+def _arm64_kernel_btf(cache: Path) -> bytes:
+    """The BTF of Debian's arm64 cloud kernel (ARM64_SUITE's newest), its .deb fetched from Debian's archive once
+    (FCAP_VM_MIRROR as tests/vm/run takes it) and kept in the cache: the blob inside its Image (BTF's header magic,
+    as the kernel's own .BTF section holds it). Skips where the archive cannot be reached."""
+    import lzma
+    import struct
+    import subprocess
+    import urllib.request
+    mirror = os.environ.get("FCAP_VM_MIRROR", "http://deb.debian.org/debian")
+    blob = cache / "arm64.btf"
+    if blob.exists():
+        return blob.read_bytes()
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        index = urllib.request.urlopen(f"{mirror}/dists/{ARM64_SUITE}/main/binary-arm64/Packages.xz", timeout=120)
+        stanzas = lzma.decompress(index.read()).decode().split("\n\n")
+        files = [dict(line.split(": ", 1) for line in st.splitlines() if ": " in line) for st in stanzas]
+        newest = [f for f in files if ARM64_PACKAGE.match(f.get("Package", ""))][-1]
+        deb = cache / "arm64.deb"
+        with urllib.request.urlopen(f"{mirror}/{newest['Filename']}", timeout=300) as r:
+            deb.write_bytes(r.read())
+    except (OSError, IndexError) as e:
+        pytest.skip(f"Debian's archive ({mirror}) gives no arm64 kernel here: {e}")
+    out = cache / "arm64"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], check=True, timeout=300)
+    image = next(out.glob("boot/vmlinuz-*")).read_bytes()
+    if image[:2] == b"\x1f\x8b":
+        import gzip
+        image = gzip.decompress(image)
+    at = image.find(b"\x9f\xeb\x01\x00\x18\x00\x00\x00")   # magic, version 1, flags, hdr_len 24
+    assert at >= 0, "no BTF in Debian's arm64 Image"
+    hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from("<5I", image, at + 4)
+    data = image[at:at + hdr_len + max(type_off + type_len, str_off + str_len)]
+    blob.write_bytes(data)
+    import shutil
+    deb.unlink()
+    shutil.rmtree(out)
+    return data
+
+
+def test_arm64_offsets_are_those_of_debians_arm64_kernel():
+    """No arm64 machine needed: Debian's arm64 cloud kernel's own BTF (read with bpf.btf from its Image) holds
+    kinds.ARM64's offsets, so a kprobe program there reads argument i from regs[i]."""
+    from bpf.btf import BTF
+    cache = Path(os.environ.get("FCAP_VM_CACHE") or ROOT / ".vm-cache").resolve() / "kernels" / "arm64-btf"
+    vm = BTF.load(_arm64_kernel_btf(cache), name="arm64 vmlinux")
+    assert any(m.name == "orig_x0" for m in vm.find("pt_regs", "struct").members)   # (arm64's, not x86-64's)
+    _arm64_holds(vm)
 
 
 # ---- nothing but kinds.py compares kind names ----------------------------------------------------------------
