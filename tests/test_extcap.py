@@ -56,8 +56,14 @@ def test_interfaces_dlts_config():
     assert _extcap("--extcap-interface", "fcap-net_dev_queue", "--extcap-dlts").stdout.decode() == \
         "dlt {number=1}{name=fcap-net_dev_queue}{display=Ethernet}\n"
     config = _extcap("--extcap-interface", "fcap-any", "--extcap-config").stdout.decode().splitlines()
-    assert [re.search(r"\{call=([^}]+)\}", c)[1] for c in config] == ["--point", "--snaplen", "--where", "--dump"]
+    from fcap.features import FLAGGED
+    units = [w for f in FLAGGED for w in [f.flag] + [s.flag for s in f.settings]]   # (a checkbox per feature)
+    assert units[:3] == ["--context", "--nft", "--nft-netns"] and "--stack" in units
+    assert [re.search(r"\{call=([^}]+)\}", c)[1] for c in config] == ["--point", "--snaplen", "--where", "--dump"] + \
+        units
     assert "{required=true}" in config[0]
+    assert "{call=--context}{display=Context (--context)}{type=boolflag}{default=false}{tooltip=record " in \
+        config[4]
     fixed = _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-config").stdout.decode()
     assert "--point" not in fixed and "{call=--where}" in fixed
 
@@ -133,6 +139,26 @@ def test_tshark_any_point_configured(home, tshark, tmp_path):
     for row in rows:
         dport, comments = row.split("|")
         assert dport == str(port) and 'dump skb->dev->name @0x' in comments and '= (char[16])"lo"' in comments
+    _no_extcap_left(str(tmp_path))
+
+
+def test_tshark_asks_for_the_per_packet_features(home, tshark, tmp_path):
+    """Wireshark's dialog offers each per-packet feature (fcap.features) as a checkbox: ticked (-o ...context:true,
+    ...stack:true), each packet's comment carries its cgroup and its kernel stack, read back by fcap.read."""
+    need_root()
+    import fcap
+    port, out = _port(), tmp_path / "features.pcapng"
+    traffic = Stream(port, gap=0.2, payload=b"extcap")
+    try:
+        r = _tshark(tshark, home, "-i", "fcap-dev-queue", "-o", "extcap.fcap_dev_queue.context:true",
+                    "-o", "extcap.fcap_dev_queue.stack:true", "-f", f"udp and dst port {port}", "-c", "2",
+                    "-w", str(out))
+    finally:
+        traffic.stop()
+    assert r.returncode == 0 and "2 packets captured" in r.stderr, r.stderr
+    got = list(fcap.read(str(out)))
+    assert len(got) == 2 and all(p.cgroup and p.cgroup_path and p.stack for p in got), [p.comment for p in got]
+    assert all(any(f.startswith("__dev_queue_xmit+") for f in p.stack) for p in got), got[0].stack
     _no_extcap_left(str(tmp_path))
 
 

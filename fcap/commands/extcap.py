@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--snaplen", default="")
     p.add_argument("--where", action="append", default=[])
     p.add_argument("--dump", action="append", default=[])
+    for f in _features():   # (Wireshark's checkbox per per-packet feature, and their settings)
+        p.add_argument(f.flag, dest=f.name, action="store_true")
+        for s in f.settings:
+            p.add_argument(s.flag, dest=s.name, action="append", default=[])
     p.add_argument("--install", action="store_true",
                    help="put a launcher in Wireshark's personal extcap folder and the fcap.* fields' Lua dissector "
                         "in its personal Lua plugins folder")
@@ -145,8 +149,23 @@ def _config(iface: str) -> str:
         ("--where", "Where (PATH OP VALUE)", "string", "", "a BTF field test, e.g. skb->len > 1000"),
         ("--dump", "Dump (PATH)", "string", "", "what the kernel held, e.g. skb->dev (in each packet's comments)"),
     ]
+    for f in _features():
+        args.append((f.flag, f"{f.room[:1].upper()}{f.room[1:]} ({f.flag})", "boolflag", "{default=false}",
+                     _tooltip(f.help)))
+        args += [(s.flag, f"{s.metavar} ({s.flag})", "string", "", _tooltip(s.help)) for s in f.settings]
     return "".join(f"arg {{number={i}}}{{call={call}}}{{display={display}}}{{type={kind}}}{extra}"
                    f"{{tooltip={tip}}}\n" for i, (call, display, kind, extra, tip) in enumerate(args))
+
+
+def _features() -> tuple:
+    """The per-packet features a flag asks for (fcap.features.FLAGGED): Wireshark's dialog offers each."""
+    from fcap.features import FLAGGED
+    return FLAGGED
+
+
+def _tooltip(text: str) -> str:
+    """A help text as an extcap value holds it (no braces, which end a value)."""
+    return text.replace("{", "(").replace("}", ")")
 
 
 def _validate_filter(expr: str, point: str) -> int:
@@ -173,6 +192,9 @@ def capture_argv(args, point: str) -> list[str]:
     for d in args.dump:
         if d.strip():
             argv += ["--dump", d]
+    for f in _features():
+        argv += [f.flag] if getattr(args, f.name) else []
+        argv += [w for s in f.settings for v in getattr(args, s.name) if v.strip() for w in (s.flag, v)]
     if args.extcap_capture_filter and args.extcap_capture_filter.strip():
         argv.append(args.extcap_capture_filter)
     return argv
