@@ -28,7 +28,7 @@ class Capture:
                  direction: str | None = None, **features):
         from fcap.features import config
         from fcap.live.session import Config, Session
-        unknown = sorted(set(features) - {n for f in config.FLAGGED for n in [f.name] + [s.name for s in f.settings]})
+        unknown = sorted(set(features) - config.keywords())
         if unknown:   # (stack, context, nft, nft_netns: fcap.features)
             raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
         points = [points] if isinstance(points, str) else list(points)

@@ -9,6 +9,11 @@ from fcap.features import FLAGGED
 from fcap.kernel.layout import RECORD_PCAP
 
 
+def keywords() -> set:
+    """The Config fields (and API keywords) the flagged features and their settings own."""
+    return {n for f in FLAGGED for n in [f.name] + [s.name for s in f.settings]}
+
+
 def asked(said: Callable[[str], object]) -> dict:
     """{Config field: value} of every flagged feature (on or off) and its settings (a tuple of values), `said(name)`
     what the flag or keyword of that name said."""

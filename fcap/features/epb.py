@@ -5,6 +5,7 @@ words between a printed line's brackets, the lines under it, and a Packet's attr
 from __future__ import annotations
 
 from fcap.features import FEATURES
+from fcap.features.prog_verdict import decided
 from fcap.kernel import verdicts
 from fcap.kernel.epbopts import verdict
 from fcap.kernel.layout import EPB_DIRECTION
@@ -21,7 +22,7 @@ class EpbOptions:
         self.comment = session.cfg.comment                 # (--no-comment: records without one)
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
-        self.decided = {p.id: p for p in points if verdicts.records_verdict(p)}   # each record's own verdict
+        self.decided = decided(points)   # each record's own verdict
 
     def __call__(self, rec) -> dict:
         comment = "".join([n.text(rec) for n in self.notes]) if self.comment else None

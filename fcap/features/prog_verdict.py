@@ -19,9 +19,14 @@ class VerdictNames(Annotator):
         return f"{verdicts.VERDICT_COMMENT[0][0]}{verdicts.name(p, rec.retval)}" if p is not None else ""
 
 
+def decided(points) -> dict:
+    """{point id: point} of the points whose records carry their program's own verdict (BPF programs' exits)."""
+    return {p.id: p for p in points if verdicts.records_verdict(p)}
+
+
 def _annotator(session) -> VerdictNames | None:
-    decided = {p.id: p for p in session.points if verdicts.records_verdict(p)}
-    return VerdictNames(decided) if decided else None
+    found = decided(session.points)
+    return VerdictNames(found) if found else None
 
 
 FEATURE = PacketFeature("verdict", comment=verdicts.VERDICT_COMMENT, program=(verdicts.VERDICT,),

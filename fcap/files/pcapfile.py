@@ -88,13 +88,10 @@ class Writer:
     def add_interface(self, name: str, linktype: int, snaplen: int = SNAPLEN, description: str = "") -> int:
         raise NotImplementedError
 
-    def tell(self) -> int:
-        """Bytes in the file so far (what write() left buffered included)."""
-        return self._file.tell()
-
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> int:
+        """One record; returns the bytes it added to the file."""
         raise NotImplementedError
 
     def writev(self, buffers: list) -> None:
@@ -239,7 +236,7 @@ class PcapWriter(Writer):
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> int:
         n = len(data)
         if n > self._snaplen or iface:
             if self.linktype is None:
@@ -255,6 +252,7 @@ class PcapWriter(Writer):
                              "(seconds and lengths are unsigned 32-bit)") from None
         self._w(hdr)
         self._w(data)
+        return len(hdr) + n
 
 
 # the names of the eBPF verdicts (linux/bpf.h's enum xdp_action, linux/pkt_cls.h's TC_ACT_*)
@@ -325,7 +323,7 @@ class PcapngWriter(Writer):
 
     def write(self, ts_ns: int, data, orig_len: int, iface: int = 0, flags: int | None = None,
               comment: str | None = None, packet_id: int | None = None, comments: list | tuple = (),
-              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> None:
+              more: list | tuple = (), queue: int | None = None, verdict: tuple | None = None) -> int:
         """One EPB; `comments`: further opt_comments after `comment`, `more`: further (code, value) options;
         `queue` (epb_queue), `verdict` (epb_verdict: (type, value))."""
         n = len(data)
@@ -356,6 +354,7 @@ class PcapngWriter(Writer):
             w(b"\0" * pad + opts + self._U32.pack(total))
         else:
             w(self._TRAILER[pad].pack(total))
+        return total
 
     def write_isb(self, iface: int, ts_ns: int, **options) -> None:
         """An Interface Statistics Block for interface `iface` at ts_ns (ns, as the interfaces' if_tsresol), with

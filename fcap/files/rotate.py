@@ -103,8 +103,7 @@ class RotatingWriter:
         self._check()
         if self.plan.size and self.size > self.plan.size and not self.fresh:
             self.rotate()
-        self.writer.write(*args, **kwargs)
-        self.size = self.writer.tell()
+        self.size += self.writer.write(*args, **kwargs)
         self.fresh = False
 
     def write_iov(self, iov) -> None:
