@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import collections
 import os
-from dataclasses import fields
 from collections.abc import Iterable, Iterator
 
 from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, UsageError
 from fcap.features import comments
-from fcap.live.output import PacketSink
+from fcap.live.output import PacketSink, file_packet
 from fcap.text.packet import Packet
 
 
@@ -201,23 +200,3 @@ def parse_comment(text: str) -> dict:
     return comments.parse(text)
 
 
-def file_packet(rec) -> Packet:
-    """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the metadata and drop reason from fcap's
-    comment, the dumps from its custom options, direction and queue from epb_flags and epb_queue."""
-    meta = comments.of_text(rec.comment)
-    dumps = {}
-    if rec.custom:
-        from fcap.kernel.dumps import dumps_of
-        dumps = {d.path: d for d in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
-    found = {attr: meta.get(attr) for attr in _FROM_COMMENT}
-    found["skb"] = meta.get("skb", rec.packet_id)
-    return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
-                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, verdict=rec.verdict,
-                  comment=rec.comment, direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
-
-
-# the Packet attributes a file's comment gives back (every feature's keys that are Packet attributes)
-_FROM_COMMENT = tuple(attr for _pre, attr, _s in comments.KEYS if attr in {f.name for f in fields(Packet)})
-
-
-_DIRECTIONS = {1: "in", 2: "out"}   # epb_flags' direction bits (0: not known)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -110,8 +111,8 @@ def test_live_json_equals_the_file_written_at_the_same_time_and_tshark(root, tsh
 
 
 def _flag_bits(names: list[str]) -> int:
-    from fcap.text.jsonout import _TCP_FLAGS
-    return sum(1 << _TCP_FLAGS.index(n) for n in names)
+    from fcap.text.dissect.transport import TCP_FLAG_NAMES
+    return sum(1 << TCP_FLAG_NAMES.index(n) for n in names)
 
 
 def test_drop_point_gives_reason_and_location(root):
@@ -225,6 +226,41 @@ def test_encoder_never_raises_on_the_corpus():
         except (PcapFormatError, OSError):
             pass   # (a damaged file: the reader's error, not the encoder's)
     assert n > 5000
+
+
+_LINE_PORTS = re.compile(r"^IP6? (\S+)\.(\d+) > (\S+)\.(\d+): (Flags|UDP)")
+
+
+def test_json_says_what_the_printed_line_says():
+    """One decoder under both: over every packet of tcpdump's corpus, fcap -r's line and --json's headers agree.
+    Where the line shows a datagram's addresses and ports, JSON has them; where the line shows no TCP or UDP header
+    (a bad length, a later fragment, a damaged header), JSON has none either."""
+    from fcap.api import file_packet
+    from fcap.errors import PcapFormatError
+    from fcap.files.pcapread import read
+    from fcap.text.jsonout import packet_object
+    from fcap.text.show import describe
+    if not CORPUS.is_dir():
+        pytest.skip(f"{CORPUS} is not there")
+    compared = 0
+    for path in sorted(CORPUS.iterdir()):
+        try:
+            for rec in read(path):
+                p = file_packet(rec)
+                line, o = describe(bytes(p.data), p.linktype, p.orig_len), packet_object(p)
+                for name in ("tcp", "udp"):
+                    if name in o:
+                        assert f"{o[name]['sport']} > " in line and f"{o[name]['dport']}: " in line, (line, o)
+                m = _LINE_PORTS.match(line)
+                if m is None:
+                    continue
+                layer = o.get("tcp" if m[5] == "Flags" else "udp")
+                assert layer is not None and "ip" in o, (path.name, line, o)
+                assert (o["ip"]["src"], str(layer["sport"]), o["ip"]["dst"], str(layer["dport"])) == m.groups()[:4]
+                compared += 1
+        except (PcapFormatError, OSError):
+            pass
+    assert compared > 1000
 
 
 _UDP = bytes.fromhex("03e807d000080000")   # 1000 > 2000, no payload

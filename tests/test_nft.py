@@ -21,6 +21,7 @@ import time
 import pytest
 
 from fcap.host import nftables as nft
+from fcap.files import linktypes
 from fcap.host import nftrace
 from netns import SLOW, free_port, run_fcap, start_fcap, subprocess_env
 
@@ -75,13 +76,13 @@ def test_trace_events_parse():
 def test_a_drop_record_matches_its_packets_headers():
     d = nftrace.Decision("inet", "t", "c", 5, IP, UDP[:8], 0, 0)
     sll2 = b"\x08\x00" + bytes(18)
-    assert d.matches(nftrace.network_bytes(sll2 + IP + UDP, 276), 0)
+    assert d.matches(linktypes.network_header(sll2 + IP + UDP, 276), 0)
     assert d.matches(IP + UDP[:4], 0)                                    # as far as captured
     assert not d.matches(IP + struct.pack("!HH", 40000, 9998) + UDP[4:], 0)   # another port
     assert not d.matches(IP[:8] + b"\x3f" + IP[9:] + UDP, 0)             # another TTL
     assert not nftrace.Decision("inet", "t", "c", 5, IP, UDP, 7, 0).matches(IP + UDP, 0)   # another mark
     eth = bytes(12) + b"\x81\x00\x00\x05\x08\x00"
-    assert nftrace.network_bytes(eth + IP, 1) == IP and nftrace.network_bytes(IP, 101) == IP
+    assert linktypes.network_header(eth + IP, 1) == IP and linktypes.network_header(IP, 101) == IP
 
 
 def test_names_with_spaces_stay_one_word_of_the_comment():

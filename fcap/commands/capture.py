@@ -173,14 +173,20 @@ def _sink(args, fmt: str | None, rotation=None):
     if fmt is not None:
         from fcap.live.output import FileSink
         return FileSink(None if _to_stdout(args) else args.write, fmt, rotation)
-    if args.json:
-        from fcap.live.output import JsonSink
-        return JsonSink(sys.stdout, args.line_buffered)
     if args.live_path:
         from fcap.commands.path_report import PathSink
         return PathSink(Printer(print_options(args), sys.stdout))
+    return text_sink(args)
+
+
+def text_sink(args):
+    """The output of packets on stdout, a live capture's and -r's: --json's lines or tcpdump's."""
+    from fcap.text.printer import Printer
+    if args.json:
+        from fcap.live.output import JsonSink
+        return JsonSink(sys.stdout, args.line_buffered)
     from fcap.live.output import PrintSink
-    return PrintSink(Printer(print_options(args), sys.stdout))
+    return PrintSink(Printer(print_options(args), sys.stdout), stacks=args.stack)
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:

@@ -19,7 +19,7 @@ from fcap.defaults import BUFFER_KIB_PER_CPU, SNAPLEN, TRACK_MAX  # noqa: E402
 from fcap.errors import FcapError, UsageError  # noqa: E402
 from fcap.commands.listing import cmd_info, cmd_list  # noqa: E402
 from fcap.commands.capture import cmd_capture  # noqa: E402
-from fcap.commands.flagvalues import int_flag, print_options  # noqa: E402
+from fcap.commands.flagvalues import int_flag  # noqa: E402
 
 class _Parser(argparse.ArgumentParser):
     """fcap's parser; the help's epilog (points, commands, examples: fcap.commands.usage) is written only when help
@@ -232,17 +232,20 @@ def cmd_path(argv: list[str]) -> int:
 
 
 def cmd_read(args) -> int:
+    """-r FILE: the file's packets through the output a live capture prints with (fcap.live.output's PrintSink,
+    JsonSink), up to -c's count; --count counts them instead."""
+    from fcap.commands.capture import text_sink
     from fcap.errors import PcapFormatError
     from fcap.files.pcapread import read
-    from fcap.text.printer import Printer
     limit = int_flag(args.count, "packet count", 0, 1) if args.count is not None else 0
-    printer = Printer(print_options(args), sys.stdout)
+    sink = text_sink(args)
     try:
-        records = read(sys.stdin.buffer if args.read == "-" else args.read)
-        if args.json:
-            _read_json(records, limit, args.line_buffered)
-        else:
-            _read_print(records, limit, printer, args.count_only, args.stack)
+        for n, rec in enumerate(read(sys.stdin.buffer if args.read == "-" else args.read), 1):
+            sink.replay(rec)
+            if n == limit:
+                break
+        if args.count_only:
+            sys.stdout.write(sink.printer.count_line())
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -253,36 +256,6 @@ def cmd_read(args) -> int:
             quiet_stdout()
         return fail(f"{args.read}: {e.strerror if isinstance(e, OSError) else e}")
     return 0
-
-
-def _read_print(records, limit: int, printer, count_only: bool, stacks: bool = False) -> None:
-    """-r: the file's packets (up to `limit`; 0: all) printed as tcpdump prints them, or (--count) counted;
-    `stacks`: the kernel stacks fcap's comments carry (--stack) under them."""
-    from fcap.features.comments import of_text
-    for rec in records:
-        printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
-        if rec.custom:   # fcap's --dump values travel as custom options
-            _print_dumps(printer, rec)
-        stack = of_text(rec.comment).get("stack") if stacks else None
-        if stack is not None:
-            printer.stack(stack)
-        if printer.counted == limit:
-            break
-    if count_only:
-        sys.stdout.write(printer.count_line())
-
-
-def _read_json(records, limit: int, line_buffered: bool) -> None:
-    """-r --json: the file's packets (up to `limit`; 0: all) as the live capture's JSON lines, each read back into a
-    fcap.Packet as fcap.read gives it (metadata, drop reason and dumps from fcap's comment and options)."""
-    from fcap.api import file_packet
-    from fcap.text.jsonout import packet_line
-    for n, rec in enumerate(records, 1):
-        sys.stdout.write(packet_line(file_packet(rec)))
-        if line_buffered:
-            sys.stdout.flush()
-        if n == limit:
-            break
 
 
 # flags that make no sense with --json (its lines have one shape): what they ask for instead, for the error line
@@ -297,13 +270,6 @@ def _check_json(args) -> None:
     for attr, flag in _NOT_WITH_JSON:
         if getattr(args, attr):
             raise UsageError(f"--json prints each packet as a JSON line on stdout; {flag} makes no sense with it")
-
-
-def _print_dumps(printer, rec) -> None:
-    from fcap.kernel.dumps import dumps_of
-    found = dumps_of(rec.custom, (rec.comment or "").split("\n"))
-    if found:
-        printer.dumps(found)
 
 
 def cmd_linktypes(args) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fcap.features.drop_reason import drop_names
 from fcap.features.unit import Annotator, PacketFeature, Setting
+from fcap.files import linktypes
 from fcap.host import nftrace
 from fcap.kernel.drops import is_drop_point
 
@@ -25,7 +26,7 @@ class NftRules(Annotator):
             reason, location = self.drops.drop(rec)
             values = {}
             if nftrace.is_netfilter_drop(reason, location):
-                d = self.tracer.attribute(nftrace.network_bytes(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns,
+                d = self.tracer.attribute(linktypes.network_header(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns,
                                           rec.netns)
                 values = d.values() if d is not None else {}
             self._last = (rec, values)

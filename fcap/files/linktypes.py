@@ -114,9 +114,12 @@ IEEE802_11_RADIO = _BY_NAME["IEEE802_11_RADIO"]
 # A file's LINKTYPE value 12: libpcap on Linux reads it as its DLT_RAW (values below 104 are read as the DLT of the
 # same value), and tcpdump prints it as RAW. (14 is OpenBSD's DLT_RAW: tcpdump on Linux does not know it.)
 LINUX_DLT_RAW = 12
-# How the network layer follows the link-layer header, for the link types fcap decodes: the printer
-# (fcap.text.dissect.link) and --json (fcap.text.jsonout) read this one table. Ethernet; raw IP (the version nibble
-# says IPv4 or IPv6, as tcpdump reads all of them); Linux cooked v1 and v2; the BSD loopbacks' 4-byte address family.
+# Ethernet types of a VLAN tag (802.1Q, 802.1ad, and the older QinQ types tcpdump knows).
+VLAN_TPIDS = (0x8100, 0x88A8, 0x9100, 0x9200)
+# How the network layer follows the link-layer header, for the link types fcap decodes: the printer and --json
+# (fcap.text.dissect.link) and --nft's matching of a drop to its trace (network_header) read this one table.
+# Ethernet; raw IP (the version nibble says IPv4 or IPv6, as tcpdump reads all of them); Linux cooked v1 and v2;
+# the BSD loopbacks' 4-byte address family.
 FRAMING = {EN10MB.number: "ethernet", RAW.number: "raw", IPV4.number: "raw", IPV6.number: "raw",
            LINUX_DLT_RAW: "raw", LINUX_SLL.number: "sll", LINUX_SLL2.number: "sll2", NULL.number: "null",
            LOOP.number: "null"}
@@ -160,6 +163,21 @@ def lookup(text: str | int) -> LinkType:
 def framing(number: int) -> str | None:
     """How the link type `number` carries the network layer (FRAMING); None where fcap does not decode it."""
     return FRAMING.get(number)
+
+
+def network_header(data: bytes, linktype: int) -> bytes:
+    """A frame's bytes from its network header on, by its link type's FRAMING (Ethernet's VLAN tags skipped);
+    b"" for a link type fcap does not decode or a frame too short for its link-layer header."""
+    how = FRAMING.get(linktype)
+    if how == "ethernet" and len(data) >= 14:
+        off, etype = 14, int.from_bytes(data[12:14], "big")
+        while etype in VLAN_TPIDS and len(data) >= off + 4:
+            etype, off = int.from_bytes(data[off + 2:off + 4], "big"), off + 4
+        return data[off:]
+    return data[_LINK_HEADER[how]:] if how in _LINK_HEADER and len(data) >= _LINK_HEADER[how] else b""
+
+
+_LINK_HEADER = {"raw": 0, "sll": 16, "sll2": 20, "null": 4}   # (bytes: a fixed link-layer header's length)
 
 
 def name_of(number: int) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import errno as errnos
 import os
-import struct
 import time
 from typing import NamedTuple
 
@@ -33,7 +32,6 @@ NETFILTER_DROP = "NETFILTER_DROP"
 NFT_COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "str"),
                (" nft_chain=", "nft_chain", "str"), (" nft_rule=", "nft_rule", "dec64"),
                (" nft_policy=", "nft_policy", "str"), (" nft_netns=", "nft_netns", "dec64"))
-_ETH_VLAN = (0x8100, 0x88A8)
 
 
 class Decision(NamedTuple):
@@ -84,23 +82,6 @@ def _transport_offset(l3: bytes, network_len: int) -> int:
     if l3[0] >> 4 == 6 and len(l3) > 6 and l3[6] in (6, 17, 58, 132):
         return 40
     return network_len
-
-
-def network_bytes(data: bytes, linktype: int) -> bytes:
-    """A record's bytes from its network header on, by its link type (b"": a link type or frame without one)."""
-    if linktype == 1 and len(data) >= 14:                 # EN10MB, VLAN tags skipped
-        off, etype = 14, struct.unpack_from("!H", data, 12)[0]
-        while etype in _ETH_VLAN and len(data) >= off + 4:
-            etype = struct.unpack_from("!H", data, off + 2)[0]
-            off += 4
-        return data[off:]
-    if linktype == 276:                                   # LINUX_SLL2
-        return data[20:]
-    if linktype == 113:                                   # LINUX_SLL
-        return data[16:]
-    if linktype in (101, 12, 14, 228, 229):               # raw IP
-        return data
-    return b""
 
 
 def is_netfilter_drop(reason: str | None, location: str | None) -> bool:

@@ -7,9 +7,11 @@ ordered drain (fcap.live.order), or a file sink's writer takes finished records 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from abc import ABC, abstractmethod
+from dataclasses import fields
 
 from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
@@ -151,8 +153,9 @@ class PrintSink(Sink):
     pipe = True
     failures = (BrokenPipeError,)
 
-    def __init__(self, printer):
+    def __init__(self, printer, stacks: bool = False):
         self.printer = printer
+        self.stacks = stacks   # -r: the stacks a file's comments carry printed (live: --stack's unit prints them)
 
     def open(self, session) -> None:
         super().open(session)
@@ -171,6 +174,16 @@ class PrintSink(Sink):
         if rec.dumps:
             self.printer.dumps(rec.dumps)
         self.options.below(self.printer, rec)
+
+    def replay(self, rec) -> None:
+        """-r FILE: a record read from a file (fcap.files.pcapread.FileRecord) printed as tcpdump -r prints it,
+        its dumps and (with stacks) its stack under it."""
+        p = file_packet(rec) if rec.custom or self.stacks else None
+        self.printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
+        if p is not None and p.dumps:
+            self.printer.dumps(p.dumps.values())
+        if self.stacks and p.stack is not None:
+            self.printer.stack(p.stack)
 
     def close(self, ok: bool = True) -> None:
         self.printer.flush()
@@ -194,6 +207,33 @@ class PacketSink(Sink):
                       direction=self.directions.get(r.point), queue=r.queue, **self.options.values(r))
 
 
+def file_packet(rec) -> Packet:
+    """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the features' attributes from fcap's
+    comment, the dumps from its custom options, direction and queue from epb_flags and epb_queue."""
+    from fcap.features.comments import of_text
+    meta = of_text(rec.comment)
+    dumps = {}
+    if rec.custom:
+        from fcap.kernel.dumps import dumps_of
+        dumps = {d.path: d for d in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
+    found = {attr: meta.get(attr) for attr in _from_comment()}
+    found["skb"] = meta.get("skb", rec.packet_id)
+    return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
+                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, verdict=rec.verdict,
+                  comment=rec.comment, direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+
+
+@functools.cache
+def _from_comment() -> tuple:
+    """The Packet attributes a file's comment gives back (every feature's keys that are Packet attributes)."""
+    from fcap.features.comments import KEYS
+    attrs = {f.name for f in fields(Packet)}
+    return tuple(attr for _pre, attr, _s in KEYS if attr in attrs)
+
+
+_DIRECTIONS = {1: "in", 2: "out"}   # epb_flags' direction bits (0: not known)
+
+
 class JsonSink(PacketSink):
     """--json: each record one line of JSON on `out` (fcap.text.jsonout, the encoder -r --json uses too), flushed per
     packet with -l; a reader that left ends the capture quietly, as printed lines'."""
@@ -207,8 +247,15 @@ class JsonSink(PacketSink):
         self.path = "stdout"
 
     def write(self, rec) -> None:
+        self._line(self.packet(rec))
+
+    def replay(self, rec) -> None:
+        """-r FILE --json: a record read from a file, as its fcap.Packet (as fcap.read gives it)."""
+        self._line(file_packet(rec))
+
+    def _line(self, packet: Packet) -> None:
         from fcap.text.jsonout import packet_line
-        self.out.write(packet_line(self.packet(rec)))
+        self.out.write(packet_line(packet))
         if self.line_buffered:
             self.out.flush()
 

@@ -54,20 +54,19 @@ class Packet:
             from scapy import all as scapy
         except ImportError as e:
             raise FcapError(f"Packet.scapy() needs scapy: pip install 'fcap[decode]' ({e})") from None
-        from fcap.text.show import _SCAPY_LAYERS
-        if self.linktype == 101:
-            cls = scapy.IPv6 if self.data[:1] and self.data[0] >> 4 == 6 else scapy.IP
-        else:
-            cls = getattr(scapy, _SCAPY_LAYERS.get(self.linktype, ""), None) or scapy.conf.l2types.get(self.linktype)
-        return (cls or scapy.conf.raw_layer)(bytes(self.data))
+        from fcap.text.show import scapy_class
+        return scapy_class(scapy, self.data, self.linktype)(bytes(self.data))
 
     def dpkt(self):
         """The packet as a dpkt object of its link type (Ethernet, SLL2, SLL, IP, IP6)."""
         import dpkt
-        kinds = {1: dpkt.ethernet.Ethernet, 113: dpkt.sll.SLL, 276: dpkt.sll2.SLL2, 228: dpkt.ip.IP,
-                 229: dpkt.ip6.IP6}
+
+        from fcap.files import linktypes
+        kinds = {linktypes.EN10MB.number: dpkt.ethernet.Ethernet, linktypes.LINUX_SLL.number: dpkt.sll.SLL,
+                 linktypes.LINUX_SLL2.number: dpkt.sll2.SLL2, linktypes.IPV4.number: dpkt.ip.IP,
+                 linktypes.IPV6.number: dpkt.ip6.IP6}
         cls = kinds.get(self.linktype)
-        if cls is None and self.linktype == 101:
+        if cls is None and self.linktype == linktypes.RAW.number:
             cls = dpkt.ip6.IP6 if self.data[:1] and self.data[0] >> 4 == 6 else dpkt.ip.IP
         if cls is None:
             raise FcapError(f"Packet.dpkt(): no dpkt class for link type {self.linktype}")

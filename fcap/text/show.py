@@ -7,6 +7,7 @@ import time
 from typing import NamedTuple
 
 from fcap.defaults import NS, SNAPLEN
+from fcap.files import linktypes
 from fcap.text.dissect import dissect
 from fcap.text.dissect.reader import hex_lines
 
@@ -173,7 +174,8 @@ def _describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None, 
             if n > SNAPLEN]
     if bad:
         return Shown("[Invalid header:" + ",".join(bad) + "]", None)
-    return Shown(*dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress))
+    d = dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress)
+    return Shown(d.text, d.hdr, d.more)
 
 
 # ------------------------------------------------------------------------------------------ hex and scapy
@@ -202,8 +204,19 @@ def asciidump(data: bytes) -> str:
     return b"".join(out).decode("ascii")
 
 
-_SCAPY_LAYERS = {0: "Loopback", 108: "Loopback", 1: "Ether", 113: "CookedLinux", 276: "CookedLinuxV2", 228: "IP",
-                 229: "IPv6", 105: "Dot11", 127: "RadioTap"}
+# scapy's layer class for a link type (by name: fcap.files.linktypes); RAW is IP or IPv6 by its version nibble
+_SCAPY_LAYERS = {linktypes.lookup(name).number: cls for name, cls in (
+    ("NULL", "Loopback"), ("LOOP", "Loopback"), ("EN10MB", "Ether"), ("LINUX_SLL", "CookedLinux"),
+    ("LINUX_SLL2", "CookedLinuxV2"), ("IPV4", "IP"), ("IPV6", "IPv6"), ("IEEE802_11", "Dot11"),
+    ("IEEE802_11_RADIO", "RadioTap"))}
+
+
+def scapy_class(scapy, data: bytes, linktype: int):
+    """scapy's class for a packet of this link type (its raw layer where scapy has none)."""
+    if linktype == linktypes.RAW.number:
+        return scapy.IPv6 if data[:1] and data[0] >> 4 == 6 else scapy.IP
+    cls = getattr(scapy, _SCAPY_LAYERS.get(linktype, ""), None) or scapy.conf.l2types.get(linktype)
+    return cls or scapy.conf.raw_layer
 
 
 def scapy_decode(data: bytes, linktype: int) -> str:
@@ -213,11 +226,7 @@ def scapy_decode(data: bytes, linktype: int) -> str:
     except ImportError as e:
         raise ScapyMissing(f"decoding with scapy needs scapy: pip install 'fcap[decode]' ({e})") from e
     logging.getLogger("scapy").setLevel(logging.ERROR)   # (its warnings about odd packets are not ours to print)
-    if linktype == 101:
-        cls = scapy.IPv6 if data[:1] and data[0] >> 4 == 6 else scapy.IP
-    else:
-        cls = getattr(scapy, _SCAPY_LAYERS.get(linktype, ""), None) or scapy.conf.l2types.get(linktype)
-    cls = cls or scapy.conf.raw_layer
+    cls = scapy_class(scapy, data, linktype)
     try:
         return cls(bytes(data)).show(dump=True)
     except Exception as e:  # noqa: BLE001 - scapy's dissectors fail on truncated packets in many ways

@@ -3,7 +3,8 @@
 Layers, each importing only those below it: reader (the packet and its bounds-checked reads), mptcp (the MPTCP
 option) and icmp6_info (ICMPv6 node information, router renumbering, RPL), transport (TCP with its options, UDP),
 icmp (ICMP) and icmp6 (ICMPv6), ip (IPv4, IPv6 and its extension headers, the demux to what they carry), link
-(Ethernet, cooked, loopback, raw IP, ARP). dissect() below is the one entry point.
+(Ethernet, cooked, loopback, raw IP, ARP). dissect() below is the one entry point, of the printed lines and of
+--json's headers alike: each printer records the fields it read (PrintState.layer) as it prints them.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ __all__ = ["Dissected", "dissect"]
 
 class Dissected(NamedTuple):
     """A packet as tcpdump prints it: its line; the length of its link-level header as tcpdump counts it for -x
-    and -A (0: dump it all); and what tcpdump prints after the line by itself (bytes it does not decode in hex,
-    lines each starting with a newline), if anything."""
+    and -A (0: dump it all); what tcpdump prints after the line by itself (bytes it does not decode in hex,
+    lines each starting with a newline), if anything; and its headers' fields by layer, as --json writes them
+    (fcap.text.dissect.reader.PrintState's layers)."""
 
     text: str
     hdr: int
     more: str = ""
+    layers: dict = {}
 
 
 def dissect(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = None, eflag: bool = False,
@@ -43,4 +46,4 @@ def dissect(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = N
         p.add(f" [|{p.proto}: undecodable]")
         p.hdr = 0
     line, nl, more = "".join(p.out).partition("\n")
-    return Dissected(line, p.hdr, nl + more)
+    return Dissected(line, p.hdr, nl + more, p.layers)

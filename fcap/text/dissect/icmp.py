@@ -21,6 +21,7 @@ _REDIRECT = {0: "redirect %s to net %s", 1: "redirect %s to host %s", 2: "redire
 def icmp(p: PrintState, off: int, plen: int) -> None:
     p.proto = "icmp"
     kind, code = p.u8(off), p.u8(off + 1)
+    p.layer("icmp", type=kind, code=code)
     inner = off + 8  # the IP header an error message quotes
     if kind in (0, 8):
         text = f"echo {'request' if kind == 8 else 'reply'}, id {p.u16(off + 4)}, seq {p.u16(off + 6)}"

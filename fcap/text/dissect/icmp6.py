@@ -82,6 +82,8 @@ _ICMP6_BODY = {
 
 def icmp6(p: PrintState, off: int, length: int) -> None:
     p.proto = "icmp6"
+    if off + 2 <= p.end:
+        p.layer("icmp6", type=p.b[off], code=p.b[off + 1])
     if length == 0:
         p.add("ICMP6, length 0 (invalid)")
         return

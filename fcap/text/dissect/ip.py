@@ -23,6 +23,8 @@ def ip4(p: PrintState, off: int, length: int) -> None:
         p.add("IP ")
     p.need(off, 20, soft=True)
     hlen, total = (p.b[off] & 15) * 4, p.u16(off + 2)
+    p.layer("ip", version=4, src=p.ip4(off + 12), dst=p.ip4(off + 16), proto=p.b[off + 9], ttl=p.b[off + 8],
+            len=total)
     if length < 20 or hlen < 20:
         p.add(f"truncated-ip {length}" if length < 20 else f"bad-hlen {hlen}")
         return
@@ -58,6 +60,7 @@ def demux(p: PrintState, off: int, length: int, ver: int, fragmented: int, nh: i
         p.add(f"[{ {1: 'ICMP', 2: 'IGMP', 58: 'ICMPv6'}[nh]} requires IPv{6 if nh == 58 else 4}] (invalid)"
               if (nh == 58) == (ver == 4) else f" ip-proto-{nh} {length}")
     elif nh in (4, 41):
+        p.recording = False   # (a tunnel's inner packet: printed, not recorded)
         (ip4 if nh == 4 else ip6)(p, off, length)
     else:
         p.add("no next header" if nh == 59 else f" ip-proto-{nh} {length}")
@@ -76,18 +79,21 @@ def ip6(p: PrintState, off: int, length: int) -> None:
     if p.b[off] >> 4 != 6:
         p.add(f"version error: {p.b[off] >> 4} != 6")
         return
-    _Ip6Walk(p, off, length).run()
+    ip = p.layer("ip", version=6, src=p.ip6(off + 8), dst=p.ip6(off + 24), ttl=p.b[off + 7],
+                 len=p.u16(off + 4) + 40, proto=p.b[off + 6])
+    _Ip6Walk(p, off, length, ip).run()
 
 
 class _Ip6Walk:
     """An IPv6 header's chain of extension headers, walked as tcpdump's ip6_print walks it. Each header's
-    method prints it and returns the size to skip to the next one, or 0 when printing stops."""
+    method prints it and returns the size to skip to the next one, or 0 when printing stops. The protocol the
+    chain ends in goes into ip (the recorded layer)."""
 
-    __slots__ = ("p", "off", "length", "plen", "left", "total", "prev", "found_ext", "found_jumbo", "found_hbh",
-                 "fragmented")
+    __slots__ = ("p", "off", "length", "ip", "plen", "left", "total", "prev", "found_ext", "found_jumbo",
+                 "found_hbh", "fragmented")
 
-    def __init__(self, p: PrintState, off: int, length: int) -> None:
-        self.p, self.off, self.length = p, off, length
+    def __init__(self, p: PrintState, off: int, length: int, ip: dict) -> None:
+        self.p, self.off, self.length, self.ip = p, off, length, ip
         self.plen = plen = p.u16(off + 4)
         self.left = plen + 40 if plen else length + 40  # bytes of the datagram from the header being walked
         self.total, self.prev = 0, 255
@@ -108,7 +114,7 @@ class _Ip6Walk:
                 p.add(f"{p.ip6(off + 8)} > {p.ip6(off + 24)}: ")
             advance = self._HEADERS.get(nh, _Ip6Walk.upper_layer)(self, cp, nh)
             if advance:
-                nh = self.prev = p.u8(cp)
+                nh = self.prev = self.ip["proto"] = p.u8(cp)
                 p.proto = "ip6"
 
     def hop_by_hop(self, cp: int, nh: int) -> int:
@@ -148,6 +154,7 @@ class _Ip6Walk:
         p, off = self.p, self.off
         p.proto = "frag6"
         offset = p.u16(cp + 2) & 0xFFF8
+        self.ip["proto"] = p.u8(cp)
         p.add(f"frag ({offset}|{(40 + p.u16(off + 4) - (cp - off) - 8) % 2**64})")
         if offset:
             return 0

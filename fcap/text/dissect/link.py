@@ -12,7 +12,6 @@ from fcap.text.dissect.reader import PrintState, Truncated
 _ETHERTYPES = {0x0800: "IPv4", 0x0806: "ARP", 0x8035: "Reverse ARP", 0x86DD: "IPv6", 0x8100: "802.1Q",
                0x88A8: "802.1Q-QinQ", 0x8847: "MPLS unicast", 0x8848: "MPLS multicast", 0x88CC: "LLDP",
                0x888E: "EAPOL", 0x9000: "Loopback", 0x88F7: "PTP", 0x9100: "802.1Q-9100", 0x9200: "802.1Q-9200"}
-_VLAN_TYPES = (0x8100, 0x9100, 0x9200, 0x88A8)
 _BSD_AF = {2: "IPv4", 7: "ISO", 16: "Appletalk", 23: "IPX", 24: "IPv6", 28: "IPv6", 30: "IPv6"}
 BSD_AF_INET, BSD_AF_INET6 = 2, (24, 28, 30)   # (AF_INET6: NetBSD and OpenBSD, FreeBSD, macOS)
 _ARP_OPS = {1: "Request", 2: "Reply", 3: "Reverse Request", 4: "Reverse Reply", 8: "Inverse Request",
@@ -80,6 +79,7 @@ def _vlan_tci(tci: int) -> str:
 def _sll(p: PrintState, length: int) -> None:
     p.proto = "sll"
     p.need(0, 16)
+    _cooked_layer(p, p.u16(14), p.u16(0), 6, p.u16(4))
 
     def header(total: int) -> str:
         return f"{_SLL_PKTTYPE.get(p.u16(0), '?'):>3} " + (p.mac(6) + " " if p.u16(4) == 6 else "") + \
@@ -92,6 +92,7 @@ def _sll(p: PrintState, length: int) -> None:
 def _sll2(p: PrintState, length: int) -> None:
     p.proto = "sll2"
     p.need(0, 20)
+    _cooked_layer(p, p.u16(0), p.u8(10), 12, p.u8(11), ifindex=int.from_bytes(p.b[4:8], "big", signed=True))
     try:
         ifname = socket.if_indextoname(p.u32(4))
     except (OSError, OverflowError):
@@ -106,12 +107,20 @@ def _sll2(p: PrintState, length: int) -> None:
     _cooked(p, p.u16(0), 20, length, header)
 
 
+def _cooked_layer(p: PrintState, etype: int, pkttype: int, addr: int, alen: int, **more) -> None:
+    """A cooked header's fields: its protocol, packet type, more (sll2's ifindex), the source when a MAC."""
+    link = p.layer("link", ethertype=etype, pkttype=pkttype, **more)
+    if alen == 6:
+        link["src"] = p.mac(addr)
+
+
 def _null(p: PrintState, linktype: int, length: int) -> None:
     """BSD loopback: a 4-byte address family, host order (NULL) or network order (LOOP)."""
     p.proto = "null"
     p.need(0, 4)
     p.hdr = 4
     family = bsd_family(p.b[:4], linktype)
+    p.layer("link", family=family)
     header = f"AF {_BSD_AF.get(family, 'Unknown')} ({family}), length {length}: "
     if p.eflag:
         p.add(header)
@@ -138,7 +147,9 @@ def _ether(p: PrintState, off: int, length: int) -> None:
     if p.eflag:
         p.add(f"{src} > {dst}, ")
     p.hdr = 14
-    etype, off, length, told_length = _vlan_tags(p, p.u16(off + 12), off + 14, length - 14, orig)
+    link = p.layer("link", dst=dst, src=src)
+    etype, off, length, told_length = _vlan_tags(p, p.u16(off + 12), off + 14, length - 14, orig, link)
+    link["ethertype"] = etype
     if etype <= 1500 or etype == 0x8870:  # 802.3 length or jumbo: an LLC header follows (SNAP only decoded)
         if etype <= 1500:
             length = min(length, etype)
@@ -156,11 +167,11 @@ def _ether(p: PrintState, off: int, length: int) -> None:
         p.default_print(off, p.end - off, unless_suppressed=True)
 
 
-def _vlan_tags(p: PrintState, etype: int, off: int, length: int, orig: int) -> tuple[int, int, int, bool]:
-    """Past an Ethernet header's VLAN tags (shown only with -e): the type, offset and length after them, and
-    whether -e said ", length N: " (tcpdump says it once, after the first type)."""
+def _vlan_tags(p: PrintState, etype: int, off: int, length: int, orig: int, link: dict) -> tuple[int, int, int, bool]:
+    """Past an Ethernet header's VLAN tags (shown only with -e; their ids into link's "vlan"): the type, offset and
+    length after them, and whether -e said ", length N: " (tcpdump says it once, after the first type)."""
     told_length = False
-    while etype in _VLAN_TYPES:
+    while etype in linktypes.VLAN_TPIDS:
         if p.end - off < 4 or length < 4:
             p.proto, p.hdr = "vlan", p.hdr + max(0, min(p.end - off, length))
             raise Truncated(soft=True)
@@ -168,6 +179,7 @@ def _vlan_tags(p: PrintState, etype: int, off: int, length: int, orig: int) -> t
             p.add(_ethertype_name(etype) + (", " if told_length else f", length {orig}: ") + _vlan_tci(p.u16(off)) +
                   ", ")
             told_length = True
+        link.setdefault("vlan", []).append(p.u16(off) & 0xFFF)
         etype, off, length, p.hdr = p.u16(off + 2), off + 4, length - 4, p.hdr + 4
     return etype, off, length, told_length
 
@@ -270,6 +282,8 @@ def _arp(p: PrintState, off: int, length: int) -> None:
     p.need(tpa, pln)
     if not p.eflag:
         p.add("ARP, ")
+    if pro == 0x0800 and pln == 4:
+        p.layer("arp", op=op, src=p.ip4(spa), dst=p.ip4(tpa))
     if pro not in (0x0800, 0x1000) or pln != 4 or hln == 0:
         p.add(f"{_ARP_HRD.get(hrd, f'Unknown Hardware ({hrd})')} (len {hln}), "
               f"{_ETHERTYPES.get(pro, f'Unknown Protocol (0x{pro:04x})')} (len {pln}), length {length}")

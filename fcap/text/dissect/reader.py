@@ -1,4 +1,5 @@
-"""The packet being printed: bounds-checked big-endian reads up to tcpdump's snapend, the output, the protocol."""
+"""The packet being printed: bounds-checked big-endian reads up to tcpdump's snapend, the output, the protocol, and
+the headers decoded on the way (the layers --json writes)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,25 @@ class Truncated(Exception):
 class PrintState:
     """Bytes being printed, how far reading is allowed (tcpdump's snapend), the protocol being printed, output,
     the relative TCP sequence numbers' table (None: absolute numbers), whether the link-level header is printed
-    (tcpdump -e), the link-level header's length as tcpdump counts it (what -x and -A leave out), and whether
-    the bytes of unknown protocols go unprinted (-x, -X: the whole packet is dumped)."""
+    (tcpdump -e), the link-level header's length as tcpdump counts it (what -x and -A leave out), whether
+    the bytes of unknown protocols go unprinted (-x, -X: the whole packet is dumped), and the layers: each
+    header's fields by layer name ("link", "ip", "tcp", "udp", "icmp", "icmp6", "arp"), as far as the bytes go,
+    the outermost of each (a tunnel's inner packet and an error's quoted one are printed, not recorded)."""
 
-    __slots__ = ("b", "eflag", "end", "hdr", "out", "proto", "seqs", "suppress")
+    __slots__ = ("b", "eflag", "end", "hdr", "layers", "out", "proto", "recording", "seqs", "suppress")
 
     def __init__(self, data: bytes, seqs: dict | None, eflag: bool = False, suppress: bool = False) -> None:
         self.b, self.end, self.out, self.proto, self.seqs = data, len(data), [], "", seqs
         self.eflag, self.hdr, self.suppress = eflag, 0, suppress
+        self.layers: dict[str, dict] = {}
+        self.recording = True
+
+    def layer(self, name: str, **fields) -> dict:
+        """Record a header's fields under its layer name (the first such header only); the dict to add to."""
+        if not self.recording or name in self.layers:
+            return {}
+        self.layers[name] = fields
+        return fields
 
     def default_print(self, off: int, n: int, ascii: bool = True, unless_suppressed: bool = False) -> None:
         """tcpdump's ND_DEFAULTPRINT (ascii: n bytes from off in hex and ASCII, on lines of their own; what was not

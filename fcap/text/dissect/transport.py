@@ -13,6 +13,7 @@ _TCP_OPTS = {0: "eol", 1: "nop", 2: "mss", 3: "wscale", 4: "sackOK", 5: "sack", 
              11: "cc", 12: "ccnew", 13: "", 19: "md5", 20: "scps", 28: "uto", 29: "tcp-ao", 30: "mptcp", 34: "tfo",
              254: "exp"}
 _EOL, _NOP = 0, 1
+TCP_FLAG_NAMES = ("FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR")   # (--json's, by bit)
 # Data bytes of the options tcpdump reads with a fixed size; any other option's length field counts its data.
 _TCP_OPT_DATALEN = {0: 0, 1: 0, 4: 0, 2: 2, 3: 1, 6: 4, 7: 4, 11: 4, 12: 4, 13: 4, 8: 8, 19: 16, 20: 2, 28: 2}
 _TFO_MAGIC = 0xF989
@@ -36,13 +37,15 @@ def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
         p.add(f"{src} > {dst}:")
         raise Truncated(soft=True)
     sport, dport = p.u16(off), p.u16(off + 2)
+    layer = p.layer("tcp", sport=sport, dport=dport)
     p.add(f"{src}.{sport} > {dst}.{dport}: " if first_nh == 6 else f"{sport} > {dport}: ")
     p.need(off, 20, soft=True)
     hlen = (p.b[off + 12] >> 4) * 4
+    seq, ack, flags, win, urp = p.u32(off + 4), p.u32(off + 8), p.b[off + 13], p.u16(off + 14), p.u16(off + 18)
+    layer.update(flags=[n for i, n in enumerate(TCP_FLAG_NAMES) if flags >> i & 1], seq=seq, ack=ack, win=win)
     if hlen < 20:
         p.add(f" tcp {(length - hlen) & M32} [bad hdr length {hlen} - too short, < 20]")
         return
-    seq, ack, flags, win, urp = p.u32(off + 4), p.u32(off + 8), p.b[off + 13], p.u16(off + 14), p.u16(off + 18)
     p.add("Flags [%s]" % ("".join(c for bit, c in _TCP_FLAGS if flags & bit) or "none"))
     rev, thseq, thack = False, 0, 0
     if p.seqs is not None and flags & 0x10:  # tcpdump's relative sequence numbers, one entry per conversation
@@ -253,6 +256,7 @@ def udp(p: PrintState, off: int, length: int, ip_off: int, ver: int, fragmented:
     if off + 4 > p.end:
         ports(False)
         raise Truncated(soft=True)
+    p.layer("udp", sport=p.u16(off), dport=p.u16(off + 2))
     if length < 8 or off + 6 > p.end:
         ports()
         if length < 8:
