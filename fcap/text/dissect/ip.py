@@ -22,9 +22,8 @@ def ip4(p: PrintState, off: int, length: int) -> None:
     if not p.eflag:
         p.add("IP ")
     p.need(off, 20, soft=True)
-    hlen, total = (p.b[off] & 15) * 4, p.u16(off + 2)
-    p.layer("ip", version=4, src=p.ip4(off + 12), dst=p.ip4(off + 16), proto=p.b[off + 9], ttl=p.b[off + 8],
-            len=total)
+    hlen, total, src, dst = (p.b[off] & 15) * 4, p.u16(off + 2), p.ip4(off + 12), p.ip4(off + 16)
+    p.layer("ip", version=4, src=src, dst=dst, proto=p.b[off + 9], ttl=p.b[off + 8], len=total)
     if length < 20 or hlen < 20:
         p.add(f"truncated-ip {length}" if length < 20 else f"bad-hlen {hlen}")
         return
@@ -34,7 +33,7 @@ def ip4(p: PrintState, off: int, length: int) -> None:
         p.add(f"bad-len {total}")
         return
     p.end = min(p.end, off + total)  # tcpdump's nd_push_snaplen: padding after the datagram is not its payload
-    frag, proto, src, dst = p.u16(off + 6), p.u8(off + 9), p.ip4(off + 12), p.ip4(off + 16)
+    frag, proto = p.u16(off + 6), p.u8(off + 9)
     if frag & 0x1FFF:
         p.add(f"{src} > {dst}: ip-proto-{proto}")
         return

@@ -80,7 +80,7 @@ class PrintState:
 
     def mac(self, off: int, n: int = 6) -> str:
         self.need(off, n)
-        return ":".join("%02x" % c for c in self.b[off:off + n])
+        return self.b[off:off + n].hex(":")
 
     def add(self, text: str) -> None:
         self.out.append(text)
