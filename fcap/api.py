@@ -20,7 +20,7 @@ class Capture:
 
     def __init__(self, points, filter: str | None = None, count: int | None = None, snaplen: int = SNAPLEN,
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
-                 dump: Iterable[str] = (), buffer_kib: int | None = None, timeout: float | None = None,
+                 buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None, cgroup: str | None = None, container: str | None = None,
                  pid: int | None = None, comm: str | None = None, mark: int | None = None,
                  ifindex: int | None = None, ifname: str | None = None, netns: int | None = None,
@@ -28,14 +28,14 @@ class Capture:
         from fcap.features import config
         from fcap.live.session import Config, Session
         unknown = sorted(set(features) - config.keywords())
-        if unknown:   # (stack, context, nft, nft_netns: fcap.features)
+        if unknown:   # (stack, context, nft, nft_netns, dump, ct: fcap.features)
             raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
         if count is not None and (not isinstance(count, int) or count < 1):
             raise UsageError(f"count: a positive number of packets, not {count!r}")
-        where, dump = _strings(where, "where"), _strings(dump, "dump")
+        where = _strings(where, "where")
         self.count, self.timeout = count, timeout
         self.session = None
         from fcap.kernel import predicates
@@ -43,7 +43,7 @@ class Capture:
                                      comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
         cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
                      filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True, predicates=preds,
-                     dumps=dump, track=bool(track), **config.asked(features.get),
+                     track=bool(track), **config.asked(features.get),
                      **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
@@ -164,8 +164,9 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     """Capture at `points` (a name or a list: "tp_btf/net_dev_queue", "fentry/ip_rcv", ...). `filter`: tcpdump's
     expression; `count`: stop after that many packets; `linktype`: "EN10MB", "LINUX_SLL2", "RAW", ... (default as
     the fcap command); `where`: --where tests ('skb->len > 1000'); `dump`: --dump paths ('skb->dev'), found in
-    each Packet's `dumps`; `track`: as --track, the filter decides where a packet is first seen, then its skb is
-    followed to every point under one packet id (`track_max`: the tracking map's entries); `stack`: each Packet's
+    each Packet's `dumps` (`ct`: as --ct, the conntrack entry's dump, "ct"); `track`: as --track, the filter
+    decides where a packet is first seen, then its skb is followed to every point under one packet id
+    (`track_max`: the tracking map's entries); `stack`: each Packet's
     `stack` holds the kernel stack at the point (FUNC+0xOFF per frame, innermost first); `context`: as --context,
     each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
     --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy);

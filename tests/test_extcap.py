@@ -57,13 +57,15 @@ def test_interfaces_dlts_config():
         "dlt {number=1}{name=fcap-net_dev_queue}{display=Ethernet}\n"
     config = _extcap("--extcap-interface", "fcap-any", "--extcap-config").stdout.decode().splitlines()
     from fcap.features import FLAGGED
-    units = [w for f in FLAGGED for w in [f.flag] + [s.flag for s in f.settings]]   # (a checkbox per feature)
+    units = [w for f in FLAGGED for w in [f.flag] + [s.flag for s in f.shorthands + f.settings]]   # (a field each)
     assert units[:3] == ["--context", "--nft", "--nft-netns"] and "--stack" in units
-    assert [re.search(r"\{call=([^}]+)\}", c)[1] for c in config] == ["--point", "--snaplen", "--where", "--dump"] + \
-        units
+    assert units[3:5] == ["--dump", "--ct"]
+    assert [re.search(r"\{call=([^}]+)\}", c)[1] for c in config] == ["--point", "--snaplen", "--where"] + units
     assert "{required=true}" in config[0]
     assert "{call=--context}{display=Context (--context)}{type=boolflag}{default=false}{tooltip=record " in \
-        config[4]
+        config[3]
+    assert "{call=--dump}{display=Dumps (PATH)}{type=string}" in config[6]
+    assert "{call=--ct}{display=Conntrack entry (--ct)}{type=boolflag}{default=false}" in config[7]
     fixed = _extcap("--extcap-interface", "fcap-dev-queue", "--extcap-config").stdout.decode()
     assert "--point" not in fixed and "{call=--where}" in fixed
 

@@ -63,11 +63,32 @@ def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
 @pytest.mark.parametrize("feature", [f for f in FLAGGED], ids=lambda f: f.name)
 def test_the_command_line_has_each_flag(feature):
     from fcap.commands.cli import _parser
-    more = [w for s in feature.settings for w in (s.flag, "a", s.flag, "b")]
-    args = _parser().parse_args(["-i", "tp_btf/net_dev_queue", feature.flag, *more])
-    assert getattr(args, feature.name) is True
+    more = [w for s in feature.settings for w in (s.flag, "a", s.flag, "b")] + [s.flag for s in feature.shorthands]
+    asked = [feature.flag, "x", feature.flag, "y"] if feature.metavar else [feature.flag]
+    args = _parser().parse_args(["-i", "tp_btf/net_dev_queue", *asked, *more])
+    assert getattr(args, feature.name) == (["x", "y"] if feature.metavar else True)
     assert all(getattr(args, s.name) == ["a", "b"] for s in feature.settings)
-    assert getattr(_parser().parse_args(["-i", "tp_btf/net_dev_queue"]), feature.name) is False
+    assert all(getattr(args, s.name) is True for s in feature.shorthands)
+    assert getattr(_parser().parse_args(["-i", "tp_btf/net_dev_queue"]), feature.name) == \
+        ([] if feature.metavar else False)
+
+
+def test_a_shorthand_is_one_value_of_its_feature():
+    """--ct is the dump of the conntrack entry: alone, with --dump ct (once), and after other --dump paths; the API's
+    ct=True the same; a flag's error line names the flag the user gave."""
+    from fcap.features.config import asked, in_comment
+    from fcap.features.typed_dumps import FEATURE
+    from fcap.live.session import Config
+
+    def dump(**said) -> tuple:
+        return asked(said.get)["dump"]
+    assert dump(ct=True) == ("ct",) and dump(dump=["ct"], ct=True) == ("ct",)
+    assert dump(dump=["skb->dev", "skb->len"], ct=True) == ("skb->dev", "skb->len", "ct")
+    assert dump(dump="skb->dev") == ("skb->dev",) and dump() == ()
+    with pytest.raises(fcap.FcapError, match="dump: strings"):
+        dump(dump=[1])
+    assert in_comment(Config(points=["x"], dump=("ct",))) == ["--ct"]
+    assert FEATURE.flag_of(Config(points=["x"], dump=("ct", "skb->dev"))) == "--dump"
 
 
 def test_the_api_takes_the_units_keywords_and_refuses_as_the_command_line():

@@ -26,9 +26,6 @@ def cmd_capture(args, command: list[str]) -> int:
         session.resolve()
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
         fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
-        if fmt == "pcap" and _dumps(args):
-            flag = "--dump" if args.dump else "--ct"
-            raise UsageError(f"{flag}: a pcap file has no room for the dumps; write pcapng (-w FILE.pcapng)")
         from fcap.features.config import refusal
         why = refusal(session.cfg, session.points, fmt)
         if why:
@@ -71,7 +68,7 @@ def _config(args):
         lookup(args.linktype)
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
     return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args), dumps=_dumps(args), track=args.track,
+                  immediate=args.immediate, predicates=_predicates(args), track=args.track,
                   track_max=track_max, comment=not args.no_comment,
                   **asked(lambda name: getattr(args, name))), count
 
@@ -83,14 +80,8 @@ def _no_comment(args, cfg, fmt: str | None) -> None:
     if fmt != "pcapng":
         raise UsageError("--no-comment: only pcapng records carry a comment (-w FILE.pcapng)")
     from fcap.features.config import in_comment
-    for flag in [flag for flag, asked in (("--dump", args.dump), ("--ct", args.ct)) if asked] + in_comment(cfg):
+    for flag in in_comment(cfg):
         raise UsageError(f"--no-comment: {flag} writes into the comment")
-
-
-def _dumps(args) -> list:
-    """The --dump paths, and --ct's dump (fcap.kernel.dumps.CT_PATH)."""
-    from fcap.kernel.dumps import CT_PATH
-    return args.dump + ([CT_PATH] if args.ct and CT_PATH not in args.dump else [])
 
 
 def _rotation(args):

@@ -108,20 +108,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="a BTF field test, e.g. 'skb->len > 1000', 'skb->dev->name == \"lo\"'; or of the packet's "
                         "context: 'cgroup == PATH', 'container == NAME' (as --cgroup, --container) (repeatable)")
     g = p.add_argument_group("what the kernel held (typed from BTF, printed under each packet; in pcapng with it)")
-    g.add_argument("--dump", metavar="PATH", action="append", default=[],
-                   help="an argument, a member chain ('skb->dev', 'skb->sk->__sk_common') or return (fexit), "
-                        "copied per packet and shown typed (repeatable)")
-    g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
-                   help="one member per line (default) or all on one line")
-    g.add_argument("--dump-zeroes", action="store_true", help="show members whose value is zero too")
-    g.add_argument("--ct", action="store_true",
-                   help="copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
-                        "original and reply tuples: NAT per packet) as a dump named ct")
     from fcap.features import FLAGGED
-    for feature in FLAGGED:   # (fcap.features: --stack, --context, --nft)
-        g.add_argument(feature.flag, dest=feature.name, action="store_true", help=feature.help)
+    for feature in FLAGGED:   # (fcap.features: --context, --nft, --dump, --stack)
+        if feature.metavar:
+            g.add_argument(feature.flag, dest=feature.name, metavar=feature.metavar, action="append", default=[],
+                           help=feature.help)
+        else:
+            g.add_argument(feature.flag, dest=feature.name, action="store_true", help=feature.help)
+        for s in feature.shorthands:
+            g.add_argument(s.flag, dest=s.name, action="store_true", help=s.help)
         for s in feature.settings:
             g.add_argument(s.flag, dest=s.name, metavar=s.metavar, action="append", default=[], help=s.help)
+    g.add_argument("--dump-style", choices=("multi", "compact"), default="multi",
+                   help="--dump's values: one member per line (default) or all on one line")
+    g.add_argument("--dump-zeroes", action="store_true", help="--dump's members whose value is zero shown too")
     f = p.add_argument_group("following packets")
     f.add_argument("--track", action="store_true",
                    help="the filter and predicates choose a packet at the first point it passes; then its skb is "

@@ -71,9 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--point", default="")
     p.add_argument("--snaplen", default="")
     p.add_argument("--where", action="append", default=[])
-    p.add_argument("--dump", action="append", default=[])
-    for f in _features():   # (Wireshark's checkbox per per-packet feature, and their settings)
-        p.add_argument(f.flag, dest=f.name, action="store_true")
+    for f in _features():   # (Wireshark's field per per-packet feature, its shorthands and settings)
+        p.add_argument(f.flag, dest=f.name, **({"action": "append", "default": []} if f.metavar else
+                                               {"action": "store_true"}))
+        for s in f.shorthands:
+            p.add_argument(s.flag, dest=s.name, action="store_true")
         for s in f.settings:
             p.add_argument(s.flag, dest=s.name, action="append", default=[])
     p.add_argument("--install", action="store_true",
@@ -147,11 +149,13 @@ def _config(iface: str) -> str:
         ("--snaplen", "Snapshot length", "integer", f"{{range=1,{SNAPLEN}}}{{default={SNAPLEN}}}",
          "bytes kept of each packet"),
         ("--where", "Where (PATH OP VALUE)", "string", "", "a BTF field test, e.g. skb->len > 1000"),
-        ("--dump", "Dump (PATH)", "string", "", "what the kernel held, e.g. skb->dev (in each packet's comments)"),
     ]
-    for f in _features():
-        args.append((f.flag, f"{f.room[:1].upper()}{f.room[1:]} ({f.flag})", "boolflag", "{default=false}",
-                     _tooltip(f.help)))
+    for f in _features():   # a checkbox per feature (a text field where it takes a value), its shorthands, settings
+        title = f"{f.room[:1].upper()}{f.room[1:]} ({f.metavar or f.flag})"
+        args.append((f.flag, title, "string", "", _tooltip(f.help)) if f.metavar else
+                    (f.flag, title, "boolflag", "{default=false}", _tooltip(f.help)))
+        args += [(s.flag, f"{s.room[:1].upper()}{s.room[1:]} ({s.flag})", "boolflag", "{default=false}",
+                  _tooltip(s.help)) for s in f.shorthands]
         args += [(s.flag, f"{s.metavar} ({s.flag})", "string", "", _tooltip(s.help)) for s in f.settings]
     return "".join(f"arg {{number={i}}}{{call={call}}}{{display={display}}}{{type={kind}}}{extra}"
                    f"{{tooltip={tip}}}\n" for i, (call, display, kind, extra, tip) in enumerate(args))
@@ -189,11 +193,12 @@ def capture_argv(args, point: str) -> list[str]:
     for w in args.where:
         if w.strip():
             argv += ["--where", w]
-    for d in args.dump:
-        if d.strip():
-            argv += ["--dump", d]
     for f in _features():
-        argv += [f.flag] if getattr(args, f.name) else []
+        if f.metavar:
+            argv += [w for v in getattr(args, f.name) if v.strip() for w in (f.flag, v)]
+        else:
+            argv += [f.flag] if getattr(args, f.name) else []
+        argv += [s.flag for s in f.shorthands if getattr(args, s.name)]
         argv += [w for s in f.settings for v in getattr(args, s.name) if v.strip() for w in (s.flag, v)]
     if args.extcap_capture_filter and args.extcap_capture_filter.strip():
         argv.append(args.extcap_capture_filter)

@@ -44,6 +44,14 @@ class EpbOptions:
         for n in self.notes:
             n.below(printer, rec)
 
+    def more(self, rec) -> dict:
+        """The further pcapng options the features add to a record's block (PcapngWriter.write's comments and more),
+        where user space lays out each block (fcap.live.session's per_record)."""
+        out: dict = {}
+        for n in self.notes:
+            out.update(n.options(rec))
+        return out
+
     def values(self, rec) -> dict:
         """The features' Packet attributes of a record."""
         out: dict = {}

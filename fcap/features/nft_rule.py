@@ -56,4 +56,5 @@ FEATURE = PacketFeature(
     settings=(Setting("--nft-netns", "nft_netns", "NETNS",
                       "--nft in network namespace NETNS too (a name of `ip netns list`, docker's, a path such as a "
                       "pod's /proc/PID/ns/net, or all: every one found); its table added there (repeatable)"),),
-    annotator=_annotator, refuse=_refuse, user_space=lambda cfg, points: cfg.nft)
+    annotator=_annotator, refuse=_refuse, user_space=lambda cfg, points: cfg.nft,
+    whole_record=True)   # (matched by its bytes)

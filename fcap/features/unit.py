@@ -13,7 +13,8 @@ class Annotator:
     """User space's half of a feature in one capture, per record (fcap.kernel.layout.Record): its part of the
     comment (text: each key with the space before it, '' when it has nothing to say), the Packet attributes it
     gives (values), its words between the printed line's brackets (printed: the comment's text unless said
-    otherwise), and what it prints under the line (below)."""
+    otherwise), what it prints under the line (below), and the pcapng options of its own it adds to the record's
+    block (options: keyword arguments of PcapngWriter.write, comments and more)."""
 
     def text(self, rec) -> str:
         return ""
@@ -27,6 +28,9 @@ class Annotator:
     def below(self, printer, rec) -> None:
         """Lines under the packet's (printer: a fcap.text.printer.Printer)."""
 
+    def options(self, rec) -> dict:
+        return {}
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -39,15 +43,30 @@ class Setting:
     help: str
 
 
+@dataclass(frozen=True)
+class Shorthand:
+    """A flag (and API keyword `name`) that stands for one value of a valued feature's flag, as --ct for the dump of
+    the conntrack entry; it needs no other flag."""
+
+    flag: str
+    name: str
+    value: str
+    room: str    # what it copies ("conntrack entry"), for Wireshark's dialog
+    help: str
+
+
 @dataclass(frozen=True, eq=False)
 class PacketFeature:
     """One per-packet feature (see the module's docstring). A flagged feature is asked for by `flag` on the command
-    line and by the keyword `name` in the API, both becoming the capture Config's field `name`."""
+    line and by the keyword `name` in the API, both becoming the capture Config's field `name`: True, or with a
+    metavar the values given (the flag repeatable), its shorthands' values among them."""
 
     name: str
     comment: tuple = ()          # its keys in the comment: (text before, Packet attribute, style) per key
     flag: str = ""               # the command-line flag that asks for it ("": on wherever the points call for it)
     help: str = ""               # the flag's help
+    metavar: str = ""            # the flag takes a value (repeatable), named so in the help
+    shorthands: tuple = ()       # flags standing for one of its values (Shorthand)
     settings: tuple = ()         # its further flags (Setting)
     room: str = ""               # what it writes into pcapng's comment ("the context"): pcap and --no-comment refuse
                                  # it ("": nothing of it is refused)
@@ -57,7 +76,15 @@ class PacketFeature:
     refuse: Callable | None = None      # (points) -> why the capture cannot have it (a line), or "" (asked for)
     user_space: Callable | None = None  # (cfg, points) -> the records must be laid out in user space (no file
                                         # rings: the programs cannot write what it says)
+    whole_record: bool = False   # asked for, user space lays out each block from the whole record, one by one
+                                 # (fcap.live.session's per_record: not the file drain's head and tail)
 
     def asked(self, cfg) -> bool:
         """Is it asked for in this capture's Config (a flagged feature; an unflagged one is never asked for)?"""
         return bool(self.flag) and bool(getattr(cfg, self.name))
+
+    def flag_of(self, cfg) -> str:
+        """The flag that asked for it, for an error line: a shorthand's when only shorthands did."""
+        values = getattr(cfg, self.name) if self.metavar else ()
+        said = [s.flag for s in self.shorthands if s.value in values]
+        return said[0] if said and len(said) == len(values) else self.flag

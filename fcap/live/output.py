@@ -98,11 +98,9 @@ class FileSink(Sink):
         return writer
 
     def write(self, rec) -> None:
-        """When user space lays out each block (--dump: each has its own dumps)."""
-        from fcap.kernel.dumps import records_options
-        comments, more = records_options(rec.dumps)
+        """When user space lays out each block (fcap.live.session's per_record: --dump's own options, ...)."""
         self.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                          comments=comments, more=more, **self.options(rec))
+                          **self.options(rec), **self.options.more(rec))
 
     @property
     def pipe(self) -> bool:
@@ -171,9 +169,7 @@ class PrintSink(Sink):
             name = f"{name or session.points[0].if_name} [{why}]"
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)
-        if rec.dumps:
-            self.printer.dumps(rec.dumps)
-        self.options.below(self.printer, rec)
+        self.options.below(self.printer, rec)   # (--dump's values, --stack's frames)
 
     def replay(self, rec) -> None:
         """-r FILE: a record read from a file (fcap.files.pcapread.FileRecord) printed as tcpdump -r prints it,
@@ -202,7 +198,7 @@ class PacketSink(Sink):
     def packet(self, r) -> Packet:
         opts = self.options(r)
         return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
-                      orig_len=r.orig_len, linktype=self.linktype, dumps={d.path: d for d in r.dumps},
+                      orig_len=r.orig_len, linktype=self.linktype,
                       packet_id=opts["packet_id"], verdict=opts["verdict"], comment=opts["comment"],
                       direction=self.directions.get(r.point), queue=r.queue, **self.options.values(r))
 

@@ -42,7 +42,7 @@ class Config(NamedTuple):
     record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
     file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
     meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
-    dumps: list | tuple = ()   # --dump PATHs (fcap.kernel.dumps): records then go through the perf buffer
+    dump: list | tuple = ()   # --dump PATHs, --ct's (fcap.features.typed_dumps): records go through the perf buffer
     track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     track_max: int = TRACK_MAX
     stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
@@ -91,9 +91,9 @@ class Planner:
             raise CaptureError(str(e)) from None
         except BTFError as e:
             raise CaptureError(f"reading the kernel's BTF: {e}") from None
-        if self.cfg.dumps:
+        if self.cfg.dump:
             from fcap.kernel.dumps import make_area
-            self.dump_area = make_area(self.points, self.cfg.dumps)
+            self.dump_area = make_area(self.points, self.cfg.dump)
             self.parse = self.dump_area.parse
         self.linktype = lookup(self.cfg.linktype) if self.cfg.linktype else default_linktype(self.points)
         if self.linktype.name not in START_FOR:
@@ -228,12 +228,13 @@ class Planner:
     def _file_ring_kfunc(self) -> int:
         """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
         skb dynptrs allowed there), else 0."""
-        if not (self.cfg.file_ring and not self.cfg.immediate) or self.dump_area is not None:
+        if not (self.cfg.file_ring and not self.cfg.immediate):
             return 0
         if not all(p.typed for p in self.points) or any(u.kind is not None for u in self.units):
             return 0
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames)
+            return 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames,
+            #  --dump's options)
         ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
         return ids.pop() if len(ids) == 1 and 0 not in ids else 0
 

@@ -160,9 +160,11 @@ class Session(Planner, Attach):
 
     @property
     def per_record(self) -> bool:
-        """Whether user space lays out each record's block (run(), not run_file()): --dump (its dumps), --stack (its
-        stack, read after the record), --nft (the rule that dropped its packet, matched by its bytes)."""
-        return self.dump_area is not None or self.stacks is not None or self.nft is not None
+        """Whether user space lays out each record's block (run(), not run_file()): a feature asked for says so
+        (fcap.features: --dump's own options, --stack's stack read after the record, --nft's rule matched by the
+        packet's bytes)."""
+        from fcap.features import FEATURES
+        return any(f.whole_record and f.asked(self.cfg) for f in FEATURES)
 
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
