@@ -13,7 +13,7 @@ from fcap.kernel.layout import COMMENT
 
 # What each record's comment holds, in order: the packet's metadata (always), then each feature's keys where it has
 # something to say (fcap.features.FEATURES' order)
-SECTIONS = tuple(f.comment for f in FEATURES)
+SECTIONS = tuple(f.comment for f in FEATURES if f.comment)   # (--dump's comments are options of their own)
 KEYS = tuple(key for section in SECTIONS for key in section)
 STYLES = ("dec", "dec64", "hex", "hex4", "hex16", "str")   # how a value is written (fcap.kernel.layout's _STYLE)
 
