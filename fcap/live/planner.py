@@ -4,6 +4,7 @@ programs (build, and dump for --dump-ebpf) come from here; fcap.live.session.Ses
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 from typing import Callable, NamedTuple
@@ -31,25 +32,28 @@ START_FOR = {"EN10MB": cprog.START_MAC, "RAW": cprog.START_NETWORK, "IPV4": cpro
 PROTO_FOR = {"IPV4": ETH_P_IP, "IPV6": ETH_P_IPV6}
 
 
-class Config(NamedTuple):
-    points: list[str]
-    linktype: str | None = None
-    snaplen: int = SNAPLEN
-    filter: str | None = None
-    buffer_kib: int = 0      # -B, all CPUs together (0: fcap.defaults.buffer_kib for this machine's CPUs)
-    immediate: bool = False
-    predicates: list | tuple = ()   # factories: Point -> predicate (see fcap.kernel.predicates)
-    record: str = layout.RECORD_PCAP   # the file record header the programs lay out (pcap or pcapng)
-    file_ring: bool = False   # pcap records straight into per-CPU file rings where the kernel allows it
-    meta: bool = True         # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
-    dump: list | tuple = ()   # --dump PATHs, --ct's (fcap.features.typed_dumps): records go through the perf buffer
-    track: bool = False       # --track (fcap.kernel.track): follow what the filter chose to every point until freed
-    track_max: int = TRACK_MAX
-    stack: bool = False       # --stack (fcap.kernel.kstack): each record's kernel stack (records: the perf buffer)
-    context: bool = False     # --context: the programs record each packet's cgroup; user space names it (comment)
-    nft: bool = False         # --nft: the nftables rule of each netfilter drop (fcap.host.nftrace, user space)
-    nft_netns: tuple = ()     # --nft-netns: further network namespaces --nft traces in (fcap.host.namespaces)
-    comment: bool = True      # pcapng records carry the metadata comment (--no-comment: they do not)
+# A capture's configuration (Config): these fields, then one per flagged feature and one per setting, named and
+# valued as the unit says (fcap.features: False or its values; a setting's values), by fcap.features.config.asked.
+_CONFIG = (
+    ("points", None),         # -i POINTs, as given
+    ("linktype", None),       # -y's name (None: default_linktype)
+    ("snaplen", SNAPLEN),
+    ("filter", None),         # tcpdump's expression
+    ("buffer_kib", 0),        # -B, all CPUs together (0: fcap.defaults.buffer_kib for this machine's CPUs)
+    ("immediate", False),
+    ("predicates", ()),       # factories: Point -> predicate (see fcap.kernel.predicates)
+    ("record", layout.RECORD_PCAP),   # the file record header the programs lay out (pcap or pcapng)
+    ("file_ring", False),     # pcap records straight into per-CPU file rings where the kernel allows it
+    ("meta", True),           # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
+    ("track", False),         # --track (fcap.kernel.track): follow what the filter chose to every point until freed
+    ("track_max", TRACK_MAX),
+    ("comment", True),        # pcapng records carry the metadata comment (--no-comment: they do not)
+)
+_UNITS = tuple((f.name, () if f.metavar else False) for f in FLAGGED) + tuple(
+    (s.name, ()) for f in FLAGGED for s in f.settings)
+_FIELDS = _CONFIG + _UNITS
+Config = collections.namedtuple("Config", [n for n, _v in _FIELDS], defaults=[v for _n, v in _FIELDS[1:]])
+Config.__doc__ = "A capture's configuration: fcap.live.planner._CONFIG's fields, then the units' (fcap.features)."
 
 
 def default_linktype(points: list[Point]) -> LinkType:
