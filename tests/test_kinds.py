@@ -122,6 +122,7 @@ def test_x86_64_offsets_are_the_kernels_pt_regs():
         pytest.skip("this kernel's struct pt_regs is not x86-64's")
     assert [regs.member(name)[1] // 8 for name in kinds.X86_64.arg_regs] == list(kinds.X86_64.arg_offsets)
     assert all(regs.member(name)[0].type.strip().size == 8 for name in kinds.X86_64.arg_regs)
+    assert regs.member(kinds.X86_64.ret_reg)[1] // 8 == kinds.X86_64.ret_offset and kinds.X86_64.ret_on_stack
 
 
 def _arm64_holds(vm) -> None:
@@ -135,6 +136,8 @@ def _arm64_holds(vm) -> None:
     array = member.type.strip()
     assert array.nelems >= len(kinds.ARM64.arg_offsets) and array.elem.strip().size == 8
     assert [bits // 8 + 8 * i for i in range(len(kinds.ARM64.arg_regs))] == list(kinds.ARM64.arg_offsets)
+    assert kinds.ARM64.ret_reg == "regs[30]" and array.nelems > 30 and not kinds.ARM64.ret_on_stack   # (the LR)
+    assert bits // 8 + 8 * 30 == kinds.ARM64.ret_offset
 
 
 def test_arm64_offsets_are_the_kernels_user_pt_regs():

@@ -61,18 +61,25 @@ def is_drop_point(point: Point) -> bool:
 
 def emit_meta(b) -> None:
     """The program's part: META's reason and location from the point's arguments (other points leave them 0:
-    each point has its own scratch value, zero at creation). A multi-attach program: the reason from the argument
-    the attach cookie names, where it names one (fcap.kernel.pointinfo)."""
+    each point has its own scratch value, zero at creation); at a function that drops, the location is its
+    return address where the kind can read it (Kind.load_caller: kprobes). A multi-attach program: the reason
+    from the argument the attach cookie names, where it names one (fcap.kernel.pointinfo), and the location so."""
     p = b.point
+    caller = p.kind.load_caller(R0, STACK.tmp) if p.kind.function else None
     if p.kind.multi:
         none = b.fresh("no_reason")
         b.emit(pointinfo.reason_arg(R2, none), ldx(DW, R1, FP, STACK.ctx), p.kind.load_arg_at(R0, STACK.tmp, none),
-               META.store(R7, "reason", R0), label(none))
+               META.store(R7, "reason", R0))
+        if caller is not None:
+            b.emit(ldx(DW, R1, FP, STACK.ctx), caller, META.store(R7, "location", R0))
+        b.emit(label(none))
         return
     for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
         if index is None:
             continue
         b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, p.kind.arg_offset(index)), META.store(R7, field, R0))
+    if caller is not None and reason_arg(p) is not None:
+        b.emit(ldx(DW, R1, FP, STACK.ctx), caller, META.store(R7, "location", R0))
 
 
 def _records_drops(point, options, maps) -> bool:

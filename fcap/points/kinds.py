@@ -46,10 +46,14 @@ class Arch(NamedTuple):
     regs: str                      # the struct the context points to
     arg_regs: tuple[str, ...]      # the members that hold arguments 1, 2, ... (beyond them: on the stack)
     arg_offsets: tuple[int, ...]   # their byte offsets in that struct
+    ret_reg: str                   # at a function's entry, the member holding its return address (into its caller):
+    ret_offset: int                # the link register, or the stack pointer where the call pushed it (ret_on_stack);
+    ret_on_stack: bool             # its byte offset
 
 
-X86_64 = Arch("x86_64", "pt_regs", ("di", "si", "dx", "cx", "r8", "r9"), (112, 104, 96, 88, 72, 64))
-ARM64 = Arch("aarch64", "user_pt_regs", tuple(f"regs[{i}]" for i in range(8)), tuple(8 * i for i in range(8)))
+X86_64 = Arch("x86_64", "pt_regs", ("di", "si", "dx", "cx", "r8", "r9"), (112, 104, 96, 88, 72, 64), "sp", 152, True)
+ARM64 = Arch("aarch64", "user_pt_regs", tuple(f"regs[{i}]" for i in range(8)), tuple(8 * i for i in range(8)),
+             "regs[30]", 240, False)
 ARCHES = {a.machine: a for a in (X86_64, ARM64)}
 
 
@@ -123,6 +127,12 @@ class Kind:
         """Instructions that put argument `index` in register `dst` from the context in R1 (may use R1-R5 and the
         8-byte stack slot at `tmp`)."""
         return [asm.ldx(asm.DW, dst, asm.R1, self.arg_offset(index))]
+
+    def load_caller(self, dst: int, tmp: int) -> list | None:
+        """Instructions that put the function's return address (where its caller goes on: the location a drop
+        tracepoint names) in `dst` (not R1-R5) from the context in R1, 0 where it cannot be read; may use R1-R5 and
+        the stack slot at `tmp`. None where the context does not hold it (here)."""
+        return None
 
     def load_arg_at(self, dst: int, tmp: int, missing: str) -> list:
         """A multi kind's: argument number R2 (known only when the program runs: the attach cookie says) into
@@ -241,6 +251,15 @@ class _Kprobe(Kind):
         if index >= len(offsets):
             raise PointError(f"kprobe points: argument {index + 1} is past the registers")
         return offsets[index]
+
+    def load_caller(self, dst: int, tmp: int) -> list | None:
+        """The link register; or where the stack pointer points, as the call pushed it (read with probe_read)."""
+        a = arch()
+        if not a.ret_on_stack:
+            return [asm.ldx(asm.DW, dst, asm.R1, a.ret_offset)]
+        return [asm.ldx(asm.DW, asm.R3, asm.R1, a.ret_offset), asm.mov(asm.R1, asm.FP), asm.addi(asm.R1, tmp),
+                asm.movi(asm.R2, 8), asm.st(asm.DW, asm.FP, tmp, 0), asm.call(Helper.probe_read_kernel),
+                asm.ldx(asm.DW, dst, asm.FP, tmp)]
 
     def attach(self, prog_fd: int, point: PointLike) -> Link:
         return attach_kprobe(prog_fd, point.name)
