@@ -101,6 +101,7 @@ class Helper(IntEnum):
     get_current_comm = 16
     perf_event_output = 25
     get_stackid = 27
+    get_stack = 67
     skb_load_bytes = 26
     get_current_task = 35
     probe_read_str = 45
@@ -117,6 +118,7 @@ class Helper(IntEnum):
     ringbuf_discard = 133
     ringbuf_query = 134
     get_current_task_btf = 158
+    get_func_ip = 173
     get_attach_cookie = 174
     get_func_arg = 183
     get_func_ret = 184

@@ -294,8 +294,8 @@ def test_drop_reasons_through_the_shared_program(tmp_path):
     """A drop function (its reason an argument) shares the program of the other functions of its kind, the attach
     cookie naming its reason's argument: datagrams to a closed port in a namespace carry, at the drop function,
     the reason the kernel's own kfree_skb tracepoint gives for the same skb (NO_SOCKET), and records at the other
-    functions carry none. Where the kind reads the function's return address (kprobe.multi: the registers), the
-    location is the tracepoint's too."""
+    functions carry none; the location, the function's return address (kprobe.multi: from the registers;
+    fentry.multi: from the stack), is the tracepoint's too."""
     import fcap
     from fcap.live import multi
     from fcap.points.spec import PointError, resolve
@@ -336,6 +336,5 @@ def test_drop_reasons_through_the_shared_program(tmp_path):
     for p in at_drop:   # (the tracepoint fires inside the drop function, for the same skb, next)
         tp = min((t for t in at_tp if t.ts_ns >= p.ts_ns), key=lambda t: t.ts_ns)
         assert p.reason == tp.reason == "NO_SOCKET" and p.skb == tp.skb, (p.reason, tp.reason)
-        if m.load_caller(0, -16) is not None:
-            assert p.location == tp.location and "+0x" in p.location, (p.location, tp.location)
+        assert p.location == tp.location and "+0x" in p.location, (p.location, tp.location)
     assert all(p.reason is None for p in pkts if p.point.endswith("/ip_rcv")), [p.reason for p in pkts]

@@ -11,6 +11,7 @@ from fcap.host import kallsyms
 from fcap.kernel import pointinfo
 from fcap.kernel.feature import DEVICE, Feature
 from fcap.kernel.layout import META, STACK
+from fcap.points.kinds import CallerSlots
 from fcap.points.spec import Point
 
 # The points every packet of which is being dropped: the tracepoint and the functions that free with a drop reason
@@ -65,13 +66,14 @@ def emit_meta(b) -> None:
     return address where the kind can read it (Kind.load_caller: kprobes). A multi-attach program: the reason
     from the argument the attach cookie names, where it names one (fcap.kernel.pointinfo), and the location so."""
     p = b.point
-    caller = p.kind.load_caller(R0, STACK.tmp) if p.kind.function else None
+    at = CallerSlots(STACK.ctx, STACK.tmp, STACK.frames, b.fresh("caller"))
+    caller = p.kind.load_caller(R0, at) if p.kind.function else None
     if p.kind.multi:
         none = b.fresh("no_reason")
         b.emit(pointinfo.reason_arg(R2, none), ldx(DW, R1, FP, STACK.ctx), p.kind.load_arg_at(R0, STACK.tmp, none),
                META.store(R7, "reason", R0))
         if caller is not None:
-            b.emit(ldx(DW, R1, FP, STACK.ctx), caller, META.store(R7, "location", R0))
+            b.emit(caller, META.store(R7, "location", R0))
         b.emit(label(none))
         return
     for field, index in (("reason", reason_arg(p)), ("location", location_arg(p))):
@@ -79,7 +81,7 @@ def emit_meta(b) -> None:
             continue
         b.emit(ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, p.kind.arg_offset(index)), META.store(R7, field, R0))
     if caller is not None and reason_arg(p) is not None:
-        b.emit(ldx(DW, R1, FP, STACK.ctx), caller, META.store(R7, "location", R0))
+        b.emit(caller, META.store(R7, "location", R0))
 
 
 def _records_drops(point, options, maps) -> bool:

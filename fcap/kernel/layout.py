@@ -214,12 +214,13 @@ class _Stack(NamedTuple):
     track_ckey: int = -276   # --track: u32 key 0 of the tracking counters
     drop_key: int = -296     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
     drop_one: int = -304     # fcap drops: the value 1 to insert
+    frames: int = -384       # a drop function's stack, where its caller is found (fcap.points.kinds.CALLER_FRAMES)
 
 
 STACK = _Stack()
 _STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
                 "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
-                "drop_key": 16}
+                "drop_key": 16, "frames": 48}
 
 
 def _check_stack() -> None:

@@ -128,10 +128,10 @@ class Kind:
         8-byte stack slot at `tmp`)."""
         return [asm.ldx(asm.DW, dst, asm.R1, self.arg_offset(index))]
 
-    def load_caller(self, dst: int, tmp: int) -> list | None:
+    def load_caller(self, dst: int, at: CallerSlots) -> list | None:
         """Instructions that put the function's return address (where its caller goes on: the location a drop
-        tracepoint names) in `dst` (not R1-R5) from the context in R1, 0 where it cannot be read; may use R1-R5 and
-        the stack slot at `tmp`. None where the context does not hold it (here)."""
+        tracepoint names) in `dst` (R0 or R6-R9), 0 where it cannot be read; they may use R1-R5 and the stack slots
+        `at` names. None where the kind cannot say (here)."""
         return None
 
     def load_arg_at(self, dst: int, tmp: int, missing: str) -> list:
@@ -177,6 +177,40 @@ class Kind:
         return f"{point.spec}: {e}"
 
 
+class CallerSlots(NamedTuple):
+    """The stack slots (offsets from the frame pointer) load_caller may use: the context's, an 8-byte temporary,
+    CALLER_FRAMES u64s for a stack, and a name for its labels (unique in the program)."""
+
+    ctx: int
+    tmp: int
+    frames: int
+    name: str
+
+
+CALLER_FRAMES = 6    # frames of the stack a trampoline's program looks through for its function and its caller
+# A frame in [the function's address, + this) is the function's own call to the trampoline (after any landing pad)
+CALL_SITE_BYTES = 32
+
+
+def trampoline_caller(dst: int, at: CallerSlots) -> list:
+    """At a trampoline's entry: the stack from the program (bpf_get_stack) holds the program, the trampoline, the
+    function at its call to the trampoline, then its caller; the frame after the one within CALL_SITE_BYTES of
+    the function's address (bpf_get_func_ip) is the return address. Not found: 0, never another frame."""
+    found, none, done = f"{at.name}_found", f"{at.name}_none", f"{at.name}_done"
+    out = [asm.ldx(asm.DW, asm.R1, asm.FP, at.ctx), asm.call(Helper.get_func_ip),
+           asm.stx(asm.DW, asm.FP, at.tmp, asm.R0), asm.ldx(asm.DW, asm.R1, asm.FP, at.ctx),
+           asm.mov(asm.R2, asm.FP), asm.addi(asm.R2, at.frames), asm.movi(asm.R3, 8 * CALLER_FRAMES),
+           asm.movi(asm.R4, 0), asm.call(Helper.get_stack), asm.mov(asm.R5, asm.R0),
+           asm.ldx(asm.DW, asm.R4, asm.FP, at.tmp)]
+    for i in range(CALLER_FRAMES - 1):   # frame i the function's and frame i + 1 there: that one
+        out += [asm.jmp(asm.JSLT, asm.R5, 8 * (i + 2), none), asm.ldx(asm.DW, asm.R3, asm.FP, at.frames + 8 * i),
+                asm.alu64(asm.SUB, asm.R3, asm.R4, reg=True), asm.jmp(asm.JLT, asm.R3, CALL_SITE_BYTES, f"{found}_{i}")]
+    out.append(asm.ja(none))
+    for i in range(CALLER_FRAMES - 1):
+        out += [asm.label(f"{found}_{i}"), asm.ldx(asm.DW, dst, asm.FP, at.frames + 8 * (i + 1)), asm.ja(done)]
+    return out + [asm.label(none), asm.movi(dst, 0), asm.label(done)]
+
+
 class _Trampoline(Kind):
     """fentry/fexit: a BPF trampoline on a function named by its BTF id; the context is the arguments as u64s."""
 
@@ -198,6 +232,9 @@ class _Fentry(_Trampoline):
     summary = "a BPF trampoline at FUNC's entry (vmlinux or a module), arguments typed"
     attach_type = AttachType.TRACE_FENTRY
     at_entry = True
+
+    def load_caller(self, dst: int, at: CallerSlots) -> list | None:
+        return trampoline_caller(dst, at)
 
 
 class _Fexit(_Trampoline):
@@ -252,14 +289,15 @@ class _Kprobe(Kind):
             raise PointError(f"kprobe points: argument {index + 1} is past the registers")
         return offsets[index]
 
-    def load_caller(self, dst: int, tmp: int) -> list | None:
+    def load_caller(self, dst: int, at: CallerSlots) -> list | None:
         """The link register; or where the stack pointer points, as the call pushed it (read with probe_read)."""
         a = arch()
         if not a.ret_on_stack:
-            return [asm.ldx(asm.DW, dst, asm.R1, a.ret_offset)]
-        return [asm.ldx(asm.DW, asm.R3, asm.R1, a.ret_offset), asm.mov(asm.R1, asm.FP), asm.addi(asm.R1, tmp),
-                asm.movi(asm.R2, 8), asm.st(asm.DW, asm.FP, tmp, 0), asm.call(Helper.probe_read_kernel),
-                asm.ldx(asm.DW, dst, asm.FP, tmp)]
+            return [asm.ldx(asm.DW, asm.R1, asm.FP, at.ctx), asm.ldx(asm.DW, dst, asm.R1, a.ret_offset)]
+        return [asm.ldx(asm.DW, asm.R1, asm.FP, at.ctx), asm.ldx(asm.DW, asm.R3, asm.R1, a.ret_offset),
+                asm.mov(asm.R1, asm.FP), asm.addi(asm.R1, at.tmp), asm.movi(asm.R2, 8),
+                asm.st(asm.DW, asm.FP, at.tmp, 0), asm.call(Helper.probe_read_kernel),
+                asm.ldx(asm.DW, dst, asm.FP, at.tmp)]
 
     def attach(self, prog_fd: int, point: PointLike) -> Link:
         return attach_kprobe(prog_fd, point.name)
@@ -325,6 +363,9 @@ class _FentryMulti(_TracingMulti):
     attach_type = AttachType.TRACE_FENTRY_MULTI
     at_entry = True
     single = FENTRY
+
+    def load_caller(self, dst: int, at: CallerSlots) -> list | None:
+        return trampoline_caller(dst, at)
 
 
 class _FexitMulti(_TracingMulti):
