@@ -26,7 +26,8 @@ class Capture:
                  ifindex: int | None = None, ifname: str | None = None, netns: int | None = None,
                  direction: str | None = None, **features):
         from fcap.features import config
-        from fcap.live.session import Config, Session
+        from fcap.live.planner import capture_config
+        from fcap.live.session import Session
         unknown = sorted(set(features) - config.keywords())
         if unknown:   # (stack, context, nft, nft_netns, dump, ct: fcap.features)
             raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
@@ -35,16 +36,13 @@ class Capture:
             raise UsageError(f"capture points: a name or a list of names, e.g. 'tp_btf/net_dev_queue', not {points!r}")
         if count is not None and (not isinstance(count, int) or count < 1):
             raise UsageError(f"count: a positive number of packets, not {count!r}")
-        where = _strings(where, "where")
         self.count, self.timeout = count, timeout
         self.session = None
-        from fcap.kernel import predicates
-        preds = predicates.factories(where=where, direction=direction, cgroup=cgroup, container=container, pid=pid,
-                                     comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
-        cfg = Config(points=points, linktype=str(linktype) if linktype is not None else None, snaplen=snaplen,
-                     filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True, predicates=preds,
-                     track=bool(track), **config.asked(features.get),
-                     **({"track_max": track_max} if track_max else {}))
+        said = dict(features, where=_strings(where, "where"), direction=direction, cgroup=cgroup,
+                    container=container, pid=pid, comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
+        cfg = capture_config(points, said.get, linktype=str(linktype) if linktype is not None else None,
+                             snaplen=snaplen, filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True,
+                             track=bool(track), **({"track_max": track_max} if track_max else {}))
         session = Session(cfg)
         self._sink = _Packets()
         try:

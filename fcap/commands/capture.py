@@ -7,7 +7,7 @@ import sys
 from fcap.commands.console import PROG, fail, quiet_stdout
 from fcap.commands.flagvalues import decimal_flag, int_flag, print_options
 from fcap.defaults import SNAPLEN, TRACK_MAX, check_snaplen
-from fcap.errors import FcapError, UsageError
+from fcap.errors import FcapError, PredicateError, UsageError
 
 
 def cmd_capture(args, command: list[str]) -> int:
@@ -49,8 +49,7 @@ def cmd_capture(args, command: list[str]) -> int:
 
 def _config(args):
     """The session's configuration and the packet count, from the flags (UsageError on nonsense)."""
-    from fcap.features.config import asked
-    from fcap.live.session import Config
+    from fcap.live.planner import capture_config
     if not args.points:
         raise UsageError("no capture point: give -i POINT (fcap list-devices shows them)")
     snaplen = check_snaplen(int_flag(args.snaplen, "snaplen", SNAPLEN, 0) or SNAPLEN, args.snaplen)
@@ -63,14 +62,20 @@ def _config(args):
                 expr = " ".join(line.split("#", 1)[0].strip() for line in f).strip() or None
         except OSError as e:
             raise FcapError(f"{args.filter_file}: {e.strerror}") from None
-    if args.linktype:
-        from fcap.files.linktypes import lookup
-        lookup(args.linktype)
     track_max = int_flag(args.track_max, "tracking map size", TRACK_MAX, 2)
-    return Config(points=args.points, linktype=args.linktype, snaplen=snaplen, filter=expr, buffer_kib=buffer_kib,
-                  immediate=args.immediate, predicates=_predicates(args), track=args.track,
-                  track_max=track_max, comment=not args.no_comment,
-                  **asked(lambda name: getattr(args, name))), count
+    try:
+        return capture_config(args.points, _said(args), linktype=args.linktype or None, snaplen=snaplen, filter=expr,
+                              buffer_kib=buffer_kib, immediate=args.immediate, track=args.track,
+                              track_max=track_max, comment=not args.no_comment), count
+    except PredicateError as e:
+        raise UsageError(str(e)) from None
+
+
+def _said(args):
+    """What a predicate's or feature's flag said (fcap.live.planner.capture_config): the numbers as numbers."""
+    numbers = {flag: int_flag(getattr(args, flag), flag, 0, least) for flag, least in
+               (("pid", 0), ("mark", 0), ("ifindex", 1), ("netns", 1)) if getattr(args, flag) is not None}
+    return lambda name: numbers[name] if name in numbers else getattr(args, name)
 
 
 def _no_comment(args, cfg, fmt: str | None) -> None:
@@ -105,21 +110,6 @@ def _filter_note(session, args) -> None:
         note = filter_note(session)
         if note:
             sys.stderr.write(f"{PROG}: {note}\n")
-
-
-def _predicates(args) -> list:
-    """Factories (point -> predicate) for the predicate flags (fcap.kernel.predicates.factories)."""
-    if not any(getattr(args, flag) for flag in ("pid", "comm", "mark", "ifindex", "ifname", "netns", "where",
-                                                  "direction", "cgroup", "container")):
-        return []   # (a capture without them starts sooner)
-    from fcap.kernel import predicates as pr
-    numbers = {flag: int_flag(getattr(args, flag), flag, 0, least) for flag, least in
-               (("pid", 0), ("mark", 0), ("ifindex", 1), ("netns", 1)) if getattr(args, flag) is not None}
-    try:
-        return pr.factories(where=args.where, direction=args.direction, cgroup=args.cgroup, container=args.container,
-                            comm=args.comm, ifname=args.ifname, **numbers)
-    except pr.PredicateError as e:
-        raise UsageError(str(e)) from None
 
 
 def _dump(session, args) -> int:

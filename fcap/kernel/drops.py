@@ -66,8 +66,8 @@ def emit_meta(b) -> None:
     return address where the kind can read it (Kind.load_caller: kprobes). A multi-attach program: the reason
     from the argument the attach cookie names, where it names one (fcap.kernel.pointinfo), and the location so."""
     p = b.point
-    at = CallerSlots(STACK.ctx, STACK.tmp, STACK.frames, b.fresh("caller"))
-    caller = p.kind.load_caller(R0, at) if p.kind.function else None
+    caller = p.kind.load_caller(R0, CallerSlots(STACK.ctx, STACK.tmp, STACK.frames, b.fresh("caller"))) \
+        if p.kind.function else None
     if p.kind.multi:
         none = b.fresh("no_reason")
         b.emit(pointinfo.reason_arg(R2, none), ldx(DW, R1, FP, STACK.ctx), p.kind.load_arg_at(R0, STACK.tmp, none),

@@ -54,6 +54,23 @@ _UNITS = tuple((f.name, () if f.metavar else False) for f in FLAGGED) + tuple(
 _FIELDS = _CONFIG + _UNITS
 Config = collections.namedtuple("Config", [n for n, _v in _FIELDS], defaults=[v for _n, v in _FIELDS[1:]])
 Config.__doc__ = "A capture's configuration: fcap.live.planner._CONFIG's fields, then the units' (fcap.features)."
+# what the predicates are asked with: the command line's flags and the API's keywords (fcap.kernel.predicates)
+PREDICATES = ("where", "direction", "cgroup", "container", "pid", "comm", "mark", "ifindex", "ifname", "netns")
+
+
+def capture_config(points: list[str], said: Callable[[str], object], **fields) -> Config:
+    """The one way the command line's flags and the API's keywords become a capture's Config: `fields` its own
+    (_CONFIG's: linktype, snaplen, filter, ...), `said(name)` what the flag or keyword of a predicate (PREDICATES)
+    or a feature (fcap.features.config.asked) said. UsageError: a snaplen no capture takes; UnknownLinkType;
+    PredicateError: a predicate's value no program can test."""
+    from fcap.features.config import asked
+    from fcap.kernel import predicates
+    if fields.get("linktype") is not None:
+        lookup(fields["linktype"])   # (UnknownLinkType before any work)
+    check_snaplen(fields.get("snaplen", SNAPLEN))
+    tests = {name: said(name) for name in PREDICATES if said(name) not in (None, (), [])}
+    preds = predicates.factories(**tests) if tests else []   # (a capture without them starts sooner)
+    return Config(points=points, predicates=preds, **fields, **asked(said))
 
 
 def default_linktype(points: list[Point]) -> LinkType:
