@@ -1,9 +1,11 @@
 """Constants from the kernel UAPI (linux/bpf.h, linux/perf_event.h) as IntEnums, in one place."""
 
+import os
 from enum import IntEnum, IntFlag
 
-SYS_BPF = 321             # x86_64
-SYS_PERF_EVENT_OPEN = 298  # x86_64
+# bpf() and perf_event_open() per machine (arch/x86/entry/syscalls/syscall_64.tbl; arm64 has asm-generic's numbers)
+SYSCALLS = {"x86_64": (321, 298), "aarch64": (280, 241)}
+SYS_BPF, SYS_PERF_EVENT_OPEN = SYSCALLS.get(os.uname().machine, SYSCALLS["x86_64"])
 
 
 class Cmd(IntEnum):

@@ -19,7 +19,7 @@ import sys
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
-SYS_bpf, SYS_perf_event_open = 321, 298  # x86_64
+SYS_bpf, SYS_perf_event_open = {"aarch64": (280, 241)}.get(os.uname().machine, (321, 298))  # else x86_64
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_PROG_LOAD, BPF_RAW_TRACEPOINT_OPEN = 0, 1, 5, 17
 BPF_MAP_TYPE_ARRAY = 2
 BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_TRACING = 2, 26
