@@ -29,6 +29,23 @@ def test_kernel_is_the_one_asked_for():
     assert os.path.exists("/sys/kernel/btf/vmlinux")
 
 
+# ELF e_machine of the guest's own programs, by the kernel's machine
+EM = {"x86_64": 62, "aarch64": 183}
+
+
+def test_every_program_is_the_kernels_architecture():
+    """The arm64 guest is arm64 throughout (its Python, pcapy-ng, the tools, busybox), as the x86 ones are x86-64:
+    none of this machine's files where the kernel's architecture differs."""
+    machine = os.uname().machine
+    assert machine == ("aarch64" if os.environ["FCAP_VM"] == "arm64" else "x86_64")
+    import pcapy
+    progs = [sys.executable, pcapy.__file__] + [shutil.which(t) for t in ("tcpdump", "ip", "bpftool", "busybox")]
+    for p in progs:
+        with open(os.path.realpath(p), "rb") as f:
+            head = f.read(20)
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == EM[machine], p
+
+
 def test_fentry_fexit_kprobe_load_attach_and_fire():
     r = subprocess.run([sys.executable, str(HERE / "probe_fentry.py"), "ip_output"], capture_output=True, text=True,
                        timeout=300)
