@@ -101,11 +101,12 @@ def _key(b, reg: int, tag: int = 0) -> None:
         b.emit(ldx(DW, R1, FP, STACK.track_key), alu64(OR, R1, tag), stx(DW, FP, STACK.track_key, R1))
 
 
-def _stash_key(b, reg: int) -> None:
-    """STACK.track_key = the skb's address (a typed pointer: read back from the stack as two words, a number) |
-    COPY_TAG. Uses R1, R2."""
-    b.emit(stx(DW, FP, STACK.track_key, reg), ldx(W, R1, FP, STACK.track_key), ldx(W, R2, FP, STACK.track_key + 4),
-           asm.lshi(R2, 32), alu64(OR, R1, R2, reg=True), alu64(OR, R1, COPY_TAG), stx(DW, FP, STACK.track_key, R1))
+def _stash_key(b) -> None:
+    """STACK.track_key = argument 0's value (the skb's address, read from the context in STACK.ctx as a number: the
+    verifier types the argument a pointer, which takes no |) | COPY_TAG. Uses R0-R5."""
+    b.emit(ldx(DW, R3, FP, STACK.ctx), mov(R1, FP), addi(R1, STACK.track_key), movi(R2, 8),
+           call(Helper.probe_read_kernel), ldx(DW, R1, FP, STACK.track_key), alu64(OR, R1, COPY_TAG),
+           stx(DW, FP, STACK.track_key, R1))
 
 
 def _insert(b) -> None:
@@ -394,7 +395,7 @@ def copy_entry_program(b) -> list:
     b.emit(TRACK.load(R1, R0, "id"), TRACK.load(R2, R9, "id"), jmp(JNE, R1, R2, "out", reg=True),
            stx(DW, FP, STACK.track_val + TRACK.off("id"), R1), stx(DW, FP, STACK.track_val + TRACK.off("head"), R8),
            TRACK.load(R1, R9, "seen"), stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1))
-    _stash_key(b, R6)
+    _stash_key(b)
     _insert(b)
     b.emit(label("out"), movi(R0, 0), exit_())
     return b.items
@@ -405,7 +406,7 @@ def copy_exit_program(b, returns: str) -> list:
     or, where it gave argument 0 a new head, to that skb again (its points seen kept), keyed by its new head too."""
     ret = 8 * len(b.point.params)
     b.emit(ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"), stx(DW, FP, STACK.ctx, R1))
-    _stash_key(b, R6)
+    _stash_key(b)
     _lookup(b, "out")
     b.emit(TRACK.load(R1, R0, "id"), stx(DW, FP, STACK.track_val + TRACK.off("id"), R1),
            TRACK.load(R1, R0, "seen"), stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1),
