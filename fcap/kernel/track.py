@@ -384,7 +384,7 @@ COPY_NAMES = frozenset(name for name, _r in COPY_FUNCS)
 def copy_entry_program(b) -> list:
     """fentry at a copy function: a tracked skb's entry (its head the recorded one, the head's entry the same id)
     copied under its key | COPY_TAG."""
-    b.emit(ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"))
+    b.emit(stx(DW, FP, STACK.ctx, R1), ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"))
     _key(b, R6)
     _lookup(b, "out")
     b.emit(mov(R9, R0))
