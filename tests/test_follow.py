@@ -337,7 +337,7 @@ def test_track_follows_the_skb_across_the_namespace(tmp_path, veth_ns):
 
 def test_track_follows_a_packet_into_its_copies(tmp_path, veth_ns):
     """An nftables `dup` in the output hook copies each datagram to the namespace (nf_dup_ipv4: a new skb,
-    __pskb_copy_fclone). With --track from fentry/ip_local_out (before the hook: the datagram is tracked when it is
+    __pskb_copy_fclone). With --track from fentry/__ip_local_out (before the hook: the datagram is tracked when it is
     copied) to dev:queue and dev:receive, the copy keeps its datagram's packet id (fentry and fexit at the copy
     functions hand it over), while the kernel's own view has two skbs with the datagram's bytes, sent and received
     twice; the first datagram goes to a neighbour not yet resolved (ARP). Where the kernel refuses fentry/fexit
@@ -350,8 +350,9 @@ def test_track_follows_a_packet_into_its_copies(tmp_path, veth_ns):
         f"table ip {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
         f"  ip daddr {v.peer} udp dport {port} dup to {v.peer}\n }}\n}}\n"))
     path = tmp_path / "dup.pcapng"
-    follows = kernel_refusal("fexit", "__pskb_copy_fclone") is None and kernel_refusal("fentry", "ip_local_out") is None
-    first = ["-i", "fentry/ip_local_out"] if follows else []
+    follows = all(kernel_refusal(kind, func) is None for kind, func in (("fexit", "__pskb_copy_fclone"),
+                                                                        ("fentry", "__ip_local_out")))
+    first = ["-i", "fentry/__ip_local_out"] if follows else []
     try:
         f = start_fcap(first + ["-i", "dev:queue", "-i", "dev:receive", "--track", "-w", str(path),
                                 f"udp port {port}"])
@@ -374,7 +375,7 @@ def test_track_follows_a_packet_into_its_copies(tmp_path, veth_ns):
     assert len(by_id) == 3 and len(recs) == 18, {i: [p.iface_name for p in ps] for i, ps in by_id.items()}
     for ps in by_id.values():
         assert sorted(p.iface_name for p in ps) == ["dev:queue"] * 2 + ["dev:receive"] * 2 + \
-            ["fentry/ip_local_out"] * 2, [p.iface_name for p in ps]
+            ["fentry/__ip_local_out"] * 2, [p.iface_name for p in ps]
         sent = [p for p in ps if p.iface_name == "dev:queue"]
         assert len({p.raw for p in ps}) == 1 and len({_skb(p) for p in sent}) == 2, [_skb(p) for p in sent]
     m = re.search(r"^(\d+) cop(?:y|ies) of tracked packets followed", f.stderr, re.M)
