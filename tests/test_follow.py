@@ -377,7 +377,8 @@ def test_track_follows_a_packet_into_its_copies(tmp_path, veth_ns):
         assert sorted(p.iface_name for p in ps) == ["dev:queue"] * 2 + ["dev:receive"] * 2 + \
             ["fentry/__ip_local_out"] * 2, [p.iface_name for p in ps]
         sent = [p for p in ps if p.iface_name == "dev:queue"]
-        assert len({p.raw for p in ps}) == 1 and len({_skb(p) for p in sent}) == 2, [_skb(p) for p in sent]
+        assert all(p.raw.endswith(b"f" * 20) for p in ps) and len({_skb(p) for p in sent}) == 2, [
+            _skb(p) for p in sent]   # (the datagram's bytes in both; the headers differ from point to point)
     m = re.search(r"^(\d+) cop(?:y|ies) of tracked packets followed", f.stderr, re.M)
     assert m and int(m[1]) >= 3, f.stderr
 
