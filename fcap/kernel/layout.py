@@ -182,6 +182,8 @@ TRACK_COUNTERS = Layout("TrackCounters", (
     ("joined", "Q"),       # skbs found by their head: clones of a known packet
     ("deleted", "Q"),      # map entries removed (freed, or found stale); inserted: 2 per packet, 1 per clone
     ("next", "Q"),         # this CPU's packet id counter (ids are next << ID_CPU_BITS | cpu)
+    ("copied", "Q"),       # --track: new skbs a copy function made of a tracked packet, under its id (2 keys each)
+    ("rehomed", "Q"),      # --track: tracked skbs a copy function gave a new head (1 key each)
 ))
 ID_CPU_BITS = 12
 

@@ -101,6 +101,14 @@ def _key(b, reg: int, tag: int = 0) -> None:
         b.emit(ldx(DW, R1, FP, STACK.track_key), alu64(OR, R1, tag), stx(DW, FP, STACK.track_key, R1))
 
 
+def _stash_key(b) -> None:
+    """STACK.track_key = argument 0's value (the skb's address, read from the context in STACK.ctx as a number: the
+    verifier types the argument a pointer, which takes no |) | COPY_TAG. Uses R0-R5."""
+    b.emit(ldx(DW, R3, FP, STACK.ctx), mov(R1, FP), addi(R1, STACK.track_key), movi(R2, 8),
+           call(Helper.probe_read_kernel), ldx(DW, R1, FP, STACK.track_key), alu64(OR, R1, COPY_TAG),
+           stx(DW, FP, STACK.track_key, R1))
+
+
 def _insert(b) -> None:
     """map[STACK.track_key] = STACK.track_val (an LRU map makes room: it never refuses for want of it)."""
     b.emit(ld_map_fd(R1, b.maps.track), mov(R2, FP), addi(R2, STACK.track_key), mov(R3, FP), addi(R3, STACK.track_val),
@@ -362,8 +370,90 @@ def forget_program(b, tags: tuple) -> list:
     return b.items
 
 
-def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, list]]:
-    """The helper programs a capture with the identity map needs: (point, instructions). builder(point) makes a
+# ---- helper programs: where the kernel copies (--track) ---------------------------------------------------------
+# The functions that make a packet's skb anew, or give it a new head, with the packet's bytes: (name, what the
+# function returns: "skb" the skb it made, "status" 0 when it gave the skb (argument 0) a new head). A copy made
+# there is the same packet: fentry sets the tracked skb's id aside (its key | COPY_TAG: the function may free the
+# skb before it returns), fexit gives it to the skb returned, by its address and its new head's.
+COPY_FUNCS = (("skb_copy", "skb"), ("__pskb_copy_fclone", "skb"), ("skb_copy_expand", "skb"),
+              ("skb_realloc_headroom", "skb"), ("skb_expand_head", "skb"), ("pskb_expand_head", "status"))
+COPY_TAG = 2
+COPY_NAMES = frozenset(name for name, _r in COPY_FUNCS)
+
+
+def copy_entry_program(b) -> list:
+    """fentry at a copy function: a tracked skb's entry (its head the recorded one, the head's entry the same id)
+    copied under its key | COPY_TAG."""
+    b.emit(stx(DW, FP, STACK.ctx, R1), ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"))
+    _key(b, R6)
+    _lookup(b, "out")
+    b.emit(mov(R9, R0))
+    b.read(DW, R8, R6, b.offsets.head)
+    b.emit(TRACK.load(R1, R9, "head"), jmp(JNE, R1, R8, "out", reg=True))
+    _key(b, R8, 1)
+    _lookup(b, "out")
+    b.emit(TRACK.load(R1, R0, "id"), TRACK.load(R2, R9, "id"), jmp(JNE, R1, R2, "out", reg=True),
+           stx(DW, FP, STACK.track_val + TRACK.off("id"), R1), stx(DW, FP, STACK.track_val + TRACK.off("head"), R8),
+           TRACK.load(R1, R9, "seen"), stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1))
+    _stash_key(b)
+    _insert(b)
+    b.emit(label("out"), movi(R0, 0), exit_())
+    return b.items
+
+
+def copy_exit_program(b, returns: str) -> list:
+    """fexit at a copy function: the id set aside at its entry (taken out) to the skb it made (seen nowhere yet),
+    or, where it gave argument 0 a new head, to that skb again (its points seen kept), keyed by its new head too."""
+    ret = 8 * len(b.point.params)
+    b.emit(ldx(DW, R6, R1, 0), jmp(JEQ, R6, 0, "out"), stx(DW, FP, STACK.ctx, R1))
+    _stash_key(b)
+    _lookup(b, "out")
+    b.emit(TRACK.load(R1, R0, "id"), stx(DW, FP, STACK.track_val + TRACK.off("id"), R1),
+           TRACK.load(R1, R0, "seen"), stx(DW, FP, STACK.track_val + TRACK.off("seen"), R1),
+           ld_map_fd(R1, b.maps.track), mov(R2, FP), addi(R2, STACK.track_key), call(Helper.map_delete_elem),
+           ldx(DW, R1, FP, STACK.ctx), ldx(DW, R0, R1, ret))
+    if returns == "skb":   # another skb: seen nowhere yet; the same (a new head only): as below
+        b.emit(jmp(JEQ, R0, 0, "out"), jmp(JEQ, R0, R6, "same", reg=True), mov(R6, R0),
+               st(DW, FP, STACK.track_val + TRACK.off("seen"), 0))
+        _enter(b, "copied")
+        b.emit(asm.ja("out"), label("same"))
+    else:
+        b.emit(jmp(JNE, R0, 0, "out"))
+    _enter(b, "rehomed")
+    b.emit(label("out"), movi(R0, 0), exit_())
+    return b.items
+
+
+def _enter(b, counter: str) -> None:
+    """The skb (R6) entered with STACK.track_val's id and seen, by its address and its head's; counted. Uses R0-R5,
+    R8."""
+    b.read(DW, R8, R6, b.offsets.head)
+    b.emit(stx(DW, FP, STACK.track_val + TRACK.off("head"), R8))
+    _key(b, R6)
+    _insert(b)
+    _key(b, R8, 1)
+    _insert(b)
+    _count(b, counter)
+
+
+def copy_points() -> list[tuple[Point, Point, str]]:
+    """(fentry point, fexit point, what it returns) of each copy function this kernel has and lets fcap trace
+    (fentry and fexit both load there); [] where it refuses them (no trampolines)."""
+    from fcap.points.spec import PointError, resolve
+    out = []
+    for name, returns in COPY_FUNCS:
+        try:
+            entry, exit_point = resolve(f"fentry/{name}"), resolve(f"fexit/{name}")
+        except PointError:
+            continue
+        if kinds.FENTRY.probe(entry.btf_id) is None and kinds.FEXIT.probe(exit_point.btf_id) is None:
+            out.append((entry, exit_point, returns))
+    return out
+
+
+def helpers(captured: list[Point], first_id: int, builder, copies: bool = False) -> list[tuple[Point, list]]:
+    """The helper programs a capture with the identity map needs: (point, instructions); with `copies` (--track),
+    those that follow a packet into its copies where the kernel lets them. builder(point) makes a
     fcap.kernel.program.Builder for one."""
     names = {p.name for p in captured if not p.kind.function}
     out = []
@@ -377,6 +467,8 @@ def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, 
         p = tracepoint(name, kinds.RAW_TP)
         if p is not None and len(p.params) > 1 and p.params[1].type.strip().kind == "ptr":
             out.append((p, lambda b, tags=tags: forget_program(b, tags)))
+    for entry, exit_point, returns in copy_points() if copies else ():
+        out += [(entry, copy_entry_program), (exit_point, lambda b, returns=returns: copy_exit_program(b, returns))]
     progs = []
     for i, (p, make) in enumerate(out):
         p.id = first_id + i
@@ -385,10 +477,13 @@ def helpers(captured: list[Point], first_id: int, builder) -> list[tuple[Point, 
 
 
 def evicted(counters, remaining: int) -> int:
-    """Entries the LRU evicted: inserted (two per packet, one per clone) - deleted - still there."""
+    """Entries the LRU evicted: inserted (two per packet and per copy, one per clone and per new head) - deleted -
+    still there."""
     c = read_counters(counters)
-    return max(2 * c["started"] + c["joined"] - c["deleted"] - remaining, 0)
+    inserted = 2 * (c["started"] + c["copied"]) + c["joined"] + c["rehomed"]
+    return max(inserted - c["deleted"] - remaining, 0)
 
 
 def read_counters(counters) -> dict[str, int]:
-    return {n: counters.sum_u64(0, TRACK_COUNTERS.off(n)) for n in ("started", "joined", "deleted")}
+    return {n: counters.sum_u64(0, TRACK_COUNTERS.off(n)) for n in ("started", "joined", "deleted", "copied",
+                                                                     "rehomed")}

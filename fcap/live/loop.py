@@ -171,6 +171,10 @@ class CaptureLoop:
         if t:
             out += (f"{t['started']} packet{'s' if t['started'] != 1 else ''} tracked ({t['joined']} clones), "
                     f"{t['evicted']} tracking entries evicted (map of {t['size']})\n")
+            out += (f"{t['copied']} cop{'y' if t['copied'] == 1 else 'ies'} of tracked packets followed under their "
+                    f"ids, {t['rehomed']} given a new head\n" if t["copies"] else
+                    "copies not followed: this kernel refuses fentry/fexit at the copy functions (skb_copy, "
+                    "pskb_expand_head, ...), so a copied packet starts a new id\n")
         return out
 
     def _status(self) -> int:

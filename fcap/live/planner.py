@@ -236,9 +236,11 @@ class Planner:
         return [u.points[0] if u.kind is None else multi.stand_in(u.kind, u.points) for u in self.units]
 
     def _helper_programs(self, maps: cprog.Maps):
-        """The identity map's helpers (fcap.kernel.track): programs where the kernel frees that end its entries."""
+        """The identity map's helpers (fcap.kernel.track): programs where the kernel frees that end its entries;
+        with --track, those where it copies a packet."""
         opts = cprog.ProgramOptions(start=cprog.START_DATA, snaplen=0, ident=self.ident())
-        return track.helpers(self.points, len(self.points), lambda p: cprog.Builder(p, opts, maps))
+        return track.helpers(self.points, len(self.points), lambda p: cprog.Builder(p, opts, maps),
+                             copies=self.ident() == track.IDENT_TRACK)
 
     def _pages(self, ncpus: int) -> int:
         """Pages per CPU (a power of two) for -B KiB shared by the CPUs (its default: fcap.defaults.buffer_kib)."""

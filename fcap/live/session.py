@@ -58,6 +58,7 @@ class Session(Planner, Attach):
         self.track_map = self.track_counters = None   # --track
         self.helpers: list[tuple[Point, Program]] = []   # --track: programs that only forget freed skbs
         self.track_report: dict = {}
+        self.follows_copies = False   # --track: the copy functions' helpers are loaded (fcap.kernel.track)
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
         self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
@@ -138,6 +139,7 @@ class Session(Planner, Attach):
     def _load_helpers(self, maps: cprog.Maps) -> None:
         for p, items in self._helper_programs(maps):
             self.helpers.append((p, self._load(p, items)))
+        self.follows_copies = any(p.name in track.COPY_NAMES for p, _prog in self.helpers)
 
 
     def _make_ring(self, want: int) -> int:
@@ -244,7 +246,8 @@ class Session(Planner, Attach):
         if self.cfg.track and self.track_map is not None and not self.track_map.fd.closed:
             remaining = sum(1 for _ in self.track_map.keys())
             self.track_report = dict(track.read_counters(self.track_counters),
-                                     evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max)
+                                     evicted=track.evicted(self.track_counters, remaining), size=self.cfg.track_max,
+                                     copies=self.follows_copies)
         return self.stats
 
     def close(self) -> None:
