@@ -416,7 +416,6 @@ def _peephole(items: list[asm.Item], done: str) -> list[asm.Item]:
     return out
 
 
-
 def _jump_into_loops(items: list[asm.Item]) -> list[asm.Item]:
     """6.1's verifier (check_cfg) refuses a loop that a fall-through closes in its depth-first walk (an
     instruction other than a jump running on into a label already on the walk's path): before such a label, a

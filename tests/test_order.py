@@ -307,7 +307,6 @@ def test_count_waits_for_every_program_before_it_takes_the_oldest():
     assert not order.reached(5, 0) and not order.reached(2, 3) and order.reached(3, 3)
 
 
-
 class _Sink:
     fmt = "pcap"
 

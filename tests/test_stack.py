@@ -247,7 +247,6 @@ def test_fcap_path_shows_the_stack_where_asked(stack_file):
     assert text.count("udp_send_skb+0x") >= 3 * n and ("__udp4_lib_rcv+0x" in text or " udp_rcv+0x" in text), text
 
 
-
 def test_reading_a_file_prints_its_stacks_where_asked(stack_file):
     import fcap
     path, n = stack_file

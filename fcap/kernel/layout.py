@@ -16,7 +16,6 @@ from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKET
                                  FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT)
 
 
-
 class Layout:
     """A packed little-endian structure declared as (name, struct format) pairs ("" names padding): its offsets,
     widths, a reader by name and eBPF loads/stores of its fields, all derived from the one declaration."""

@@ -22,7 +22,6 @@ from fcap.points.members import parse_path, root, walk
 Predicate = Callable[["object"], list]   # Builder -> items; jumps to "out" to drop the packet
 
 
-
 def emit_all(b) -> None:
     """The program's predicates, in their order (cheap first): each jumps to "out" to turn the packet away."""
     for pred in b.options.predicates:

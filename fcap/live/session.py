@@ -65,13 +65,6 @@ class Session(Planner, Attach):
 
     # -- set-up --------------------------------------------------------------------------------
 
-
-
-
-
-
-
-
     def open(self) -> None:
         """Resolve, compile, create maps, load every program (nothing attached yet)."""
         if not self.points:
@@ -123,9 +116,6 @@ class Session(Planner, Attach):
             self.close()
             raise
 
-
-
-
     def _make_track_maps(self, maps: cprog.Maps) -> None:
         from bpf.maps import HashMap
         self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
@@ -157,8 +147,6 @@ class Session(Planner, Attach):
                 if e.errno not in (errno.E2BIG, errno.ENOMEM) or size <= 1 << 16:
                     raise
                 size //= 2
-
-
 
     @property
     def per_record(self) -> bool:
@@ -276,9 +264,4 @@ class Session(Planner, Attach):
         self.maps = []
         if ids:   # return when the kernel has let go of them (a link's release may put its program after an RCU
             wait_freed(ids, 1.0)   # grace period), so that nothing of ours shows in bpftool once we are gone
-
-
-
-
-
 

@@ -20,7 +20,6 @@ from bpf.uapi import AttachType, Helper, ProgType
 from fcap.errors import PointError
 
 
-
 class PointLike(Protocol):
     """What a kind reads of a point (fcap.points.spec.Point, which holds its kind: this module stays below it)."""
 
