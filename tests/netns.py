@@ -107,10 +107,22 @@ class Proc:
         try:
             self.p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.name} did not exit within {timeout}s; stderr:\n{self.stderr}") from None
+            self._interrupt()
+            raise AssertionError(f"{self.name} did not exit within {timeout}s; stderr (with what SIGINT then "
+                                 f"made it say):\n{self.stderr}") from None
         self._t.join(timeout=5)
         return self.p.returncode
+
+    def _interrupt(self) -> None:
+        """A process that overran its time: SIGINT, so that its own summary (what it counted, what it lost)
+        reaches the failure's message, then SIGKILL if it does not end."""
+        try:
+            self.p.send_signal(signal.SIGINT)
+            self.p.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+        self._t.join(timeout=5)
 
     def kill(self) -> None:
         """Last resort (finally clauses): SIGKILL this child only."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
@@ -257,9 +256,7 @@ def corpus():
     return Corpus()
 
 
-# Inside tests/vm/run guests (TCG, ~10x slower): every translated program still goes through that kernel's verifier
-# and runs, over every 8th packet; the host runs them all.
-GUEST_STRIDE = 8 if os.environ.get("FCAP_VM") else 1
+GUEST_STRIDE = H.GUEST_STRIDE   # (every translated program still goes through a guest kernel's verifier and runs)
 
 
 def _differential(corpus: Corpus, capacity: int, slow: bool, stride: int = 1) -> dict:

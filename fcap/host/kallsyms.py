@@ -1,6 +1,7 @@
-"""Kernel addresses as names (FUNC+0xOFF, a module's functions with [MODULE]), from /proc/kallsyms: read once per
-process at first use, sorted, looked up by bisection, each address's name cached. Unreadable or hidden addresses
-(not root: kptr_restrict zeroes them) leave an address as a number."""
+"""Kernel addresses as names (FUNC+0xOFF, a module's functions with [MODULE]), from /proc/kallsyms: read once (at
+first use, or before it with load(): the reading takes ~0.2 s, a stall a capture takes before its first record, not
+in the middle of its traffic), sorted, looked up by bisection, each address's name cached. Unreadable or hidden
+addresses (not root: kptr_restrict zeroes them) leave an address as a number."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ class Symbols:
         self._names: list[tuple[str, str]] = []   # (function, module or "")
         self._cache: dict[tuple, str] = {}
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Read the symbols now, unless read already."""
+        if self._addrs is None:
+            self._read()
+
+    def _read(self) -> None:
         pairs = []
         try:
             with open(self.path) as f:
@@ -47,8 +53,7 @@ class Symbols:
         return text
 
     def _name(self, addr: int, module: bool, ret: bool) -> str:
-        if self._addrs is None:
-            self._load()
+        self.load()
         i = bisect.bisect_right(self._addrs, addr - 1 if ret else addr) - 1
         if i < 0 or not addr:
             return f"{addr:#x}"

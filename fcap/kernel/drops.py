@@ -136,6 +136,7 @@ class Names:
     def __init__(self, btf: BTF | None = None):
         enum = reason_enum(btf)
         self.reasons = {v: short(k) for k, v in enum.values.items()} if enum is not None else {}
+        kallsyms.shared().load()   # (before the first record: see fcap.host.kallsyms)
 
     def reason(self, value: int) -> str:
         return self.reasons.get(value, str(value))

@@ -68,8 +68,8 @@ class Stacks:
 
     def __init__(self, stack_map, symbols: kallsyms.Symbols | None = None):
         self.map = stack_map
-        # (read at the first record, once the capture's programs are loaded: a stack that still holds a BPF
-        # program's frame names it, not a program of an earlier capture at the same address)
+        # (read by the session once the capture's programs are loaded, before they attach: a stack that still holds
+        # a BPF program's frame names it, not a program of an earlier capture at the same address)
         self.symbols = symbols or kallsyms.Symbols()
         self._cache: dict[int, tuple[str, ...]] = {}
 

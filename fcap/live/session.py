@@ -98,14 +98,11 @@ class Session(Planner, Attach):
                 ring_size = self._make_ring(plan.ring_size)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
             self._load_all(maps)
+            if self.stacks is not None:
+                self.stacks.symbols.load()   # (now, not at the first record: see fcap.host.kallsyms)
             if track.uses_map(self.ident()):
                 self._load_helpers(maps)
-            if self.ring is not None:   # the perf buffer only carries doorbells: wake at each
-                self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=plan.cpus)
-                self.ring_size = maps.ring_size
-            else:
-                wake = 1 if self.cfg.immediate else plan.pages * PAGE // 4
-                self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)
+            self._make_buffer(events, plan, maps.ring_size)
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
                 from fcap.host.nftrace import Tracers
                 self.nft = Tracers(self.cfg.nft_netns)
@@ -115,6 +112,16 @@ class Session(Planner, Attach):
         except CaptureError:
             self.close()
             raise
+
+    def _make_buffer(self, events, plan, ring_size: int) -> None:
+        """The perf buffer: the records' own (-B's pages per CPU, woken at a quarter full or, --immediate-mode, at
+        each record), or where the file rings hold the records their doorbells (woken at each)."""
+        if self.ring is not None:
+            self.buffer = PerfBuffer(events, pages=2, wakeup_bytes=0, cpus=plan.cpus)
+            self.ring_size = ring_size
+        else:
+            wake = 1 if self.cfg.immediate else plan.pages * PAGE // 4
+            self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)
 
     def _make_track_maps(self, maps: cprog.Maps) -> None:
         from bpf.maps import HashMap
