@@ -80,11 +80,12 @@ def wait_freed(ids: list[int], timeout: float) -> bool:
 def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", license: str = "GPL",
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "", btf_fd: int = 0,
-         func_info: Sequence[tuple[int, int]] = ()) -> Program:
+         func_info: Sequence[tuple[int, int]] = (), prog_flags: int = 0) -> Program:
     """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC) and raised
     as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError. With `btf_fd` and `func_info`
     ((instruction, BTF FUNC id) pairs) the program carries its own BTF (bpf.btf_write); attach_btf_obj_fd is also
-    the union's attach_prog_fd: the target of fentry/fexit on a BPF program."""
+    the union's attach_prog_fd: the target of fentry/fexit on a BPF program. prog_flags: BPF_F_* load flags
+    (bpf.uapi.ProgFlag), e.g. an XDP program that takes multi-buffer packets."""
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
     buf = ctypes.create_string_buffer(code, len(code))
@@ -99,7 +100,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
                             prog_name=name.encode()[:BPF_OBJ_NAME_LEN - 1], expected_attach_type=expected_attach_type,
                             attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd, prog_btf_fd=btf_fd,
                             func_info_rec_size=8 if func_info else 0, func_info=addr(finfo),
-                            func_info_cnt=len(func_info))
+                            func_info_cnt=len(func_info), prog_flags=prog_flags)
         fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
         text = log.value.decode(errors="replace") if log is not None else ""
         return fd, err, text

@@ -108,6 +108,7 @@ class Helper(IntEnum):
     get_current_task = 35
     probe_read_str = 45
     skb_output = 111
+    xdp_output = 121
     probe_read_user = 112
     probe_read_kernel = 113
     probe_read_user_str = 114
@@ -139,13 +140,19 @@ class MapFlags(IntFlag):
     MMAPABLE = 1 << 10
 
 
+class ProgFlag(IntFlag):
+    """BPF_PROG_LOAD's prog_flags."""
+    NONE = 0
+    XDP_HAS_FRAGS = 1 << 5    # an XDP program that takes multi-buffer packets (Linux 5.18+)
+
+
 class UpdateFlags(IntEnum):
     ANY = 0
     NOEXIST = 1
     EXIST = 2
 
 
-# bpf_perf_event_output / bpf_skb_output flags
+# bpf_perf_event_output / bpf_skb_output / bpf_xdp_output flags
 F_INDEX_MASK = 0xFFFFFFFF
 F_CURRENT_CPU = F_INDEX_MASK
 

@@ -48,12 +48,17 @@ def body(prog_type: ProgType, rewrite_port: int, drop_port: int, counter_fd: int
 class TestProgram:
     """A loaded test program, its BTF and its drop counter (close() frees them)."""
 
-    def __init__(self, prog_type: ProgType, name: str, rewrite_port: int, drop_port: int):
+    def __init__(self, prog_type: ProgType, name: str, rewrite_port: int, drop_port: int, flags: int = 0):
         w, func = BTFWriter.one_function(name, SHAPES[prog_type][0])
         self.btf = w.load()
         self.counter = ArrayMap(value_size=8, max_entries=1, name="fcap_t_drops")
-        self.prog: Program = load(prog_type, body(prog_type, rewrite_port, drop_port, self.counter.fileno()),
-                                  name=name, btf_fd=self.btf.fileno(), func_info=[(0, func)])
+        try:
+            self.prog: Program = load(prog_type, body(prog_type, rewrite_port, drop_port, self.counter.fileno()),
+                                      name=name, btf_fd=self.btf.fileno(), func_info=[(0, func)], prog_flags=flags)
+        except BaseException:
+            self.counter.close()
+            self.btf.close()
+            raise
         self.name = name
 
     def fileno(self) -> int:

@@ -230,8 +230,8 @@ def test_drop_points_name_reason_location_verdict_live_and_read_back(root, tmp_p
     import fcap
     port = _closed_port()
     expr = f"udp and dst port {port}"
-    _send_later(port, [11])
-    with fcap.capture("skb:drop", filter=expr, count=1, timeout=10) as cap:
+    with fcap.capture("skb:drop", filter=expr, count=1, timeout=10) as cap:   # (attached when it returns)
+        _send_later(port, [11], delay=0.05)
         (live,) = list(cap)
     assert live.point == "skb:drop" and live.verdict == (1, 2)    # eBPF TC (type 1): TC_ACT_SHOT
     assert live.location and "+0x" in live.location
@@ -256,8 +256,8 @@ def test_track_follows_one_packet_under_the_command_lines_names(root, tmp_path, 
     datagrams have other ids; the points are named as the command line names them, live and read back."""
     import fcap
     expr = f"udp and dst port {sink.port}"
-    _send_later(sink.port, [21, 22, 23])
     with fcap.capture(["dev:queue", "dev:receive"], filter=expr, track=True, count=6, timeout=10) as cap:
+        _send_later(sink.port, [21, 22, 23], delay=0.05)
         live = list(cap)
     assert len(live) == 6 and {p.point for p in live} == {"dev:queue", "dev:receive"}
     by_id: dict = {}

@@ -278,3 +278,56 @@ def test_list_devices_says_where_xdp_is_attached(xdp_prog, veth_ns):
     import json
     rows = [row for row in json.loads(r.stdout) if row.get("id") == prog.id]
     assert rows and f"{veth_ns.a} (xdp link)" in rows[0]["attached"], rows
+
+
+JUMBO = 8000   # a UDP payload past a page: the veth hands an xdp.frags program the frame in pieces
+
+
+def test_xdp_multi_buffer_frames_are_whole(veth_ns, tmp_path, root):
+    """A jumbo frame (MTU 9000 on the veth pair) into an xdp.frags program (BPF_F_XDP_HAS_FRAGS) reaches it as a
+    multi-buffer packet: a page's worth in the linear part, the rest in frags. At xdp/PROG fcap's records hold the
+    whole frame, the bytes `tcpdump -i` sees on the device after the program passed it, and their length counts
+    the frags; the datagram reaches its socket."""
+    from bpfprogs import TestProgram
+    from bpf.uapi import ProgFlag
+    from netns import read_packets, sh, start_tcpdump
+    v = veth_ns
+    _prog, rewrite, drop = _program(ProgType.XDP)
+    _prog.close()
+    try:
+        prog = TestProgram(ProgType.XDP, _prog.name, rewrite, drop, flags=ProgFlag.XDP_HAS_FRAGS)
+    except BPFError as e:
+        pytest.skip(f"this kernel loads no multi-buffer XDP program (BPF_F_XDP_HAS_FRAGS, Linux 5.18+): {e}")
+    try:
+        reason = _refusal(prog.prog)
+        if reason is not None:
+            pytest.skip(f"this kernel refuses fentry on BPF programs: {reason}")
+        sh("ip", "link", "set", v.a, "mtu", "9000")
+        sh(*v.exec("ip", "link", "set", v.b, "mtu", "9000"))
+        link = attach_device(prog.fileno(), v.a_index, AttachType.XDP, f"xdp.frags on {v.a}")
+        out, seen = tmp_path / "out.pcapng", tmp_path / "tcpdump.pcap"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as r:
+            r.bind((v.local, 0))
+            r.settimeout(5)
+            port = r.getsockname()[1]
+            payload = bytes(i % 251 for i in range(JUMBO))
+            td = start_tcpdump(v.a, seen, f"udp port {port}")
+            fc = start_fcap(["-i", f"xdp/{prog.name}", "-w", str(out), f"udp port {port}"])
+            try:
+                subprocess.run(v.exec(sys.executable, "-c", "import socket, sys; socket.socket(socket.AF_INET, "
+                                      "socket.SOCK_DGRAM).sendto(bytes(i % 251 for i in range(int(sys.argv[3]))), "
+                                      "(sys.argv[1], int(sys.argv[2])))", v.local, str(port), str(JUMBO)),
+                               check=True, timeout=60)
+                assert r.recv(65536) == payload
+            finally:
+                link.close()
+                assert fc.stop() == 0, fc.stderr
+                assert td.stop() == 0, td.stderr
+    finally:
+        prog.close()
+    frame = [p.raw for p in read_packets(str(seen))]
+    assert len(frame) == 1 and len(frame[0]) == 14 + 20 + 8 + JUMBO, [len(f) for f in frame]
+    recs = {p.iface_name: p for p in read_packets(str(out))}
+    assert sorted(recs) == [f"xdp.entry/{prog.name}", f"xdp.exit/{prog.name}"], sorted(recs)
+    for name, p in recs.items():
+        assert (p.raw, p.orig_l3_len + 14) == (frame[0], len(frame[0])), (name, len(p.raw), p.orig_l3_len)

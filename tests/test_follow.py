@@ -335,59 +335,6 @@ def test_track_follows_the_skb_across_the_namespace(tmp_path, veth_ns):
     assert {p.iface_name for p in plain} == {"dev:queue"} and len(plain) == 3
 
 
-def test_track_follows_a_packet_into_its_copies(tmp_path, veth_ns):
-    """An nftables `dup` in the output hook copies each datagram to the namespace (nf_dup_ipv4: a new skb,
-    __pskb_copy_fclone). With --track from fentry/__ip_local_out (before the hook: the datagram is tracked when it is
-    copied) to dev:queue and dev:receive, the copy keeps its datagram's packet id (fentry and fexit at the copy
-    functions hand it over), while the kernel's own view has two skbs with the datagram's bytes, sent and received
-    twice; the first datagram goes to a neighbour not yet resolved (ARP). Where the kernel refuses fentry/fexit
-    the summary says copies are not followed."""
-    need_tool("nft", "adds the dup rule")
-    v = veth_ns
-    port = 7600 + os.getpid() % 500
-    table = f"fcap_dup_{os.getpid()}"
-    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(   # (nft wants dup's rule on a line of its own)
-        f"table ip {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
-        f"  ip daddr {v.peer} udp dport {port} dup to {v.peer}\n }}\n}}\n"))
-    path = tmp_path / "dup.pcapng"
-    follows = all(kernel_refusal(kind, func) is None for kind, func in (("fexit", "__pskb_copy_fclone"),
-                                                                        ("fentry", "__ip_local_out")))
-    first = ["-i", "fentry/__ip_local_out"] if follows else []
-    try:
-        f = start_fcap(first + ["-i", "dev:queue", "-i", "dev:receive", "--track", "-w", str(path),
-                                f"udp port {port}"])
-        try:
-            _udp(v.peer, port, 3)
-            time.sleep(0.5)
-        finally:
-            f.stop()
-    finally:
-        subprocess.run(["nft", "delete", "table", "ip", table], check=False)
-    assert f.p.returncode == 0, f.stderr
-    if not follows:
-        assert "copies not followed" in f.stderr, f.stderr
-        return
-    recs = [p for p in read_packets(path) if flow_of(p) is not None and flow_of(p).dport == port]
-    by_id: dict[int, list] = {}
-    for p in sorted(recs, key=lambda p: p.ts_ns):
-        by_id.setdefault(p.packet_id, []).append(p)
-    # each datagram: one id; sent twice and received twice (the original and its copy: two skbs, the same bytes)
-    assert len(by_id) == 3 and len(recs) == 18, {i: [p.iface_name for p in ps] for i, ps in by_id.items()}
-    for ps in by_id.values():
-        assert sorted(p.iface_name for p in ps) == ["dev:queue"] * 2 + ["dev:receive"] * 2 + \
-            ["fentry/__ip_local_out"] * 2, [p.iface_name for p in ps]
-        sent = [p for p in ps if p.iface_name == "dev:queue"]
-        assert all(p.raw.endswith(b"f" * 20) for p in ps) and len({_skb(p) for p in sent}) == 2, [
-            _skb(p) for p in sent]   # (the datagram's bytes in both; the headers differ from point to point)
-    m = re.search(r"^(\d+) cop(?:y|ies) of tracked packets followed", f.stderr, re.M)
-    assert m and int(m[1]) >= 3, f.stderr
-
-
-def _skb(p) -> str:
-    """The skb address fcap's comment gives a record."""
-    return re.search(r"skb=(0x[0-9a-f]+)", p.comment or "")[1]
-
-
 def test_track_evictions_are_counted(tmp_path, veth_ns):
     """A tracking map of 4 entries and 8 datagrams that stay queued (a socket that never reads): the map evicts,
     and the summary says how much."""

@@ -125,7 +125,13 @@ def test_count_is_the_first_by_time_with_both_cpus_sending(tmp_path):
     ours = _ours(first)
     assert len(ours) == count
     times = [ts for ts, _key, _id in ours]
-    assert times == sorted(times)
+    # in time order, but for the records fcap says it wrote late (a program held between its clock read and its
+    # publish for longer than the drain's margin: under TCG a virtual CPU stops for milliseconds), exactly those
+    said = re.search(r"^(\d+) packets? written out of time order \(late\)", fc.stderr, re.M)
+    late = int(said[1]) if said else 0
+    assert _late(times) == late, fc.stderr
+    if late:   # (a late record's program held that long may have passed over an older one: no N-oldest check)
+        return
     if "\n0 packets dropped by kernel" in fc.stderr and "\n0 packets dropped by kernel" in full.stderr:
         everything = _ours(every)
         assert len(everything) == 2 * n, full.stderr
@@ -139,3 +145,13 @@ def test_count_is_the_first_by_time_with_both_cpus_sending(tmp_path):
         assert not passed_over, f"{len(passed_over)} older than the newest kept (ns before, packet): {passed_over[:5]}"
     else:   # (a loss before the count was reached: the first N captured are not the first N sent)
         pytest.skip(f"the kernel dropped records: {fc.stderr} {full.stderr}")
+
+
+def _late(times: list[int]) -> int:
+    """Records older than one written before them."""
+    newest, n = 0, 0
+    for t in times:
+        if t < newest:
+            n += 1
+        newest = max(newest, t)
+    return n

@@ -194,21 +194,30 @@ def check_multi(key: str, single) -> Result:
 
 def check_bpf_programs() -> Result:
     """A capture at the entry and exit of an XDP program fcap loads for the purpose (XDP_PASS, with BTF function
-    info), attached nowhere."""
+    info; multi-buffer where the kernel has it, so that the capture programs' frags branch is verified too),
+    attached nowhere."""
     from bpf import asm
     from bpf.btf_write import BTFWriter
     from bpf.errors import BPFError
     from bpf.prog import load
-    from bpf.uapi import ProgType
+    from bpf.uapi import ProgFlag, ProgType
+    prog, frags = None, ""
     try:
         w, func = BTFWriter.one_function("fcap_probe_xdp", "xdp_md")
         with w.load() as btf:
-            prog = load(ProgType.XDP, [asm.movi(asm.R0, 2), asm.exit_()], name="fcap_probe_xdp", btf_fd=btf.fileno(),
-                        func_info=[(0, func)])
+            for flags in (ProgFlag.XDP_HAS_FRAGS, ProgFlag.NONE):
+                try:
+                    prog = load(ProgType.XDP, [asm.movi(asm.R0, 2), asm.exit_()], name="fcap_probe_xdp",
+                                btf_fd=btf.fileno(), func_info=[(0, func)], prog_flags=flags)
+                    frags = "; multi-buffer frags" if flags else ""
+                    break
+                except BPFError:
+                    if not flags:
+                        raise
     except BPFError as e:
         return Result("bpf_programs", False, f"cannot load an XDP program with BTF to try: {e}")
     with prog:
-        return _try("bpf_programs", lambda: _capture(f"xdp/{prog.info().id}") or "yes (entry, exit, verdict)")
+        return _try("bpf_programs", lambda: _capture(f"xdp/{prog.info().id}") or f"yes (entry, exit, verdict{frags})")
 
 
 def report() -> list[Result]:

@@ -405,8 +405,9 @@ class Builder:
     def file_header(self) -> None:
         """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
         R5; keeps R2, R4, R8. The original length counts from the linktype's start: hdr + max(len - skip, 0)."""
+        pos = self.fresh("orig_pos")
         self.emit(META.store(R7, "caplen", R4), META.load(R5, R7, "len"), META.load(R3, R7, "skip"),
-                  alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, "orig_pos"), movi(R5, 0), label("orig_pos"),
+                  alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, pos), movi(R5, 0), label(pos),
                   alu64(ADD, R5, R8, reg=True), META.store(R7, "orig", R5),
                   META.load(R0, R7, "ts"), ld_imm64(R1, self.options.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
         if self.options.record == RECORD_PCAPNG:
@@ -443,43 +444,53 @@ class Builder:
     def perf_output(self) -> None:
         """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after.
         In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
-        area = dump_area(self.options)
-        if not self.copies_bytes:
-            # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
-            self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
-                      jmp(JSGT, R4, 0, "cap_pos"), movi(R4, 0), label("cap_pos"), alu64(ADD, R4, R8, reg=True),
-                      META.store(R7, "fast", R4), jmp(JEQ, R3, 0, "fast_set"), META.store_imm(R7, "fast", 0),
-                      label("fast_set"))
-            self.file_header()
-            self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
-                      mov(R1, R6), ld_map_fd(R2, self.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
-                      mov(R5, R8), addi(R5, META_SIZE + area), call(Helper.skb_output))
+        if self.copies_bytes:
+            self.output_copied()
         else:
-            # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
-            self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
-                      asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
-                      stx(DW, FP, STACK.n, R2))
-            self.nonlinear_len(R0)
-            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
-                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
-                      jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
-                      jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
-                      label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
-                      label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
-                      META.store(R7, "copy", R2), stx(DW, FP, STACK.n, R2),
-                      # the bytes are read into place after the headers: always contiguous
-                      mov(R4, R2), alu64(ADD, R4, R8, reg=True), META.store(R7, "fast", R4))
-            self.file_header()
-            self.emit(ldx(DW, R2, FP, STACK.n),
-                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
-                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
-                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
-                      ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.maps.events), ld_imm64(R3, F_CURRENT_CPU),
-                      mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
-                      alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
-                      jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
-                      call(Helper.perf_event_output))
+            self.output_by_helper(Helper.skb_output)
+
+    def output_by_helper(self, helper: Helper) -> None:
+        """The packet's bytes appended by `helper` (bpf_skb_output, bpf_xdp_output: frags too) to meta + headers,
+        copy bytes from the packet's first (skip included: user space drops them)."""
+        area = dump_area(self.options)
+        # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
+        pos, fast = self.fresh("cap_pos"), self.fresh("fast_set")
+        self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
+                  jmp(JSGT, R4, 0, pos), movi(R4, 0), label(pos), alu64(ADD, R4, R8, reg=True),
+                  META.store(R7, "fast", R4), jmp(JEQ, R3, 0, fast), META.store_imm(R7, "fast", 0), label(fast))
+        self.file_header()
+        self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
+                  mov(R1, R6), ld_map_fd(R2, self.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
+                  mov(R5, R8), addi(R5, META_SIZE + area), call(helper))
+
+    def output_copied(self) -> None:
+        """The packet's linear bytes read by the program into scratch after meta + headers, handed over whole."""
+        area = dump_area(self.options)
+        # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
+        self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
+                  asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
+                  stx(DW, FP, STACK.n, R2))
+        self.nonlinear_len(R0)
+        self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
+                  alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
+                  jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
+                  jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
+                  label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
+                  label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
+                  META.store(R7, "copy", R2), stx(DW, FP, STACK.n, R2),
+                  # the bytes are read into place after the headers: always contiguous
+                  mov(R4, R2), alu64(ADD, R4, R8, reg=True), META.store(R7, "fast", R4))
+        self.file_header()
+        self.emit(ldx(DW, R2, FP, STACK.n),
+                  mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
+                  ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
+                  META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
+                  call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
+                  ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.maps.events), ld_imm64(R3, F_CURRENT_CPU),
+                  mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
+                  alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
+                  jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
+                  call(Helper.perf_event_output))
 
 
 def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:

@@ -1,16 +1,20 @@
 """The capture program at an XDP program's entry or exit (kinds xdp.entry, xdp.exit): the context is a struct
-xdp_buff, not an skb. The packet is [data, data_end) (linear; an XDP multi-buffer's frags are not read), read with
-probe_read_kernel into the scratch value and handed to the perf buffer as an untyped point's bytes; the device is
-xdp->rxq->dev, the direction in (PACKET_HOST), no mark. The rest of the program (predicates, filter, record) is
-the skb program's (fcap.kernel.program.Builder)."""
+xdp_buff, not an skb. The packet is [data, data_end), read with probe_read_kernel into the scratch value and handed
+to the perf buffer as an untyped point's bytes; a multi-buffer packet (an xdp.frags program's, Linux 5.18+: jumbo
+frames, LRO) has frags after it, which bpf_xdp_output appends to the record instead (the packet's length counts
+them). The device is xdp->rxq->dev, the direction in (PACKET_HOST), no mark. The rest of the program (predicates,
+filter, record) is the skb program's (fcap.kernel.program.Builder)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
-from bpf.asm import (DW, FP, JEQ, JLT, R0, R1, R2, R3, R6, R7, R8, R9, SUB, H, W, addi, alu64, be, call, jmp,
-                     label, ldx, mov, movi, st, stx)
+from bpf import asm
+from bpf.asm import (ADD, DW, FP, JEQ, JLT, R0, R1, R2, R3, R6, R7, R8, R9, SUB, H, W, addi, alu64, andi, be, call,
+                     jmp, label, ldx, mov, movi, st, stx)
 from bpf.btf import BTF
+from bpf.errors import BTFError
 from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
@@ -23,8 +27,25 @@ ADDR_AT = 6            # the Ethernet source address: SLL2's address
 PROTO_AT = 12          # the EtherType
 
 
+SMP_CACHE_BYTES = 64   # SKB_DATA_ALIGN's alignment (L1_CACHE_BYTES on x86-64 and arm64)
+
+
+class XdpFrags(NamedTuple):
+    """Where a multi-buffer xdp_buff says it has frags and how many bytes they hold: xdp->flags & has_frags; the
+    struct skb_shared_info at data_hard_start + frame_sz - sinfo (its size, SKB_DATA_ALIGN'ed), its xdp_frags_size
+    at frags_size."""
+
+    flags: int
+    has_frags: int
+    hard_start: int
+    frame_sz: int
+    sinfo: int
+    frags_size: int
+
+
 class XdpOffsets:
-    """Where struct xdp_buff and struct xdp_rxq_info hold what the program reads, from BTF."""
+    """Where struct xdp_buff and struct xdp_rxq_info hold what the program reads, from BTF; frags: None before
+    multi-buffer XDP (Linux 5.18)."""
 
     def __init__(self, vm: BTF):
         xdp, rxq = vm.find("xdp_buff", "struct"), vm.find("xdp_rxq_info", "struct")
@@ -32,6 +53,19 @@ class XdpOffsets:
         self.data_end = xdp.member("data_end")[1] // 8
         self.rxq = xdp.member("rxq")[1] // 8
         self.rxq_dev = rxq.member("dev")[1] // 8
+        self.frags = _frags(vm, xdp)
+
+
+def _frags(vm: BTF, xdp) -> XdpFrags | None:
+    flags, sinfo = vm.find("xdp_buff_flags", "enum"), vm.find("skb_shared_info", "struct")
+    if flags is None or sinfo is None or "XDP_FLAGS_HAS_FRAGS" not in flags.values:
+        return None
+    try:
+        return XdpFrags(xdp.member("flags")[1] // 8, flags.values["XDP_FLAGS_HAS_FRAGS"],
+                        xdp.member("data_hard_start")[1] // 8, xdp.member("frame_sz")[1] // 8,
+                        -(-sinfo.size // SMP_CACHE_BYTES) * SMP_CACHE_BYTES, sinfo.member("xdp_frags_size")[1] // 8)
+    except BTFError:
+        return None
 
 
 @lru_cache(maxsize=2)
@@ -51,7 +85,39 @@ class XdpBuilder(Builder):
         self.emit(ldx(DW, dst, R6, self.xdp.rxq), ldx(DW, dst, dst, self.xdp.rxq_dev))
 
     def nonlinear_len(self, dst: int) -> None:
-        self.emit(movi(dst, 0))
+        """dst = the bytes in a multi-buffer packet's frags: META's len less data_end - data (uses R1)."""
+        if self.xdp.frags is None:
+            self.emit(movi(dst, 0))
+            return
+        assert dst != R1
+        self.emit(ldx(DW, dst, R6, self.xdp.data_end), ldx(DW, R1, FP, STACK.head), alu64(SUB, dst, R1, reg=True),
+                  META.load(R1, R7, "len"), alu64(SUB, R1, dst, reg=True), mov(dst, R1))
+
+    def frags_len(self) -> None:
+        """R9 += the bytes in the packet's frags, where it has them (skb_shared_info's xdp_frags_size). Uses R0-R5."""
+        fr = self.xdp.frags
+        if fr is None:
+            return
+        linear = self.fresh("xdp_linear")
+        self.emit(ldx(W, R0, R6, fr.flags), andi(R0, fr.has_frags), jmp(JEQ, R0, 0, linear),
+                  ldx(DW, R3, R6, fr.hard_start), ldx(W, R0, R6, fr.frame_sz), alu64(ADD, R3, R0, reg=True),
+                  addi(R3, fr.frags_size - fr.sinfo), mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 4),
+                  st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(W, R0, FP, STACK.tmp),
+                  alu64(ADD, R9, R0, reg=True), label(linear))
+
+    def perf_output(self) -> None:
+        """A linear packet's bytes read by the program (as ever); a multi-buffer one's, frags too, appended by
+        bpf_xdp_output. In: R2 = copy, R8 = hdr_total."""
+        fr = self.xdp.frags
+        if fr is None:
+            super().perf_output()
+            return
+        linear, sent = self.fresh("xdp_copied"), self.fresh("xdp_sent")
+        self.emit(ldx(W, R0, R6, fr.flags), andi(R0, fr.has_frags), jmp(JEQ, R0, 0, linear))
+        self.output_by_helper(Helper.xdp_output)
+        self.emit(asm.ja(sent), label(linear))
+        self.output_copied()
+        self.emit(label(sent))
 
     def skb_mark(self, dst: int) -> None:
         self.emit(movi(dst, 0))
@@ -61,8 +127,9 @@ class XdpBuilder(Builder):
         kept at STACK.head (STACK.dataoff 0), where the copies read from."""
         x, f = self.xdp, self.offsets
         self.emit(META.store(R7, "skb", R6), ldx(DW, R8, R6, x.data), ldx(DW, R9, R6, x.data_end),
-                  stx(DW, FP, STACK.head, R8), st(DW, FP, STACK.dataoff, 0), alu64(SUB, R9, R8, reg=True),
-                  META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, "xdp_proto"),
+                  stx(DW, FP, STACK.head, R8), st(DW, FP, STACK.dataoff, 0), alu64(SUB, R9, R8, reg=True))
+        self.frags_len()
+        self.emit(META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, "xdp_proto"),
                   mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 2), mov(R3, R8), addi(R3, PROTO_AT),
                   st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(H, R0, FP, STACK.tmp),
                   label("xdp_proto"), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", 0),
