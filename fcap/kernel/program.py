@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import methodcaller
+
 from bpf import asm
 from bpf.asm import (
     ADD, DW, FP, JEQ, JGE, JGT, JNE, JSGT, JSLT, OR, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, SUB, B, H, W, addi,
@@ -499,7 +501,8 @@ def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:
 
 PACKET_FILTER = Feature("filter", on=lambda point, options, maps: options.filter is not None,
                         stages={FILTER: Builder.run_filter}, flags=(FLAG_LINEAR_ONLY,), turns_away=True)
-PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: Builder.perf_output},
+# (the builder's own perf_output: XdpBuilder's appends a multi-buffer packet's frags)
+PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: methodcaller("perf_output")},
                       fields=("copy", "fast", "caplen", "orig", "ts1", "ts2"),
                       maps=(MapUse("events", "PERF_EVENT_ARRAY, a buffer per CPU; the session's"),),
                       reads="fcap.live.drain.FileDrain")
