@@ -89,3 +89,14 @@ def l4_payload(p: Pkt) -> bytes:
     if b[0] >> 4 == 4:
         return b[(b[0] & 15) * 4 + 8:]
     return b[48:]
+
+
+def summary(stderr: str) -> dict[str, int]:
+    """The summary lines fcap (and tcpdump) end with, as numbers: {'captured': N, 'received by filter': N,
+    'dropped by kernel': N}; each of the three must be there once."""
+    out = {}
+    for key in ("captured", "received by filter", "dropped by kernel"):
+        m = [ln for ln in stderr.splitlines() if ln.endswith(f" {key}") and ln.split()[0].isdigit()]
+        assert len(m) == 1, f"no single '{key}' line in the capture's stderr:\n{stderr}"
+        out[key] = int(m[0].split()[0])
+    return out

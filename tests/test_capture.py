@@ -40,6 +40,7 @@ from netns import (
     tcp_bulk,
     udp_sizes,
 )
+from packets import summary
 from tsharkutil import tshark_rows
 
 # A perf sample holds at most 64 KiB: fcap keeps the largest prefix of a bigger skb (GSO/BIG TCP on lo) that
@@ -312,7 +313,7 @@ def test_lo_matches_tcpdump(tcpdump, tmp_path, point):
         spoiled = _reference_spoiled(td, drops)
         if spoiled:
             return spoiled
-        assert _summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
+        assert summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
         mine = _is_ours(t, tag)
         ours = [p for p in read_packets(ours_path) if mine(p)]
         theirs = [p for p in read_packets(theirs_path) if mine(p)]
@@ -370,7 +371,7 @@ def test_veth_receive_matches_tcpdump(tcpdump, veth_ns, tmp_path):
         spoiled = _reference_spoiled(td, drops)
         if spoiled:
             return spoiled
-        assert _summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
+        assert summary(fc.stderr)["dropped by kernel"] == 0, fc.stderr
 
         def mine(p: Pkt) -> bool:
             f = flow_of(p)
@@ -403,16 +404,6 @@ def by_time(pkts: list[Pkt]) -> list[Pkt]:
     """Packets in timestamp order. fcap drains its per-CPU perf buffers one after the other, so a file can hold
     CPU 0's packets before CPU 1's earlier ones (a sender that migrates between CPUs mid-test does that)."""
     return sorted(pkts, key=lambda p: p.ts_ns)
-
-
-def _summary(stderr: str) -> dict[str, int]:
-    """The three summary lines, as numbers: captured / received by filter / dropped by kernel."""
-    out = {}
-    for key in ("captured", "received by filter", "dropped by kernel"):
-        m = [ln for ln in stderr.splitlines() if ln.endswith(f" {key}") and ln.split()[0].isdigit()]
-        assert len(m) == 1, f"no single '{key}' line in fcap's stderr:\n{stderr}"
-        out[key] = int(m[0].split()[0])
-    return out
 
 
 PY_SEND = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "

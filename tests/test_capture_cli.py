@@ -29,8 +29,9 @@ from netns import (
     send_udp,
     start_fcap,
 )
+from packets import summary
 from tsharkutil import no_error_text, tshark_rows
-from test_capture import SETTLE, _sender, _sent, _summary, by_time
+from test_capture import SETTLE, _sender, _sent, by_time
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
@@ -281,7 +282,7 @@ def test_count_stops_after_exactly_n(sink, tmp_path):
     finally:
         fc.kill()
     assert rc == 0, fc.stderr
-    s = _summary(fc.stderr)
+    s = summary(fc.stderr)
     assert s["captured"] == 3, fc.stderr
     assert_first_n([l4_payload(p) for p in by_time(read_packets(path))], pays, 3)
 
@@ -295,7 +296,7 @@ def test_command_runs_and_its_status_is_fcaps(sink, tmp_path):
     err = r.stderr.decode()
     assert r.returncode == 0, err
     assert "Traceback" not in err
-    assert _summary(err)["captured"] == 4, err
+    assert summary(err)["captured"] == 4, err
     assert [l4_payload(p) for p in by_time(read_packets(path))] == _sent(tag, 4)
 
 
@@ -319,7 +320,7 @@ def test_command_exit_status(root, code, expect):
     err = r.stderr.decode()
     assert r.returncode == expect, err
     assert "Traceback" not in err
-    _summary(err)
+    summary(err)
 
 
 def test_count_ends_a_longer_command_with_status_0(sink, tmp_path):
@@ -334,7 +335,7 @@ def test_count_ends_a_longer_command_with_status_0(sink, tmp_path):
     finally:
         fc.kill()
     assert rc == 0, fc.stderr
-    assert _summary(fc.stderr)["captured"] == 2, fc.stderr
+    assert summary(fc.stderr)["captured"] == 2, fc.stderr
     time.sleep(0.2)
     assert not marker.exists()
     assert len(read_packets(path)) == 2
@@ -373,7 +374,7 @@ def test_signal_ends_cleanly(tcpdump, sink, tmp_path, sig):
     finally:
         fc.kill()
     assert rc == 0, fc.stderr
-    s = _summary(fc.stderr)
+    s = summary(fc.stderr)
     assert s == {"captured": 20, "received by filter": 20, "dropped by kernel": 0}, fc.stderr
     assert [l4_payload(p) for p in by_time(read_packets(path))] == pays
     r = subprocess.run(["tcpdump", "-nn", "-r", path], capture_output=True, text=True, timeout=30)

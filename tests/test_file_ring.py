@@ -14,6 +14,7 @@ import pytest
 from conftest import need_root
 
 from netns import UDPSink, ping, start_fcap
+from packets import summary
 
 POINT = "tp_btf/net_dev_queue"
 PR_SET_NAME = 15
@@ -151,11 +152,7 @@ def test_ring_wraps_and_counts_exactly(tmp_path, fmt, snap):
     finally:
         a.stop()
     assert a.p.returncode == 0, a.stderr
-    n = {}
-    for line in a.lines:
-        words = line.split(" ", 2)
-        if len(words) == 3 and words[0].isdigit():
-            n[words[2]] = int(words[0])
+    n = summary(a.stderr)
     records = list(read(path))
     assert n["captured"] == len(records)
     assert n["captured"] + n["dropped by kernel"] == n["received by filter"]

@@ -15,7 +15,7 @@ import pytest
 from fcap.files.pcapfile import open_writer
 from fcap.files.pcapread import read
 from netns import EXIT_TIMEOUT, fcap_argv, read_packets, send_udp, start_fcap, subprocess_env
-from test_capture import _summary
+from packets import summary
 from fcap.files.rotate import RotationPlan, RotatingWriter, file_name
 
 
@@ -245,7 +245,7 @@ def _ended(fc) -> int:
 def _every_datagram_once(fc, seen: list[bytes], pays: list[bytes]) -> None:
     """Each datagram in the files at most once, and all of them but those fcap says the kernel dropped: its
     summary's counts are the files' (with -c and nothing dropped: exactly the datagrams sent)."""
-    n = _summary(fc.stderr)
+    n = summary(fc.stderr)
     assert len(seen) == len(set(seen)) and set(seen) <= set(pays), "a datagram twice, or one never sent"
     assert n["captured"] == len(seen) and n["captured"] + n["dropped by kernel"] == len(pays), fc.stderr
 
@@ -297,21 +297,21 @@ def test_size_rotation_beside_tcpdump(sink, tmp_path, tcpdump, tshark, fmt, drai
 
 
 def test_size_rotation_of_blocks_user_space_lays_out(sink, tmp_path, tcpdump, tshark):
-    """-C 1 with --stack (user space lays out each block, the stack in its comment; so with --dump and --nft: the
-    DaemonSet's -C -W with --nft runs this way): the names tcpdump's rule gives, cut only between records, every
-    packet once, each file readable, each record with its stack."""
+    """-C 1 with --dump (user space lays out each block, the dump its own option; so with --nft: the DaemonSet's
+    -C -W with --nft runs this way) and --stack: the names tcpdump's rule gives, cut only between records, every
+    packet once, each file readable, each record with its dump and its stack."""
     import fcap
     pays = _datagrams(2200)
     name = "x.pcapng"
     fc, mine, theirs, _complete = _capture_both(sink, tmp_path, ["-C", "1"], name, pays,
-                                                ["--stack", "-c", str(len(pays))])
+                                                ["--dump", "skb->len", "--stack", "-c", str(len(pays))])
     got = _listing(mine)
     paths = [str(mine / name)] + [str(mine / f"{name}{i}") for i in range(1, len(got))]
     assert sorted(os.path.basename(p) for p in paths) == [n for n, _ in got] and len(got) >= 3
     _check_cut(paths, MB)
     for p in paths:
         _readable(p)
-        assert all(pk.stack is not None for pk in fcap.read(p)), p
+        assert all(pk.stack is not None and "skb->len" in pk.dumps for pk in fcap.read(p)), p
     _every_datagram_once(fc, _payloads(paths), pays)
 
 

@@ -1,6 +1,7 @@
 """--stack (fcap.kernel.kstack): the kernel stack of each record, on the real kernel. A datagram's stack at
 net_dev_queue is the one the kernel's own stacktrace trigger records for the same datagram (tracefs, an instance of
-the test's own); identical paths share one stack id; a TCP connection's and UDP's stacks, recorded at once, never mix;
+the test's own); identical paths share one stack id; a TCP connection's and UDP's stacks, recorded at once, never mix
+(read back from the API and from a file);
 a stack the map could not keep is unknown, never another packet's; the pcapng comment, fcap.read, --json, tshark's
 fcap.stack, fcap -r --stack and fcap path --stack show the same frames."""
 
@@ -138,6 +139,28 @@ def test_tcp_and_udp_stacks_do_not_mix(root):
     for p in tcp:
         assert p.stack and _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
     assert len(ids) >= 2 and len({p.stack for p in packets}) <= len(ids)
+
+
+def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
+    """The same into a file: -w lays out the blocks from the perf buffer's records, each comment made once per stack
+    id and metadata and reused (fcap.live.drain.FileDrain); a block never carries another stack's frames."""
+    import fcap
+    port, n, path = _closed_port(), 30, tmp_path / "mixed.pcapng"
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-w", str(path), f"(udp and dst port {port}) or tcp"])
+    try:
+        _udp_and_tcp(port, n)
+        assert fc.stop() == 0, fc.stderr
+    finally:
+        fc.kill()
+    packets = list(fcap.read(str(path)))
+    udp = [p for p in packets if _proto(p) == 17]
+    tcp = [p for p in packets if _proto(p) == 6]
+    assert len(udp) == n and len(tcp) > 10, fc.stderr
+    for p in udp:
+        assert "udp_send_skb" in map(_func, p.stack) and not _is_tcp_stack(p.stack), p.stack
+    for p in tcp:
+        assert p.stack and _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
+    assert len({p.stack for p in tcp}) >= 2, "a TCP transfer's sends come from more than one path"
 
 
 def _small_map(monkeypatch, size: int) -> tuple[list, list]:

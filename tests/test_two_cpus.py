@@ -13,6 +13,7 @@ import pytest
 from conftest import need_root
 
 from netns import SLOW, free_port, read_packets, start_fcap, stop_helper
+from packets import summary
 
 POINT = "tp_btf/net_dev_queue"
 TAG = b"fcap2cpu"
@@ -52,11 +53,6 @@ def _flood(n: int, port: int) -> None:
             stop_helper(p)
 
 
-def _summary(stderr: str) -> dict:
-    return {what: int(n) for n, what in re.findall(r"^(\d+) packets? (captured|received by filter|dropped by kernel)",
-                                                   stderr, re.M)}
-
-
 def _ours(path) -> list:
     """The flood's records in the file: (time, (cpu, sequence), packet id)."""
     out = []
@@ -80,7 +76,7 @@ def test_both_cpus_flooding_every_datagram_accounted_for(tmp_path, fmt):
         assert fc.stop() == 0, fc.stderr
     finally:
         fc.kill()
-    counts = _summary(fc.stderr)
+    counts = summary(fc.stderr)
     ours = _ours(path)
     kept = len(ours)
     # the kernel's count: each datagram passed the point once, the filter took it; in the file, or lost

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fcap.features import FEATURES
 from fcap.features.prog_verdict import decided
+from fcap.features.unit import Annotator
 from fcap.kernel import verdicts
 from fcap.kernel.epbopts import verdict
 from fcap.kernel.layout import EPB_DIRECTION
@@ -19,6 +20,7 @@ class EpbOptions:
     def __init__(self, session):
         points = session.points
         self.notes = [a for a in (f.annotator(session) for f in FEATURES if f.annotator) if a is not None]
+        self.optioned = [n for n in self.notes if type(n).options is not Annotator.options]   # (those with options)
         self.comment = session.cfg.comment                 # (--no-comment: records without one)
         self.flags = {p.id: EPB_DIRECTION.get(p.direction) for p in points}
         self.verdicts = {p.id: verdict(p) for p in points}
@@ -48,7 +50,7 @@ class EpbOptions:
         """The further pcapng options the features add to a record's block (PcapngWriter.write's comments and more),
         where user space lays out each block (fcap.live.session's per_record)."""
         out: dict = {}
-        for n in self.notes:
+        for n in self.optioned:
             out.update(n.options(rec))
         return out
 

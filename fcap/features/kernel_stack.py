@@ -26,4 +26,5 @@ FEATURE = PacketFeature(
     "stack", comment=kstack.STACK_COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
     help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
     annotator=lambda session: StackFrames() if session.cfg.stack else None,
-    user_space=lambda cfg, points: cfg.stack, whole_record=True)   # (frames: user space's, read after the record)
+    user_space=lambda cfg, points: cfg.stack)   # (frames: user space's; the comment is made once per stack id and
+#                                                   metadata, fcap.live.drain.FileDrain's options cache)

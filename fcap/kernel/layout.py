@@ -4,6 +4,7 @@ program builder and user space take offsets, sizes and names from here."""
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections import namedtuple
 from typing import NamedTuple
@@ -288,12 +289,16 @@ COMMENT = (
     (" len=", "len", "dec"),
 )
 COMMENT_SOURCE = {"pid": "pidtgid", "tid": "pidtgid", "protocol": "proto"}   # Record attribute -> META field
-_STYLE = {"dec": "{}".format, "hex": "{:x}".format, "hex4": "{:04x}".format, "hex16": "{:016x}".format,
-          "str": str}
+_STYLE = {"dec": "%d", "hex": "%x", "hex4": "%04x", "hex16": "%016x", "str": "%s"}   # style -> printf's conversion
+# (the whole comment as one printf format over the attributes in order: a record's text in two C calls, ~1 us, where
+# user space lays out each block)
+_COMMENT_FORMAT = "".join(pre.replace("%", "%%") + _STYLE[style] for pre, _attr, style in COMMENT)
+_COMMENT_VALUES = operator.attrgetter(*(attr for _pre, attr, _style in COMMENT))
 
 
 def format_comment(rec) -> str:
-    return "".join(pre + _STYLE[style](getattr(rec, attr)) for pre, attr, style in COMMENT)
+    """The comment's text of a Record (its COMMENT attributes, integers and comm's str)."""
+    return _COMMENT_FORMAT % _COMMENT_VALUES(rec)
 
 
 # Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether

@@ -27,9 +27,11 @@ _IFACE = META.off("iface")        # an EPB's header after its type and length (e
 _TS_END = META.end("ts")
 assert META.off("ts") == 0
 _PCAP = struct.Struct(f"<I2xH4xQ{_FAST - _TS_END}xI")
-# the blocks' options are cached by the metadata they show, from skb to fast; the packet id (before them) is each
-# record's own, written into the cached options at ID_MARK's place
+# the blocks' options are cached by the metadata they show, from skb to fast (--stack's id among them: a stack's
+# frames never change, fcap.kernel.kstack); the packet id (before them) is each record's own, written into the cached
+# options at ID_MARK's place
 _KEY_AT, _KEY_END = META.off("skb"), _FAST
+assert _KEY_AT <= META.off("stack") < _KEY_END
 _ID_AT = META.off("id")
 assert _TS_END <= _ID_AT and _ID_AT + 8 <= _KEY_AT
 ID_MARK = 0xFCA1D0FCA1D0FCA1
@@ -48,14 +50,16 @@ class FileDrain:
     many records it wrote. Each CPU's records are walked (one unpack each: type, size, timestamp), merged by time
     (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass.
     `limit` (when > 0) stops it after that many records in all, the oldest (fcap.live.order.reached). pcapng blocks
-    get their options from `options(record)`, cached by the metadata they depend on."""
+    get their options from `options(record)`, cached by the metadata they depend on (the record made by `parse`:
+    the session's, which names --stack's frames from META's stack id)."""
 
     def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
-                 window: order.Window | None = None):
+                 window: order.Window | None = None, parse: Callable = layout.parse_record):
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
         self.options = options or (lambda rec: {})
+        self.parse = parse
         self.left = limit
         self.window = window or order.Window()
         self.written = 0
@@ -184,7 +188,7 @@ class FileDrain:
 
     def _tail(self, key: bytes, meta) -> tuple[bytes, bytes, bytes]:
         """The block's first 8 bytes and its options around the packet id's 8 bytes."""
-        rec = layout.parse_record(bytes(meta))
+        rec = self.parse(bytes(meta))
         caplen = META.unpack(meta).caplen
         head8, tail = self.writer.epb_parts(caplen, **dict(self.options(rec), packet_id=ID_MARK))
         at = tail.index(_ID_MARK)

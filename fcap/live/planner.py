@@ -99,7 +99,6 @@ class Planner:
     def resolve(self) -> None:
         if not os.path.exists("/sys/kernel/btf/vmlinux"):
             raise CaptureError("this kernel has no BTF (/sys/kernel/btf/vmlinux): fcap needs CONFIG_DEBUG_INFO_BTF")
-        check_snaplen(self.cfg.snaplen)
         try:
             seen: set[str] = set()
             for spec in self.cfg.points:

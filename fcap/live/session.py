@@ -158,8 +158,7 @@ class Session(Planner, Attach):
     @property
     def per_record(self) -> bool:
         """Whether user space lays out each record's block (run(), not run_file()): a feature asked for says so
-        (fcap.features: --dump's own options, --stack's stack read after the record, --nft's rule matched by the
-        packet's bytes)."""
+        (fcap.features: --dump's own options, --nft's rule matched by the packet's bytes)."""
         from fcap.features import FEATURES
         return any(f.whole_record and f.asked(self.cfg) for f in FEATURES)
 
@@ -169,7 +168,7 @@ class Session(Planner, Attach):
         if self.ring is not None:
             self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window)
             return self.drain
-        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window)
+        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window, parse=self.parse)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = POLL_MS,
