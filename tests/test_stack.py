@@ -131,14 +131,20 @@ def test_tcp_and_udp_stacks_do_not_mix(root):
         _udp_and_tcp(port, n)
         packets = list(cap)
         ids = _stack_ids(cap)
+    _unmixed(packets, n)
+    assert len(ids) >= 2 and len({p.stack for p in packets}) <= len(ids)
+
+
+def _unmixed(packets: list, n: int) -> list:
+    """The n datagrams' stacks are UDP's and the TCP transfer's (more than 10 packets) are TCP's; the TCP packets."""
     udp = [p for p in packets if _proto(p) == 17]
     tcp = [p for p in packets if _proto(p) == 6]
-    assert len(udp) == n and len(tcp) > 10
+    assert len(udp) == n and len(tcp) > 10, (len(udp), len(tcp))
     for p in udp:
         assert "udp_send_skb" in map(_func, p.stack) and not _is_tcp_stack(p.stack), p.stack
     for p in tcp:
         assert p.stack and _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
-    assert len(ids) >= 2 and len({p.stack for p in packets}) <= len(ids)
+    return tcp
 
 
 def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
@@ -152,14 +158,7 @@ def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
         assert fc.stop() == 0, fc.stderr
     finally:
         fc.kill()
-    packets = list(fcap.read(str(path)))
-    udp = [p for p in packets if _proto(p) == 17]
-    tcp = [p for p in packets if _proto(p) == 6]
-    assert len(udp) == n and len(tcp) > 10, fc.stderr
-    for p in udp:
-        assert "udp_send_skb" in map(_func, p.stack) and not _is_tcp_stack(p.stack), p.stack
-    for p in tcp:
-        assert p.stack and _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
+    tcp = _unmixed(list(fcap.read(str(path))), n)
     assert len({p.stack for p in tcp}) >= 2, "a TCP transfer's sends come from more than one path"
 
 

@@ -22,9 +22,10 @@ class StackFrames(Annotator):
             printer.stack(rec.stack)
 
 
+# (the frames are user space's: no file rings; into a file, the perf buffer's blocks, each comment made once per stack
+# id and metadata: fcap.live.drain.FileDrain's options cache)
 FEATURE = PacketFeature(
     "stack", comment=kstack.STACK_COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
     help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
     annotator=lambda session: StackFrames() if session.cfg.stack else None,
-    user_space=lambda cfg, points: cfg.stack)   # (frames: user space's; the comment is made once per stack id and
-#                                                   metadata, fcap.live.drain.FileDrain's options cache)
+    user_space=lambda cfg, points: cfg.stack)
