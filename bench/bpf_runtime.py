@@ -56,15 +56,37 @@ def cases(port: int) -> list[tuple[str, list[str] | None, str]]:
         ("no filter: capture 64 B", [], "<= 150 ns"),
         ("filter rejects ('udp port 1')", ["udp port 1"], "<= 30 ns"),
         (f"filter matches ('udp dst port {port}')", [f"udp dst port {port}"], ""),
+        ("filter rejects, over a copy (the conservative variant)", [GIVE_UP + "head_loads", "udp port 1"], ""),
+        ("filter matches, over a copy (the conservative variant)", [GIVE_UP + "head_loads", f"udp dst port {port}"],
+         ""),
         ("predicate rejects (--where 'skb->len > 1000')", ["--where", "skb->len > 1000"], "<= 30 ns"),
         ("predicate matches (--where 'skb->len < 1000')", ["--where", "skb->len < 1000"], ""),
         ("--pid rejects", ["--pid", "1"], "<= 30 ns"),
     ]
 
 
-def fcap_argv() -> list[str]:
+GIVE_UP = "--give-up="   # (a case's first argument: fcap runs with that conservative variant in force)
+# fcap's command with conservative variants (fcap.kernel.variants) given up from the start: argv[1] names them
+GIVEN_UP = """
+import sys
+from fcap.live.planner import Planner
+names = sys.argv.pop(1).split(",")
+init = Planner.__init__
+def given_up(self, cfg):
+    init(self, cfg)
+    self.given_up.update(names)
+Planner.__init__ = given_up
+from fcap.commands.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def fcap_argv(args: list[str] = ()) -> tuple[list[str], list[str]]:
+    """The command that runs fcap for a case's arguments, and the arguments left for it."""
+    if args and args[0].startswith(GIVE_UP):
+        return [sys.executable, "-c", GIVEN_UP, args[0][len(GIVE_UP):]], list(args[1:])
     exe = shutil.which("fcap")
-    return [exe] if exe else [sys.executable, "-m", "fcap.commands.cli"]
+    return ([exe] if exe else [sys.executable, "-m", "fcap.commands.cli"]), list(args)
 
 
 def program_fds(pid: int) -> list[FD]:
@@ -131,7 +153,8 @@ def measure(args: list[str] | None, n: int, port: int, point: str, workdir: str)
     if args is None:
         return measure_floor(n, port, point)
     out = os.path.join(workdir, "out.pcap")
-    p = subprocess.Popen(["taskset", "-c", "1", *fcap_argv(), "-i", point, "-w", out, *args],
+    cmd, args = fcap_argv(args)
+    p = subprocess.Popen(["taskset", "-c", "1", *cmd, "-i", point, "-w", out, *args],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     fds: list[FD] = []
     try:
@@ -168,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=200_000, help="datagrams per run (default 200000)")
     ap.add_argument("--reps", type=int, default=3, help="runs per case; the median is reported (default 3)")
     ap.add_argument("--point", default=POINT, help=f"capture point (default {POINT})")
+    ap.add_argument("--only", metavar="WORD", help="only the cases whose name has WORD (and the floor)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench.bpf_runtime: needs root (loads BPF programs, turns on BPF run-time stats)", file=sys.stderr)
@@ -180,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fcap-bpf-runtime-") as d:
         for name, args, target in cases(port):
+            if a.only and args is not None and a.only not in name:
+                continue
             runs = [measure(args, a.n, port, a.point, d) for _ in range(a.reps)]
             per_hit = statistics.median(r[0] for r in runs)
             hits = int(statistics.median(r[1] for r in runs))

@@ -60,6 +60,14 @@ class Label(NamedTuple):
     name: str
 
 
+class Holds(NamedTuple):
+    """An annotation, no instruction: from here, register `reg` holds a pointer of `kind` (a lower-case
+    bpf.ptrkinds.Kind name, e.g. "mem_untrusted") on this path. Occupies no slot."""
+
+    reg: int
+    kind: str
+
+
 def _s32(v: int) -> int:
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v & 0x80000000 else v
@@ -220,13 +228,19 @@ def label(name: str) -> Label:
     return Label(name)
 
 
+def holds(reg: int, kind: str) -> Holds:
+    """From here, `reg` holds a pointer of `kind` (what bpf.ptrkinds cannot tell from the instructions alone,
+    e.g. "mem_untrusted" for skb->head read from a BTF-typed skb)."""
+    return Holds(reg, kind)
+
+
 # ---- assembly ---------------------------------------------------------------------------------
 
-Item = Union[Insn, Label]
+Item = Union[Insn, Label, Holds]
 
 
 def resolve(items: Iterable[Item]) -> list[Insn]:
-    """Resolve label targets into relative offsets (in slots); drop labels."""
+    """Resolve label targets into relative offsets (in slots); drop labels and annotations (Holds)."""
     items = list(items)
     where: dict[str, int] = {}
     pos = 0
@@ -235,12 +249,12 @@ def resolve(items: Iterable[Item]) -> list[Insn]:
             if it.name in where:
                 raise AsmError(f"duplicate label {it.name!r}")
             where[it.name] = pos
-        else:
+        elif not isinstance(it, Holds):
             pos += it.slots
     out: list[Insn] = []
     pos = 0
     for it in items:
-        if isinstance(it, Label):
+        if isinstance(it, (Label, Holds)):
             continue
         pos += it.slots
         if it.target is not None:
@@ -364,7 +378,8 @@ def format_insn(ins: Insn) -> str:
 
 
 def disassemble(items: Iterable[Item] | bytes) -> str:
-    """A listing: one numbered instruction per line (slot numbers), labels on lines of their own."""
+    """A listing: one numbered instruction per line (slot numbers), labels on lines of their own, what a Holds
+    says as a comment line (`; r3: mem_untrusted`)."""
     if isinstance(items, (bytes, bytearray, memoryview)):
         items = decode(bytes(items))
     lines: list[str] = []
@@ -372,6 +387,9 @@ def disassemble(items: Iterable[Item] | bytes) -> str:
     for it in items:
         if isinstance(it, Label):
             lines.append(f"{it.name}:")
+            continue
+        if isinstance(it, Holds):
+            lines.append(f"       ; r{it.reg}: {it.kind}")
             continue
         lines.append(f"{pos:5d}: {format_insn(it)}")
         pos += it.slots

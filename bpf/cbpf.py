@@ -444,8 +444,7 @@ def _fall_throughs_closing_loops(items: list[asm.Item]) -> dict[int, str]:
         if isinstance(it, asm.Label):
             at[it.name] = k
             before.setdefault(k, (pos, it.name))
-        else:
-            k += 1
+        k += isinstance(it, asm.Insn)   # (annotations, asm.Holds, take no slot either)
 
     def succ(k: int) -> list[tuple[int | None, bool]]:   # (next node or None: out of the fragment, a loop may close)
         ins = nodes[k]

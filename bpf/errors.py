@@ -36,13 +36,20 @@ class VerifierError(SyscallError):
 
     def __init__(self, op: str, err: int, log: str):
         self.log = log
-        lines = [ln for ln in log.strip().splitlines() if ln.strip()]
-        tail = lines[-1] if lines else ""
-        for ln in reversed(lines):  # the line that names the problem is usually just before the stats
-            if not ln.startswith(("processed ", "verification time", "stack depth")):
-                tail = ln
-                break
-        super().__init__(op, err, tail)
+        super().__init__(op, err, reason(log))
+
+
+def reason(log: str) -> str:
+    """The line of a verifier log that says why: the line just before the stats; where the log explains itself in
+    sections (7.3+: "Verification failed: ...", "Reason:", "At:", "Suggestion:"), the first line of its reason."""
+    lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if ln.strip() == "Reason:" and i + 1 < len(lines):
+            return lines[i + 1].strip()
+    for ln in reversed(lines):  # the line that names the problem is usually just before the stats
+        if not ln.startswith(("processed ", "verification time", "stack depth")):
+            return ln
+    return lines[-1] if lines else ""
 
 
 class NotSupported(BPFError):
@@ -76,3 +83,15 @@ class CBPFError(BPFError, ValueError):
     def __init__(self, msg: str, index: int | None = None):
         super().__init__(msg if index is None else f"cBPF instruction {index}: {msg}")
         self.index = index
+
+
+class PointerKindError(BPFError):
+    """A generated program that some verifier refuses: a load or store reached with more than one kind of pointer
+    in its base register (bpf.ptrkinds), or a program the check cannot follow. `insn` is the instruction's slot
+    (as asm.disassemble numbers it), `label` the nearest label before it, `reg` the base register, `kinds` the
+    pointer kinds it holds there (bpf.ptrkinds.Kind); `text` the instruction. Found before any system call."""
+
+    def __init__(self, msg: str, insn: int | None = None, label: str | None = None, reg: int | None = None,
+                 kinds: int = 0, text: str = ""):
+        super().__init__(msg)
+        self.insn, self.label, self.reg, self.kinds, self.text = insn, label, reg, kinds, text

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from . import asm
+from . import asm, ptrkinds
 from .errors import SyscallError, VerifierError
 from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
 from .uapi import BPF_OBJ_NAME_LEN, AttachType, Cmd, ProgType
@@ -80,12 +80,18 @@ def wait_freed(ids: list[int], timeout: float) -> bool:
 def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", license: str = "GPL",
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "", btf_fd: int = 0,
-         func_info: Sequence[tuple[int, int]] = (), prog_flags: int = 0) -> Program:
+         func_info: Sequence[tuple[int, int]] = (), prog_flags: int = 0, check_kinds: bool = True,
+         kfuncs: Mapping[int, ptrkinds.Kind] | None = None) -> Program:
     """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC) and raised
     as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError. With `btf_fd` and `func_info`
     ((instruction, BTF FUNC id) pairs) the program carries its own BTF (bpf.btf_write); attach_btf_obj_fd is also
     the union's attach_prog_fd: the target of fentry/fexit on a BPF program. prog_flags: BPF_F_* load flags
-    (bpf.uapi.ProgFlag), e.g. an XDP program that takes multi-buffer packets."""
+    (bpf.uapi.ProgFlag), e.g. an XDP program that takes multi-buffer packets. Before any system call the program
+    is checked for loads and stores that more than one kind of pointer reaches (bpf.ptrkinds: PointerKindError;
+    kfuncs: what the kfuncs it calls return, for those that return pointers), unless check_kinds=False."""
+    insns = list(insns)
+    if check_kinds:
+        ptrkinds.check(insns, prog_type, kfuncs=kfuncs)
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
     buf = ctypes.create_string_buffer(code, len(code))

@@ -8,13 +8,13 @@ import bpf
 from bpf import features
 from bpf.btf import BTF
 from bpf.cbpf import CBPFError
-from bpf.errors import AsmError, BPFError, BTFError, NotSupported, SyscallError, VerifierError
+from bpf.errors import AsmError, BPFError, BTFError, NotSupported, PointerKindError, SyscallError, VerifierError
 from bpf.uapi import AttachType
 
 
 def test_one_root():
     assert bpf.BPFError is BPFError
-    for cls in (SyscallError, VerifierError, NotSupported, BTFError, AsmError, CBPFError):
+    for cls in (SyscallError, VerifierError, NotSupported, BTFError, AsmError, CBPFError, PointerKindError):
         assert issubclass(cls, BPFError)
     assert issubclass(SyscallError, OSError) and issubclass(VerifierError, SyscallError)
     assert issubclass(AsmError, ValueError) and issubclass(CBPFError, ValueError)
@@ -27,6 +27,13 @@ def test_errno_is_data():
     assert str(SyscallError("attach kprobe/f", errno.ENOENT, "no PMU")).endswith("(ENOENT): no PMU")
     v = VerifierError("load p", errno.EACCES, "0: (b7) r0 = 0\nR1 invalid mem access\nprocessed 2 insns\n")
     assert v.errno == errno.EACCES and v.detail == "R1 invalid mem access" and "processed" in v.log
+    # 7.3's log explains itself in sections (Debian experimental's 7.3-rc7, a cgroup read at an XDP program's entry)
+    sections = ("Verification failed: Register Type Safety: Invalid dereference\n\nReason:\n  R9 is an integer "
+                "scalar here, not a pointer to memory.\n\nAt:\n  insn 33\n\nSuggestion:\n  Preserve a pointer-"
+                "valued register where needed, or reload and revalidate the pointer after scalar\n  arithmetic, "
+                "helper calls, or other operations that can invalidate it.\n\nprocessed 572 insns (limit 1000000)\n")
+    v = VerifierError("load p", errno.EACCES, sections)
+    assert v.detail == "R9 is an integer scalar here, not a pointer to memory."
     n = NotSupported("fentry programs", "the kernel refuses them (EPERM)", errno.EPERM)
     assert n.errno == errno.EPERM and n.feature == "fentry programs" and "refuses" in n.reason
     assert NotSupported("kprobe", "no kprobes").errno is None

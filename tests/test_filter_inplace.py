@@ -55,3 +55,87 @@ def test_near_and_far_loads_keep_what_the_expression_means(tmp_path, linktype):
     want = sorted((n, _payload(n, 1)) for n in SIZES if n > FAR)
     assert [n for n, _ in got] == [n for n, _ in want], f"{linktype}: kept sizes {[n for n, _ in got]}"
     assert got == want
+
+
+# The filter as it was before issue 42: the in-place path jumps into the copy's translation, so that its loads are
+# reached through skb->head (untrusted memory) and through the scratch map value. Run as fcap's command with that
+# one change; argv[1] "unchecked" also lets the program past fcap's own pointer-kind check, to the kernel.
+MIXED_SHAPE = r"""
+import sys
+from bpf import asm, prog
+from fcap.kernel.program import Builder
+
+translated = Builder._translated_filter
+
+
+def shared(self, prefix, cap, slow):
+    if prefix == "flti":
+        self.emit(asm.ja("flt_shared"))
+        return
+    self.emit(asm.label("flt_shared"))
+    translated(self, prefix, cap, slow)
+
+
+Builder._translated_filter = shared
+if sys.argv.pop(1) == "unchecked":
+    load = prog.load
+    prog.load = lambda *a, **kw: load(*a, **dict(kw, check_kinds=False))
+from fcap.commands.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _capture_with_mixed_shape(tmp_path, checked: bool):
+    """fcap with the mixed filter, 2 of 3 datagrams kept: (exit status, stderr, the kept payloads)."""
+    import sys
+    from netns import Proc
+    path = tmp_path / "mixed.pcap"
+    with UDPSink() as sink:
+        expr = f"udp dst port {sink.port} and udp[{8 + NEAR}] = {_byte(NEAR, 1)}"
+        fc = Proc([sys.executable, "-c", MIXED_SHAPE, "checked" if checked else "unchecked", "-i", POINT, "-c", "2",
+                   "-w", str(path), expr], name="fcap")
+        try:
+            fc.wait_for(r"^listening on ")
+            send_udp("127.0.0.1", sink.port, [_payload(400, 2), _payload(400, 1), _payload(600, 1)])
+            sink.wait(3)
+            status = fc.wait()
+        finally:
+            fc.kill()
+    return status, fc.stderr, [l4_payload(p) for p in read_packets(path)]
+
+
+def test_a_mixed_program_is_refused_before_the_kernel_sees_it_and_the_copy_loads_instead(tmp_path):
+    """fcap's own pointer-kind check refuses the mixed shape on every kernel; the capture then takes the conservative
+    variant (the filter over the copy), says so in one line, and keeps exactly what the expression means."""
+    need_root()
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
+    s = Session(Config(points=[POINT]))
+    s.resolve()
+    if not pointcaps.head_loads(s.points[0]):
+        pytest.skip("this kernel's verifier does not type skb->head: no filter in place, nothing mixed")
+    status, err, kept = _capture_with_mixed_shape(tmp_path, checked=True)
+    assert status == 0, err
+    notes = [ln for ln in err.splitlines() if "note:" in ln]
+    assert len(notes) == 1 and "from a copy" in notes[0] and "mem_untrusted" in notes[0], err
+    assert kept == [_payload(400, 1), _payload(600, 1)]
+
+
+def test_a_kernel_that_refuses_the_mixed_program_gets_the_copy(tmp_path):
+    """Past fcap's check, the kernel's verifier decides: where it refuses a load reached through two kinds of
+    pointer (this host's 6.18.44 build), the capture falls back to the copy in one line; where it takes the mixed
+    program (older verifiers), that program runs and filters alike."""
+    need_root()
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
+    s = Session(Config(points=[POINT]))
+    s.resolve()
+    if not pointcaps.head_loads(s.points[0]):
+        pytest.skip("this kernel's verifier does not type skb->head: no filter in place, nothing mixed")
+    status, err, kept = _capture_with_mixed_shape(tmp_path, checked=False)
+    assert status == 0, err
+    notes = [ln for ln in err.splitlines() if "note:" in ln]
+    assert len(notes) <= 1, err
+    if notes:
+        assert "from a copy" in notes[0] and "different pointers" in notes[0], err
+    assert kept == [_payload(400, 1), _payload(600, 1)]

@@ -104,7 +104,11 @@ def _rotation(args):
 
 
 def _filter_note(session, args) -> None:
-    """What the filter compiled into, when it is worth a line on stderr (before the output is opened)."""
+    """What the filter compiled into, and each conservative variant the kernel made the capture take, when it is
+    worth a line on stderr (before the output is opened)."""
+    if not args.quiet:
+        for note in session.fallbacks.values():
+            sys.stderr.write(f"{PROG}: note: {note}\n")
     if not args.quiet and session.cbpf is not None:
         from fcap.commands.feature_report import filter_note
         note = filter_note(session)

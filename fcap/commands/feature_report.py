@@ -22,6 +22,8 @@ ROWS = [
     ("filter", "filter in the kernel (`'udp port 53'`)", "5.5 (as tp_btf)"),
     ("predicates", "predicates (`--pid --comm --ifname --netns --where`)", "5.5 (as tp_btf)"),
     ("pidcomm", "pid/tid and comm per packet", "4.2: helpers; 5.11: bpf_get_current_task_btf (faster)"),
+    ("filter_in_place", "filter reads packet bytes in place (`skb->head`), no copy",
+     "6.17: skb->head typed as untrusted memory; a copy before"),
     ("filter_frags", "filter reads page frags", "6.12: bpf_dynptr_from_skb kfunc for tracing programs"),
     ("file_rings", "program writes pcap records itself (file rings)", "the same kfunc, mmapable arrays (5.5)"),
     ("ringbuf", "BPF ring buffer maps", "5.8"),
@@ -137,6 +139,28 @@ def check_filter_frags(key: str) -> Result:
     return Result(key, r.ok, "yes" if r.ok else r.detail)
 
 
+def check_in_place() -> Result:
+    """A filtered capture at tp_btf/net_dev_queue: does its program read the packet's bytes in place, or (the
+    verifier refusing that, or not typing skb->head) a copy of them?"""
+    from fcap.live.session import CaptureError, Config, Session
+
+    def fn():
+        s = Session(Config(points=["tp_btf/net_dev_queue"], filter="udp port 53"))
+        try:
+            s.open()
+            s.attach()
+            if "head_loads" in s.fallbacks:
+                raise CaptureError(f"the filter reads a copy (in place: Linux 6.17+, where the verifier takes the "
+                                   f"program): {s.fallbacks['head_loads']}")
+            if not pointcaps.head_loads(s.points[0]):
+                raise CaptureError("the filter reads a copy: tracing programs may not load through skb->head here "
+                                   "(Linux 6.17+ types it as untrusted memory)")
+            return "yes"
+        finally:
+            s.close()
+    return _try("filter_in_place", fn)
+
+
 def filter_note(session) -> str:
     """One line for a capture whose filter sees only the linear part of packets at a BTF-typed point (no skb
     dynptr for tracing programs on this kernel); "" otherwise. (raw_tp and kprobe points are linear-only anyway.)"""
@@ -237,6 +261,7 @@ def report() -> list[Result]:
             lambda p: pr.pid(1), lambda p: pr.comm("ping"), lambda p: pr.ifname("lo"), lambda p: pr.netns(1),
             lambda p: pr.where(p, "skb->len > 100")])),
         "pidcomm": check_pidcomm,
+        "filter_in_place": check_in_place,
         "filter_frags": lambda: check_filter_frags("filter_frags"),
         "file_rings": lambda: check_filter_frags("file_rings"),
         "ringbuf": check_ringbuf,
@@ -275,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                    "rows": [r._asdict() for r in rows]}, sys.stdout)
         sys.stdout.write("\n")
     else:
+        sys.stdout.write(f"Linux {os.uname().release} ({kernel_version()}, {os.uname().machine})\n")
         titles = {k: f for k, f, _n in ROWS}
         for r in rows:
             mark = "n/a" if r.ok is None else "yes" if r.ok else "no"
@@ -298,11 +324,17 @@ def _cell(r: dict) -> str:
     return "no"
 
 
+def _release(r: dict) -> str:
+    """The kernel as a column names it: its full release (two builds of one version never look the same), with the
+    upstream version where the release does not show it (Debian's 5.10.0-35-cloud-amd64 is 5.10.262)."""
+    version, release = r.get("version"), r["release"]
+    return f"{version}, {release}" if version and not release.startswith(version) else release
+
+
 def table(reports: list[dict]) -> str:
     """README's matrix: a row per feature, a column per kernel; a cell that is not a plain yes is explained by
     its line below the table."""
-    heads = [f"{r['kernel']} ({r.get('version') or r['release']})" if r["kernel"] != r.get("version") else
-             r["kernel"] for r in reports]
+    heads = [f"{r['kernel']} ({_release(r)})" for r in reports]
     out = ["| feature | " + " | ".join(heads) + " | needs |", "|---|" + "---|" * len(reports) + "---|"]
     notes: dict[str, list[str]] = {}
     byk = [{row["key"]: row for row in r["rows"]} for r in reports]

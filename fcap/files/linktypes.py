@@ -9,6 +9,7 @@ from fcap.errors import FcapError
 # What the link headers fcap makes up say (Linux's if_ether.h and if_packet.h): the protocol and the packet type.
 ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD
+PACKET_HOST = 0
 PACKET_OUTGOING = 4
 
 

@@ -83,15 +83,30 @@ def has_root_jump(b) -> bool:
 def cgroup_pointer(b, have: str, root: str, none: str) -> None:
     """R9 = the packet's struct cgroup (jumps to `have`), or a jump to `root` (the root cgroup: 5.10's flagged
     sock_cgroup_data; only where has_root_jump()) or `none`. The socket's when skb->sk is a full socket with a
-    cgroup, else the task's."""
+    cgroup, else the task's (at an XDP program, whose context is an xdp_buff: no socket, the task's)."""
     o = _offsets(b)
     task = b.fresh("cg_task")
+    if b.point.kind.on_skb:
+        _socket_cgroup(b, o, have, root, task)
+    b.emit(label(task))
+    if _direct(b, o):
+        b.emit(call(Helper.get_current_task_btf), ldx(DW, R9, R0, o.cgroups), jmp(JEQ, R9, 0, none),
+               ldx(DW, R9, R9, o.dfl), jmp(JEQ, R9, 0, none), ja(have))
+        return
+    b.emit(call(Helper.get_current_task), mov(R9, R0))
+    _probe(b, DW, R9, R9, o.cgroups)
+    b.emit(jmp(JEQ, R9, 0, none))
+    _probe(b, DW, R9, R9, o.dfl)
+    b.emit(jmp(JEQ, R9, 0, none), ja(have))
+
+
+def _socket_cgroup(b, o: Offsets, have: str, root: str, task: str) -> None:
+    """R9 = the cgroup of skb->sk, a full socket's (on to `have`; 5.10's flagged data: `root`); else on to `task`
+    (jumped to, or the next instruction)."""
     if _direct(b, o):
         b.emit(ldx(DW, R9, R6, o.sk), jmp(JEQ, R9, 0, task), ldx(B, R0, R9, o.state),
                jmp(JEQ, R0, TCP_TIME_WAIT, task), jmp(JEQ, R0, TCP_NEW_SYN_RECV, task),
-               ldx(DW, R9, R9, o.skcd_ptr), jmp(JNE, R9, 0, have),
-               label(task), call(Helper.get_current_task_btf), ldx(DW, R9, R0, o.cgroups), jmp(JEQ, R9, 0, none),
-               ldx(DW, R9, R9, o.dfl), jmp(JEQ, R9, 0, none), ja(have))
+               ldx(DW, R9, R9, o.skcd_ptr), jmp(JNE, R9, 0, have))
         return
     if b.snap is not None:   # (an untyped program's copy of the skb's members)
         b.read(DW, R9, R6, o.sk)
@@ -106,11 +121,6 @@ def cgroup_pointer(b, have: str, root: str, none: str) -> None:
     else:   # sock_cgroup_ptr(): flag bits (net_cls/net_prio data) mean the root; 0 means none was set
         _probe(b, DW, R9, R9, o.skcd_val)
         b.emit(jmp(JEQ, R9, 0, task), mov(R0, R9), alu64(AND, R0, 3), jmp(JNE, R0, 0, root), ja(have))
-    b.emit(label(task), call(Helper.get_current_task), mov(R9, R0))
-    _probe(b, DW, R9, R9, o.cgroups)
-    b.emit(jmp(JEQ, R9, 0, none))
-    _probe(b, DW, R9, R9, o.dfl)
-    b.emit(jmp(JEQ, R9, 0, none), ja(have))
 
 
 def _cgroup_id(b, o: Offsets, dst: int, none: str) -> None:

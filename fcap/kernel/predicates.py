@@ -124,13 +124,16 @@ def netns(inum: int) -> Predicate:
 def direction(want: str) -> Callable[[Point], Predicate]:
     """-Q in|out as a factory of per-point predicates. A packet goes out at a transmit point (whatever its
     pkt_type: one the host sends is PACKET_HOST there); elsewhere it goes out when its pkt_type is
-    PACKET_OUTGOING (as AF_PACKET marks what it sees sent), else in: what the LINUX_SLL2 header says."""
-    from fcap.files.linktypes import PACKET_OUTGOING
+    PACKET_OUTGOING (as AF_PACKET marks what it sees sent), else in: what the LINUX_SLL2 header says. At an XDP
+    program (no skb: its context is an xdp_buff) every packet comes in."""
+    from fcap.files.linktypes import PACKET_HOST, PACKET_OUTGOING
 
     def make(point: Point) -> Predicate:
         def emit(b) -> list:
             if point.direction == "out":
                 b.emit(movi(R8, PACKET_OUTGOING))   # (the verifier then knows which way the test goes)
+            elif not point.kind.on_skb:
+                b.emit(movi(R8, PACKET_HOST))
             else:
                 b.read(BYTES_SIZE[1], R8, R6, b.offsets.pkt_type_byte)
                 if b.offsets.pkt_type_shift:

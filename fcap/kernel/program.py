@@ -29,6 +29,9 @@ __all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES",
            "build", "scratch_size"]
 
 
+IN_PLACE_MAX = 6000   # cBPF instructions: a filter the program may hold twice (in place and over the copy)
+
+
 class Builder:
     """Generates the instructions for one point. Registers: R6 skb, R7 scratch, R8/R9 values kept across calls."""
 
@@ -80,6 +83,11 @@ class Builder:
         self.emit(mov(R1, FP), addi(R1, STACK.tmp), movi(R2, nbytes), mov(R3, base), addi(R3, off),
                   st(DW, FP, STACK.tmp, 0) if nbytes < 8 else [],
                   call(Helper.probe_read_kernel), ldx(size, dst, FP, STACK.tmp))
+
+    def skb_head(self, dst: int) -> list:
+        """dst = skb->head in a typed program: a pointer to untrusted memory, where the verifier lets loads through it
+        (head_loads: 6.17+ types it PTR_TO_MEM | MEM_RDONLY | PTR_UNTRUSTED, each load guarded by the JIT)."""
+        return [ldx(DW, dst, R6, self.offsets.head), asm.holds(dst, "mem_untrusted")]
 
     def device(self, dst: int) -> None:
         """dst = the packet's device (struct net_device *, 0: none)."""
@@ -318,7 +326,6 @@ class Builder:
         """Run the translated cBPF filter over the packet's first bytes: in place through skb->head where the
         verifier allows direct loads there and those bytes are linear with nothing made up before them, else over
         a copy in scratch."""
-        from bpf import cbpf  # the translator is optional until a filter is asked for
         o = self.options
         # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
         cap = FILTER_CAP if self.point.typed else LINEAR_CAP
@@ -330,7 +337,10 @@ class Builder:
                   jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
                   label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
         slow = bool(o.dynptr_kfunc and self.point.typed)
-        if o.head_loads and self.point.typed:
+        # (in place, the filter is translated twice: not for a filter so long that two would put the program's
+        # jumps out of reach)
+        in_place = o.head_loads and self.point.typed and len(o.filter) <= IN_PLACE_MAX
+        if in_place:
             self._filter_in_place()
         if slow:
             # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
@@ -355,35 +365,48 @@ class Builder:
                       ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
                       META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
                       call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
-        self.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT), label("flt_buf"))
-        # buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where the
-        # slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)
+        self.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT))
+        self._translated_filter("flt", cap, slow)
+        if in_place:
+            # the same filter again, over the skb's own bytes: each load instruction then reads through one kind
+            # of pointer on every path (the copy's map value, or skb->head's untrusted memory), as every verifier
+            # asks (6.18.44 builds refuse a load that both reach; bpf.ptrkinds checks it before loading)
+            self.emit(asm.ja("flt_done"), label("flti_buf"))
+            self._translated_filter("flti", cap, slow)
+        self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
+                  jmp(JEQ, R0, 0, "out"))
+
+    def _translated_filter(self, prefix: str, cap: int, slow: bool) -> None:
+        """The cBPF filter over the buffer at R6 (R2 = bytes wanted, R8 = hdr_total), its verdict in R0 at
+        flt_done. buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where
+        the slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)."""
+        from bpf import cbpf  # the translator is optional until a filter is asked for
+        o = self.options
+        snap, run = f"{prefix}_snap", f"{prefix}_run"
         if slow:
             self.emit(ldx(DW, R2, FP, STACK.wirelen))
         else:
             self.emit(alu64(ADD, R2, R8, reg=True))
-        self.emit(jmp(JGT, R2, o.snaplen, "flt_snap"), asm.ja("flt_run"),
-                  label("flt_snap"), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
-                  label("flt_run"), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen))
+        self.emit(jmp(JGT, R2, o.snaplen, snap), asm.ja(run),
+                  label(snap), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
+                  label(run), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen))
         # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
         # is the whole packet, but only [0, hdr + min(len - skip, cap)) is in the buffer: [0, cap) at least (hdr <=
         # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
         model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
                                  slow_load=self._slow_load if slow else None, ancillary=self._ancillary,
                                  division_tracked=o.division_tracked)
-        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix="flt", stack_off=STACK.cbpf))
-        self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
-                  jmp(JEQ, R0, 0, "out"))
+        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix=prefix, stack_off=STACK.cbpf))
 
     def _filter_in_place(self) -> None:
         """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
-        it are checked by the JIT, not copied), skb saved, on to flt_buf. Else on to the copy. Keeps R2, R8."""
+        it are checked by the JIT, not copied), skb saved, on to flti_buf. Else on to the copy. Keeps R2, R8."""
         f = self.offsets
         self.emit(jmp(JNE, R8, 0, "flt_copy_in"),
                   META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
                   META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
-                  ldx(DW, R1, R6, f.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
-                  alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flt_buf"),
+                  self.skb_head(R1), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
+                  alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flti_buf"),
                   label("flt_copy_in"))
 
     def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:

@@ -271,7 +271,7 @@ def _words(b) -> None:
     """Up to SMALL_COPY linear bytes copied by direct 8-byte loads through skb->head (no helper call), the last
     word's bytes past n cleared again. In: R1 = destination, R2 = n, R4 = skip. On to r_copied, or on when n is
     larger."""
-    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), ldx(DW, R3, R6, b.offsets.head), ldx(DW, R0, FP, STACK.dataoff),
+    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), b.skb_head(R3), ldx(DW, R0, FP, STACK.dataoff),
            alu64(ADD, R3, R0, reg=True), alu64(ADD, R3, R4, reg=True))
     for i in range(0, SMALL_COPY, 8):
         if i:

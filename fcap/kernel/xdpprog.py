@@ -18,6 +18,7 @@ from bpf.errors import BTFError
 from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
+from fcap.files.linktypes import PACKET_HOST
 from fcap.kernel.feature import DEVICE
 from fcap.kernel.layout import META, PKT, START_NETWORK, START_SLL2, STACK
 from fcap.kernel.program import Builder
@@ -132,7 +133,7 @@ class XdpBuilder(Builder):
         self.emit(META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, "xdp_proto"),
                   mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 2), mov(R3, R8), addi(R3, PROTO_AT),
                   st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(H, R0, FP, STACK.tmp),
-                  label("xdp_proto"), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", 0),
+                  label("xdp_proto"), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", PACKET_HOST),
                   self.store_point_id(R7, "point", R0), META.store_imm(R7, "flags", 0),
                   META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0), META.store_imm(R7, "netns", 0))
         if not (self.options.meta or self.options.start == START_SLL2):

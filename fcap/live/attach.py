@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 import time
 
-from bpf.errors import BPFError, VerifierError
+from bpf.errors import BPFError, PointerKindError, VerifierError
 from bpf.link import Link
 from bpf.prog import Program, load
 
 from fcap.errors import CaptureError
 from fcap.kernel import program as cprog
+from fcap.kernel import variants
 from fcap.live import multi
 from fcap.points import pointcaps
 from fcap.points.spec import Point, suggestion
@@ -19,6 +20,14 @@ from fcap.points.spec import Point, suggestion
 
 class KernelRefusal(CaptureError):
     """The kernel refuses this kind of program altogether (every point of a glob would be refused alike)."""
+
+
+class ProgramRefused(CaptureError):
+    """The verifier (or fcap's pointer-kind check, before it) refused a program: `reason` is its one line."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _explain_refusal(point: Point, e: BPFError) -> str:
@@ -46,7 +55,7 @@ class Attach:
                 p.id = start + i
             try:
                 target = unit.points[0] if unit.kind is None else multi.stand_in(unit.kind, unit.points)
-                prog = self._load(target, self.build(target, maps))
+                prog = self._load_preferred(target, maps)
             except KernelRefusal:
                 raise
             except CaptureError as e:
@@ -67,6 +76,26 @@ class Attach:
         self.points = kept
         self.loaded = loaded
 
+    def _load_preferred(self, p: Point, maps: cprog.Maps) -> Program:
+        """The program for `p`; where it is refused, the first conservative variant (fcap.kernel.variants) that
+        loads, given up for the rest of the session and noted in self.fallbacks. The first refusal is the error when
+        none loads."""
+        try:
+            return self._load(p, self.build(p, maps))
+        except ProgramRefused as first:
+            before = set(self.given_up)
+            for v in variants.applicable(self.options(p)):
+                self.given_up.add(v.option)
+                try:
+                    prog = self._load(p, self.build(p, maps))
+                except ProgramRefused:
+                    continue
+                self.fallbacks.setdefault(v.option, f"{p.spec}: {v.what}: the preferred program was refused "
+                                                    f"({first.reason})")
+                return prog
+            self.given_up = before
+            raise first
+
     def _load(self, p: Point, items: list) -> Program:
         name = re.sub(r"[^A-Za-z0-9_.]", "_", f"fcap_{p.name}")[:15]   # (the characters the kernel takes)
         refused = p.kind.refusal(p, suggestion(p.name))
@@ -79,9 +108,12 @@ class Attach:
                                 attach_btf_id=p.btf_id, attach_btf_obj_fd=obj_fd, what=p.spec)
             return load(p.kind.prog_type, items, name=name, expected_attach_type=p.kind.load_attach_type(),
                         what=p.spec)
+        except PointerKindError as e:   # (found before the kernel saw it: a program some verifiers refuse)
+            raise ProgramRefused(f"{p.spec}: fcap's check refused the capture program: {e} "
+                                 f"(--dump-ebpf shows the program)", str(e)) from None
         except VerifierError as e:
-            raise CaptureError(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
-                               f"(--dump-ebpf shows the program)") from None
+            raise ProgramRefused(f"{p.spec}: the verifier rejected the capture program: {e.detail} "
+                                 f"(--dump-ebpf shows the program)", e.detail) from None
         except BPFError as e:
             raise CaptureError(_explain_refusal(p, e)) from None
 

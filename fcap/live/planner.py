@@ -19,7 +19,7 @@ from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 from fcap.features import FEATURES, FLAGGED
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.kernel import ancillary, builders, layout, stats, track
+from fcap.kernel import ancillary, builders, layout, stats, track, variants
 from fcap.kernel import program as cprog
 from fcap.kernel.feature import has_skb
 from fcap.kernel.filter import compile_filter
@@ -95,6 +95,8 @@ class Planner:
         self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
         self.clock_offset_ns = 0   # wall clock less monotonic, sampled once when the programs are made
         self.counts_hits = False   # the programs count hits (else hits == seen)
+        self.given_up: set[str] = set()    # options of conservative variants in force (fcap.kernel.variants)
+        self.fallbacks: dict[str, str] = {}   # variant option -> the one-line note of why it is in force
 
     def resolve(self) -> None:
         if not os.path.exists("/sys/kernel/btf/vmlinux"):
@@ -172,6 +174,9 @@ class Planner:
         want = PROTO_FOR.get(self.linktype.name)
         if want is not None:
             preds.insert(0, protocol_predicate(want))
+        return variants.without(self._preferred_options(point, preds), self.given_up)
+
+    def _preferred_options(self, point: Point, preds: list) -> cprog.ProgramOptions:
         return cprog.ProgramOptions(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
                              dynptr_kfunc=pointcaps.dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,

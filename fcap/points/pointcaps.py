@@ -8,6 +8,7 @@ import contextlib
 from bpf import asm, features
 from bpf.btf import BTF
 from bpf.errors import BPFError
+from bpf.maps import ArrayMap
 from bpf.prog import load
 from bpf.sys import btf_fd_by_name
 from bpf.uapi import Helper, ProgType
@@ -34,7 +35,9 @@ def dynptr_kfunc(point: Point) -> int:
 
 def head_loads(point: Point) -> bool:
     """Whether the point's program may load packet bytes straight through skb->head (the verifier types it as
-    untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place."""
+    untrusted read-only memory, its loads checked by the JIT; newer kernels), so the filter reads in place. Decided
+    by loading the shape the filter then has: one path reads a byte through skb->head, the other a byte of a map
+    value (the copy), each through a load instruction of its own, and the paths meet after the loads."""
     if not point.typed or not point.kind.on_skb:
         return False
 
@@ -42,13 +45,20 @@ def head_loads(point: Point) -> bool:
         vm = point.btf if point.btf.base is None else point.btf.base
         skb = vm.find("sk_buff", "struct")
         mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
-        items = [asm.ldx(asm.DW, asm.R1, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R1, 0, "out"),
-                 asm.ldx(asm.H, asm.R2, asm.R1, mac), asm.ldx(asm.DW, asm.R1, asm.R1, head),
-                 asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12),
-                 asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
-        with btf_obj_fd(point) as obj_fd:
-            load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
-                 attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd, what="probe loads through skb->head").close()
+        with ArrayMap(64, 1, name="fcap_probe") as copy:
+            items = [asm.ldx(asm.DW, asm.R6, asm.R1, 8 * point.skb_index), asm.jmp(asm.JEQ, asm.R6, 0, "out"),
+                     asm.st(asm.W, asm.FP, -8, 0), asm.ld_map_fd(asm.R1, copy.fileno()), asm.mov(asm.R2, asm.FP),
+                     asm.addi(asm.R2, -8), asm.call(Helper.map_lookup_elem), asm.jmp(asm.JEQ, asm.R0, 0, "out"),
+                     asm.ldx(asm.H, asm.R2, asm.R6, mac), asm.jmp(asm.JEQ, asm.R2, 0xFFFF, "copy"),
+                     asm.ldx(asm.DW, asm.R1, asm.R6, head), asm.holds(asm.R1, "mem_untrusted"),
+                     asm.alu64(asm.ADD, asm.R1, asm.R2, reg=True), asm.ldx(asm.B, asm.R0, asm.R1, 12), asm.ja("met"),
+                     asm.label("copy"), asm.ldx(asm.B, asm.R0, asm.R0, 12),
+                     asm.label("met"), asm.andi(asm.R0, 1), asm.exit_(),
+                     asm.label("out"), asm.movi(asm.R0, 0), asm.exit_()]
+            with btf_obj_fd(point) as obj_fd:
+                load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
+                     attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd,
+                     what="probe loads through skb->head beside a copy's").close()
     return features.probe(f"loads through skb->head in {point.kind}", fn) is None
 
 

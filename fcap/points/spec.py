@@ -256,7 +256,21 @@ def _pick_skb(spec: str, params: list[Argument], arg: str | None) -> int:
     raise PointError(f"{spec}: no struct sk_buff * parameter called {arg!r} (there are: {names})")
 
 
+# Functions that free the skb they are given (or its data): at their return its memory may already be another
+# packet's, so a program there would read guarded but stale bytes. Not at fexit/fmod_ret points (a record is true
+# or it is not written): their entry, or the kfree_skb/consume_skb tracepoints, see the packet whole.
+FREES_SKB = frozenset((
+    "kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", "consume_skb", "__kfree_skb", "kfree_skbmem",
+    "kfree_skb_list", "kfree_skb_list_reason", "kfree_skb_partial", "napi_consume_skb", "__napi_kfree_skb",
+    "_kfree_skb_defer", "napi_skb_cache_put", "dev_kfree_skb_any_reason", "dev_kfree_skb_irq_reason",
+    "__dev_kfree_skb_any", "__dev_kfree_skb_irq", "__consume_stateless_skb", "skb_release_all", "skb_release_data",
+    "skb_free_head"))
+
+
 def _func_point(spec: str, kind: Kind, name: str, btf: BTF, func: Func, arg: str | None) -> Point:
+    if kind.skb_may_be_gone and name in FREES_SKB:
+        raise PointError(f"{spec}: {name} frees the skb: when it returns, the packet's memory may be another's "
+                         f"already; capture at fentry/{name} (or tp_btf/kfree_skb, tp_btf/consume_skb)")
     proto = func.proto
     params = [Argument(p.name, p.type) for p in proto.params]
     return Point(kind, name, btf, func.id, params, _pick_skb(spec, params, arg), ret=proto.ret)
