@@ -85,6 +85,16 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _need_in_place() -> None:
+    need_root()
+    from fcap.points import pointcaps
+    from fcap.live.session import Config, Session
+    s = Session(Config(points=[POINT]))
+    s.resolve()
+    if not pointcaps.head_loads(s.points[0]):
+        pytest.skip("this kernel's verifier does not type skb->head: no filter in place, nothing mixed")
+
+
 def _capture_with_mixed_shape(tmp_path, checked: bool):
     """fcap with the mixed filter, 2 of 3 datagrams kept: (exit status, stderr, the kept payloads)."""
     import sys
@@ -107,13 +117,7 @@ def _capture_with_mixed_shape(tmp_path, checked: bool):
 def test_a_mixed_program_is_refused_before_the_kernel_sees_it_and_the_copy_loads_instead(tmp_path):
     """fcap's own pointer-kind check refuses the mixed shape on every kernel; the capture then takes the conservative
     variant (the filter over the copy), says so in one line, and keeps exactly what the expression means."""
-    need_root()
-    from fcap.points import pointcaps
-    from fcap.live.session import Config, Session
-    s = Session(Config(points=[POINT]))
-    s.resolve()
-    if not pointcaps.head_loads(s.points[0]):
-        pytest.skip("this kernel's verifier does not type skb->head: no filter in place, nothing mixed")
+    _need_in_place()
     status, err, kept = _capture_with_mixed_shape(tmp_path, checked=True)
     assert status == 0, err
     notes = [ln for ln in err.splitlines() if "note:" in ln]
@@ -125,13 +129,7 @@ def test_a_kernel_that_refuses_the_mixed_program_gets_the_copy(tmp_path):
     """Past fcap's check, the kernel's verifier decides: where it refuses a load reached through two kinds of
     pointer (this host's 6.18.44 build), the capture falls back to the copy in one line; where it takes the mixed
     program (older verifiers), that program runs and filters alike."""
-    need_root()
-    from fcap.points import pointcaps
-    from fcap.live.session import Config, Session
-    s = Session(Config(points=[POINT]))
-    s.resolve()
-    if not pointcaps.head_loads(s.points[0]):
-        pytest.skip("this kernel's verifier does not type skb->head: no filter in place, nothing mixed")
+    _need_in_place()
     status, err, kept = _capture_with_mixed_shape(tmp_path, checked=False)
     assert status == 0, err
     notes = [ln for ln in err.splitlines() if "note:" in ln]

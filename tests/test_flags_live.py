@@ -79,6 +79,19 @@ def test_l_prints_each_packet_on_a_pipe_as_it_comes(sink):
         fc.kill()
 
 
+def test_nn_prints_lines_on_a_pipe(sink):
+    """-nn (what a tcpdump user types before | grep) asks for lines on a pipe, not a pcapng stream."""
+    fc = start_fcap(["-i", OUT, "-nn", "-c", "2", f"udp port {sink.port}"], stdout=subprocess.PIPE)
+    try:
+        send_udp("127.0.0.1", sink.port, [b"n" * 10] * 2)
+        assert fc.wait() == 0, fc.stderr
+        out = fc.p.stdout.read().decode()
+    finally:
+        fc.kill()
+    lines = out.splitlines()
+    assert len(lines) == 2 and all(re.search(rf"> 127\.0\.0\.1\.{sink.port}: UDP, length 10$", ln) for ln in lines), out
+
+
 def test_count_prints_no_packets_and_the_summary(sink):
     fc = start_fcap(["-i", OUT, "--count", "-c", "3", f"udp port {sink.port}"], stdout=subprocess.PIPE)
     try:

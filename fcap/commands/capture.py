@@ -129,7 +129,7 @@ def _dump(session, args) -> int:
 
 
 # flags that only change printed lines: given one, a user wants lines even on a pipe (as tcpdump prints them)
-_TEXT_FLAGS = ("line_buffered", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
+_TEXT_FLAGS = ("line_buffered", "numeric", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
                "absolute_seq", "nano")
 
 
