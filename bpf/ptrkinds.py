@@ -139,111 +139,18 @@ class _Program:
                 break
             rel |= missing   # jumps by offset land where no join is: again, with joins there
 
-    def _compile(self, items: list, kfuncs: Mapping[int, int], rel: set[int]) -> set[int]:  # noqa: C901
-        steps: list = []
-        slots: list[int] = []
-        at_label: dict[str, int] = {}
-        at_slot: dict[int, int] = {}
-        jumps: list[tuple[int, object]] = []       # (step, label name or target slot)
-        join = None                                 # a join step nothing follows yet
-        pos = k = 0
-        append, opcode = steps.append, _OPCODE
+    def _compile(self, items: list, kfuncs: Mapping[int, int], rel: set[int]) -> set[int]:
+        """Steps for the items, or the slots jumps by offset land on where no join step is yet."""
+        b = _Build(self, kfuncs, rel)
+        add = _ADD
         for it in items:
-            t = type(it)
-            if t is Insn:
-                op, d, s, off, imm, target, imm64 = it
-                if rel and pos in rel:
-                    if join is None:
-                        join = len(steps)
-                        append((_JOIN, False))
-                        slots.append(-1)
-                    at_slot[pos] = join
-                join = None
-                slots.append(pos)
-                c = opcode[op]
-                if c == _LDX or c == _LDXS:
-                    append((c, d, s, off, _SIZE[op], k))
-                elif c == _JCOND or c == _JA or c == _JA32:
-                    jumps.append((len(steps), target if target is not None
-                                  else pos + 1 + (imm if c == _JA32 else off)))
-                    append((_JA if c == _JA32 else c, 0))
-                elif c == _DEF:
-                    append((_DEF, d, _SCALAR))
-                elif c == _MOV:
-                    append((_MOV, d, s) if off == 0 else (_DEF, d, _SCALAR))   # (off: movsx, a scalar)
-                elif c == _ADDK or c == _SUBK:
-                    append((_ADDK, d, imm if c == _ADDK else -imm))
-                elif c == _STX or c == _ST:
-                    append((_STX, d, off, _SIZE[op], s, k) if c == _STX else (_ST, d, off, _SIZE[op], k))
-                elif c == _LDIMM:
-                    append((_DEF, d, _LD_IMM64.get(s, _SCALAR)))
-                    pos += 1
-                elif c == _CALL:
-                    if s == 0:
-                        append((_CALL, int(HELPER_RETURNS.get(imm, _SCALAR))))
-                    elif s == PSEUDO_KFUNC_CALL:
-                        append((_CALL, int(kfuncs.get(imm, _SCALAR))))
-                    else:
-                        slot, lbl, _ = self.where(k)
-                        what = "a BPF-to-BPF call" if s == PSEUDO_CALL else f"a call of unknown kind (src {s})"
-                        raise PointerKindError(f"{_where(slot, lbl)}: {what}, which the pointer-kind check does not "
-                                               f"follow (load with check_kinds=False): {asm.format_insn(it)}",
-                                               slot, lbl)
-                elif c == _ATOMIC:
-                    if imm == STORE_REL:
-                        append((_STX, d, off, _SIZE[op], s, k))
-                    elif imm == LOAD_ACQ:
-                        append((_LDX, d, s, off, _SIZE[op], k))
-                    else:
-                        fetch = -1 if not imm & FETCH else (asm.R0 if imm == CMPXCHG else s)
-                        append((_ATOMIC, d, off, _SIZE[op], fetch, k))
-                else:   # _ADDX, _SUBX, _EXIT, _LDABS
-                    append((c, d, s))
-                k += 1
-                pos += 1
-            elif t is Label:
-                if it.name in at_label:
-                    raise AsmError(f"duplicate label {it.name!r}")
-                if join is None:
-                    join = len(steps)
-                    append((_JOIN, False))
-                    slots.append(-1)
-                at_label[it.name] = join
-            elif t is Holds:
-                name = it.kind.upper() if isinstance(it.kind, str) else ""
-                if name not in Kind.__members__:
-                    raise AsmError(f"holds r{it.reg}: unknown pointer kind {it.kind!r} "
-                                   f"(one of {', '.join(k.name.lower() for k in _ONE)})")
-                append((_HOLDS, it.reg, int(Kind[name])))
-                slots.append(-1)
-                join = None
-            else:
+            step = add.get(type(it))
+            if step is None:
                 raise AsmError(f"{it!r} is not an instruction, a label or a Holds")
-        heads, missing = set(), set()
-        for i, target in jumps:
-            if isinstance(target, str):
-                j = at_label.get(target)
-                if j is None:
-                    raise AsmError(f"jump to unknown label {target!r}")
-            else:
-                j = at_slot.get(target)
-                if j is None:
-                    if target in rel or not 0 <= target < pos:
-                        raise AsmError(f"jump to slot {target}, not the start of an instruction")
-                    missing.add(target)
-                    continue
-            steps[i] = (steps[i][0], j)
-            if j <= i:
-                heads.add(j)
-        if missing:
-            return missing
-        for j in heads:
-            steps[j] = (_JOIN, True)
-        n = len(steps)
-        nxt = [n] * (n + 1)
-        for i in range(n - 1, -1, -1):
-            nxt[i] = i if steps[i][0] == _JOIN else nxt[i + 1]
-        self.steps, self.slots, self.nxt = steps, slots, nxt
+            step(b, it)
+        missing = b.resolve()
+        if not missing:
+            self.steps, self.slots, self.nxt = b.finish()
         return missing
 
     def where(self, k: int) -> tuple[int, str | None, Insn]:
@@ -258,6 +165,176 @@ class _Program:
                 n += 1
                 pos += it.slots
         raise IndexError(k)
+
+
+class _Build:
+    """One compilation's work: the steps so far, where labels and slots landed, the jumps to resolve."""
+
+    __slots__ = ("prog", "kfuncs", "rel", "steps", "slots", "at_label", "at_slot", "jumps", "join", "pos", "k")
+
+    def __init__(self, prog: _Program, kfuncs: Mapping[int, int], rel: set[int]):
+        self.prog, self.kfuncs, self.rel = prog, kfuncs, rel
+        self.steps: list = []
+        self.slots: list[int] = []
+        self.at_label: dict[str, int] = {}
+        self.at_slot: dict[int, int] = {}
+        self.jumps: list[tuple[int, object]] = []   # (step, label name or target slot)
+        self.join: int | None = None                # a join step nothing follows yet
+        self.pos = self.k = 0                       # the next instruction's slot and index
+
+    def join_point(self) -> int:
+        """The join step at this point (a new one unless nothing followed the last)."""
+        if self.join is None:
+            self.join = len(self.steps)
+            self.steps.append((_JOIN, False))
+            self.slots.append(-1)
+        return self.join
+
+    def resolve(self) -> set[int]:
+        """Point the jump steps at their targets; the slots jumped to where no join step is (then nothing is
+        done). Loop heads (joins jumped to from below) are marked."""
+        steps, heads, missing = self.steps, set(), set()
+        for i, target in self.jumps:
+            j = self._target(target)
+            if j is None:
+                missing.add(target)
+                continue
+            steps[i] = (steps[i][0], j)
+            if j <= i:
+                heads.add(j)
+        if not missing:
+            for j in heads:
+                steps[j] = (_JOIN, True)
+        return missing
+
+    def _target(self, target: object) -> int | None:
+        """The join step of a jump's target: a label, or a slot (None: no join there yet)."""
+        if isinstance(target, str):
+            j = self.at_label.get(target)
+            if j is None:
+                raise AsmError(f"jump to unknown label {target!r}")
+            return j
+        j = self.at_slot.get(target)
+        if j is None and (target in self.rel or not 0 <= target < self.pos):
+            raise AsmError(f"jump to slot {target}, not the start of an instruction")
+        return j
+
+    def finish(self) -> tuple[list, list[int], list[int]]:
+        """(steps, slots, nxt)."""
+        steps = self.steps
+        n = len(steps)
+        nxt = [n] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            nxt[i] = i if steps[i][0] == _JOIN else nxt[i + 1]
+        return steps, self.slots, nxt
+
+
+def _add_insn(b: _Build, it: Insn) -> None:
+    pos = b.pos
+    if pos in b.rel:
+        b.at_slot[pos] = b.join_point()
+    b.join = None
+    b.slots.append(pos)
+    c, emit = _BY_OP[it[0]]
+    b.steps.append(emit(b, it, c))
+    b.k += 1
+    b.pos += 1
+
+
+def _add_label(b: _Build, it: Label) -> None:
+    if it.name in b.at_label:
+        raise AsmError(f"duplicate label {it.name!r}")
+    b.at_label[it.name] = b.join_point()
+
+
+def _add_holds(b: _Build, it: Holds) -> None:
+    name = it.kind.upper() if isinstance(it.kind, str) else ""
+    if name not in Kind.__members__:
+        raise AsmError(f"holds r{it.reg}: unknown pointer kind {it.kind!r} "
+                       f"(one of {', '.join(k.name.lower() for k in _ONE)})")
+    b.steps.append((_HOLDS, it.reg, int(Kind[name])))
+    b.slots.append(-1)
+    b.join = None
+
+
+_ADD: dict[type, Callable] = {Insn: _add_insn, Label: _add_label, Holds: _add_holds}
+
+# ---- one instruction's step, by what its opcode becomes (_OPCODE): emit(build, insn, code) -> the step
+
+def _emit_load(b: _Build, it: Insn, c: int) -> tuple:
+    op, d, s, off, _, _, _ = it
+    return (c, d, s, off, _SIZE[op], b.k)
+
+
+def _emit_jump(b: _Build, it: Insn, c: int) -> tuple:
+    target = it.target
+    if target is None:
+        target = b.pos + 1 + (it.imm if c == _JA32 else it.off)
+    b.jumps.append((len(b.steps), target))
+    return (_JA if c == _JA32 else c, 0)
+
+
+def _emit_def(b: _Build, it: Insn, c: int) -> tuple:
+    return (_DEF, it[1], _SCALAR)
+
+
+def _emit_mov(b: _Build, it: Insn, c: int) -> tuple:
+    _, d, s, off, _, _, _ = it
+    return (_MOV, d, s) if off == 0 else (_DEF, d, _SCALAR)   # (off: movsx, a scalar)
+
+
+def _emit_addk(b: _Build, it: Insn, c: int) -> tuple:
+    imm = it[4]
+    return (_ADDK, it[1], imm if c == _ADDK else -imm)
+
+
+def _emit_stx(b: _Build, it: Insn, c: int) -> tuple:
+    op, d, s, off, _, _, _ = it
+    return (_STX, d, off, _SIZE[op], s, b.k)
+
+
+def _emit_st(b: _Build, it: Insn, c: int) -> tuple:
+    op, d, _, off, _, _, _ = it
+    return (_ST, d, off, _SIZE[op], b.k)
+
+
+def _emit_ldimm(b: _Build, it: Insn, c: int) -> tuple:
+    b.pos += 1   # two slots
+    return (_DEF, it[1], _LD_IMM64.get(it[2], _SCALAR))
+
+
+def _emit_call(b: _Build, it: Insn, c: int) -> tuple:
+    s, imm = it[2], it[4]
+    if s == 0:
+        return (_CALL, int(HELPER_RETURNS.get(imm, _SCALAR)))
+    if s == PSEUDO_KFUNC_CALL:
+        return (_CALL, int(b.kfuncs.get(imm, _SCALAR)))
+    slot, lbl, _ = b.prog.where(b.k)
+    what = "a BPF-to-BPF call" if s == PSEUDO_CALL else f"a call of unknown kind (src {s})"
+    raise PointerKindError(f"{_where(slot, lbl)}: {what}, which the pointer-kind check does not "
+                           f"follow (load with check_kinds=False): {asm.format_insn(it)}", slot, lbl)
+
+
+def _emit_atomic(b: _Build, it: Insn, c: int) -> tuple:
+    op, d, s, off, imm, _, _ = it
+    if imm == STORE_REL:
+        return (_STX, d, off, _SIZE[op], s, b.k)
+    if imm == LOAD_ACQ:
+        return (_LDX, d, s, off, _SIZE[op], b.k)
+    fetch = -1 if not imm & FETCH else (asm.R0 if imm == CMPXCHG else s)
+    return (_ATOMIC, d, off, _SIZE[op], fetch, b.k)
+
+
+def _emit_regs(b: _Build, it: Insn, c: int) -> tuple:
+    return (c, it[1], it[2])   # _ADDX, _SUBX, _EXIT, _LDABS
+
+
+_EMIT: dict[int, Callable[[_Build, Insn, int], tuple]] = {
+    _LDX: _emit_load, _LDXS: _emit_load, _JCOND: _emit_jump, _JA: _emit_jump, _JA32: _emit_jump,
+    _DEF: _emit_def, _MOV: _emit_mov, _ADDK: _emit_addk, _SUBK: _emit_addk, _STX: _emit_stx, _ST: _emit_st,
+    _LDIMM: _emit_ldimm, _CALL: _emit_call, _ATOMIC: _emit_atomic,
+    _ADDX: _emit_regs, _SUBX: _emit_regs, _EXIT: _emit_regs, _LDABS: _emit_regs}
+_BY_OP = [(c, _EMIT[c]) for c in _OPCODE]   # by opcode: (what it becomes, its emit)
 
 
 def _where(slot: int, lbl: str | None) -> str:
@@ -320,133 +397,207 @@ def _clobber(stack: dict, at: int | None, size: int) -> None:
             stack[slot] = _SCALAR
 
 
-def _run(prog: _Program, ctx_load: CtxLoad, strict: bool = True,  # noqa: C901 - the interpreter: one branch per step
-         record: dict | None = None) -> None:
-    steps, nxt, n = prog.steps, prog.nxt, len(prog.steps)
-    heads: dict[int, list] = {}   # loop heads' states, grown over passes
-    while True:
-        incoming: dict[int, list] = {}
+class _Pass:
+    """The interpreter's state: the current one (regs, offs, stack; live: whether a path reaches this point), the
+    states waiting at join steps ahead (incoming), the loop heads' (heads, kept over passes), and whether a loop
+    head grew from below (again: another pass)."""
+
+    __slots__ = ("prog", "ctx_load", "strict", "heads", "incoming", "regs", "offs", "stack", "live", "again")
+
+    def __init__(self, prog: _Program, ctx_load: CtxLoad, strict: bool):
+        self.prog, self.ctx_load, self.strict = prog, ctx_load, strict
+        self.heads: dict[int, list] = {}   # loop heads' states, grown over passes
+
+    def start(self) -> None:
+        """The state at the program's start, for another pass."""
         regs = [0] * 11
         regs[1], regs[10] = _CTX, _STACK
-        offs = [0] * 11
-        stack: dict[int, int] = {}
-        live, again, i = True, False, 0
-        while i < n:
-            st = steps[i]
-            c = st[0]
-            if not live and c != _JOIN:
-                i = nxt[i]
-                continue
-            if record is not None and c >= _DEF:
-                record[prog.slots[i]] = tuple(regs)
-            if c == _LDX or c == _LDXS:
-                _, d, b, off, size, k = st
-                m = regs[b]
-                p = m & _PTRS
-                if p & (p - 1) and strict:
-                    raise _mixed(prog, k, b, p)
-                res = _SCALAR if m & _LOADS_SCALAR or not m or c == _LDXS else 0
-                if c == _LDX:
-                    if m & _CTX:
-                        res |= int(ctx_load(off, size))
-                    if m & _BTF:
-                        res |= _BTF if size == 8 else _SCALAR
-                    if m & _STACK:
-                        at = offs[b]
-                        if at is None or size != 8 or (at + off) & 7:
-                            res |= _SCALAR
-                        else:
-                            res |= stack.get(at + off, _SCALAR)
-                regs[d] = res
-                offs[d] = None if res & _STACK else 0
-            elif c == _DEF:
-                regs[st[1]] = st[2]
-                offs[st[1]] = 0
-            elif c == _JCOND or c == _JA:
-                t = st[1]
-                if c == _JA:
-                    live = False
-                if steps[t][1]:   # a loop head
-                    h = heads.get(t)
-                    if h is None:
-                        heads[t] = [regs[:], offs[:], dict(stack)]
-                        again = again or t <= i
-                    elif _join(h, [regs, offs, stack]) and t <= i:
-                        again = True
-                else:
-                    h = incoming.get(t)
-                    if h is None:
-                        incoming[t] = [regs, offs, stack] if c == _JA else [regs[:], offs[:], dict(stack)]
-                    else:
-                        _join(h, [regs, offs, stack])
-            elif c == _MOV:
-                regs[st[1]] = regs[st[2]]
-                offs[st[1]] = offs[st[2]]
-            elif c == _JOIN:
-                if st[1]:   # a loop head: its state kept for the next pass
-                    h = heads.get(i)
-                    if live:
-                        if h is None:
-                            heads[i] = [regs[:], offs[:], dict(stack)]
-                        else:
-                            _join(h, [regs, offs, stack])
-                            regs, offs, stack = _copy(h)
-                    elif h is not None:
-                        regs, offs, stack = _copy(h)
-                        live = True
-                else:
-                    h = incoming.pop(i, None)
-                    if h is not None:
-                        if live:
-                            _join(h, [regs, offs, stack])
-                        else:
-                            live = True
-                        regs, offs, stack = h
-            elif c == _ST or c == _STX or c == _ATOMIC:
-                b, off, size = st[1], st[2], st[3]
-                m = regs[b]
-                p = m & _PTRS
-                if p & (p - 1) and strict:
-                    raise _mixed(prog, st[-1], b, p)
-                if m & _STACK:
-                    at = offs[b]
-                    if at is not None:
-                        at += off
-                        if c == _STX and size == 8 and not at & 7:
-                            stack[at] = regs[st[4]] or _SCALAR
-                        else:
-                            _clobber(stack, at, size)
-                if c == _ATOMIC and st[4] >= 0:
-                    regs[st[4]] = _SCALAR
-                    offs[st[4]] = 0
-            elif c == _ADDK:
-                d = st[1]
-                if regs[d] & _STACK and offs[d] is not None:
-                    offs[d] += st[2]
-            elif c == _CALL:
-                regs[0], regs[1], regs[2], regs[3], regs[4], regs[5] = st[1], 0, 0, 0, 0, 0
-                offs[0] = offs[1] = offs[2] = offs[3] = offs[4] = offs[5] = 0
-            elif c == _EXIT:
-                live = False
-            elif c == _ADDX or c == _SUBX:
-                d = st[1]
-                a, b = regs[d], regs[st[2]]
-                res = a if b & _SCALAR or not b else 0            # pointer +- scalar: the pointer
-                if c == _ADDX and (a & _SCALAR or not a):
-                    res |= b                                      # scalar + pointer: the pointer
-                if a & _PTRS and b & _PTRS:
-                    res |= _SCALAR                                # pointer - pointer: a scalar
-                regs[d] = res or _SCALAR
-                offs[d] = None if res & _STACK else 0
-            elif c == _HOLDS:
-                regs[st[1]] = st[2]
-                offs[st[1]] = None if st[2] & _STACK else 0
-            elif c == _LDABS:
-                regs[0], regs[1], regs[2], regs[3], regs[4], regs[5] = _SCALAR, 0, 0, 0, 0, 0
-                offs[0] = offs[1] = offs[2] = offs[3] = offs[4] = offs[5] = 0
-            i += 1
-        if not again:
+        self.regs, self.offs, self.stack = regs, [0] * 11, {}
+        self.incoming: dict[int, list] = {}
+        self.live, self.again = True, False
+
+    def state(self) -> list:
+        return [self.regs, self.offs, self.stack]
+
+    def base(self, k: int, b: int) -> int:
+        """The kinds of base register b of the k-th instruction (a load or store), refused if pointers mix."""
+        m = self.regs[b]
+        p = m & _PTRS
+        if p & (p - 1) and self.strict:
+            raise _mixed(self.prog, k, b, p)
+        return m
+
+
+def _run(prog: _Program, ctx_load: CtxLoad, strict: bool = True, record: dict | None = None) -> None:
+    p = _Pass(prog, ctx_load, strict)
+    while True:
+        p.start()
+        _pass(p, record)
+        if not p.again:
             return
+
+
+def _pass(p: _Pass, record: dict | None) -> None:
+    """Run the steps once, in order; record: {slot: the registers' kinds} of the live ones."""
+    prog = p.prog
+    steps, nxt, n, slots, step = prog.steps, prog.nxt, len(prog.steps), prog.slots, _STEP
+    i = 0
+    while i < n:
+        st = steps[i]
+        c = st[0]
+        if not p.live and c != _JOIN:
+            i = nxt[i]
+            continue
+        if record is not None and c >= _DEF:
+            record[slots[i]] = tuple(p.regs)
+        step[c](p, st, i)
+        i += 1
+
+
+# ---- one step each: step(pass, the step, its index) ----------------------------------------------------------------
+
+def _step_join(p: _Pass, st: tuple, i: int) -> None:
+    if st[1]:
+        _at_head(p, i)
+        return
+    h = p.incoming.pop(i, None)
+    if h is not None:
+        if p.live:
+            _join(h, p.state())
+        else:
+            p.live = True
+        p.regs, p.offs, p.stack = h
+
+
+def _at_head(p: _Pass, i: int) -> None:
+    """A loop head: its state kept (and grown) for the next pass; on, with all it has seen."""
+    h = p.heads.get(i)
+    if p.live:
+        if h is None:
+            p.heads[i] = _copy(p.state())
+            return
+        _join(h, p.state())
+    elif h is None:
+        return
+    p.regs, p.offs, p.stack = _copy(h)
+    p.live = True
+
+
+def _step_holds(p: _Pass, st: tuple, i: int) -> None:
+    p.regs[st[1]] = st[2]
+    p.offs[st[1]] = None if st[2] & _STACK else 0
+
+
+def _step_def(p: _Pass, st: tuple, i: int) -> None:
+    p.regs[st[1]] = st[2]
+    p.offs[st[1]] = 0
+
+
+def _step_mov(p: _Pass, st: tuple, i: int) -> None:
+    p.regs[st[1]] = p.regs[st[2]]
+    p.offs[st[1]] = p.offs[st[2]]
+
+
+def _step_addk(p: _Pass, st: tuple, i: int) -> None:
+    d, offs = st[1], p.offs
+    if p.regs[d] & _STACK and offs[d] is not None:
+        offs[d] += st[2]
+
+
+def _step_addx(p: _Pass, st: tuple, i: int) -> None:
+    c, d, s = st
+    regs = p.regs
+    a, b = regs[d], regs[s]
+    res = a if b & _SCALAR or not b else 0            # pointer +- scalar: the pointer
+    if c == _ADDX and (a & _SCALAR or not a):
+        res |= b                                      # scalar + pointer: the pointer
+    if a & _PTRS and b & _PTRS:
+        res |= _SCALAR                                # pointer - pointer: a scalar
+    regs[d] = res or _SCALAR
+    p.offs[d] = None if res & _STACK else 0
+
+
+def _step_load(p: _Pass, st: tuple, i: int) -> None:
+    c, d, b, off, size, k = st
+    m = p.base(k, b)
+    res = _SCALAR if m & _LOADS_SCALAR or not m or c == _LDXS else 0
+    if c == _LDX and m & (_CTX | _BTF | _STACK):
+        res |= _loaded(p, m, b, off, size)
+    p.regs[d] = res
+    p.offs[d] = None if res & _STACK else 0
+
+
+def _loaded(p: _Pass, m: int, b: int, off: int, size: int) -> int:
+    """What a load of `size` bytes at off from a context, kernel struct or stack pointer (kinds m, in b) gives."""
+    res = 0
+    if m & _CTX:
+        res |= int(p.ctx_load(off, size))
+    if m & _BTF:
+        res |= _BTF if size == 8 else _SCALAR
+    if m & _STACK:
+        at = p.offs[b]
+        if at is None or size != 8 or (at + off) & 7:
+            res |= _SCALAR
+        else:
+            res |= p.stack.get(at + off, _SCALAR)
+    return res
+
+
+def _step_store(p: _Pass, st: tuple, i: int) -> None:
+    c, b, off, size = st[:4]
+    m = p.base(st[-1], b)
+    if m & _STACK:
+        at = p.offs[b]
+        if at is not None:
+            at += off
+            if c == _STX and size == 8 and not at & 7:
+                p.stack[at] = p.regs[st[4]] or _SCALAR   # a spill
+            else:
+                _clobber(p.stack, at, size)
+    if c == _ATOMIC and st[4] >= 0:
+        p.regs[st[4]] = _SCALAR
+        p.offs[st[4]] = 0
+
+
+def _step_jump(p: _Pass, st: tuple, i: int) -> None:
+    c, t = st
+    if c == _JA:
+        p.live = False
+    if p.prog.steps[t][1]:   # a loop head
+        h = p.heads.get(t)
+        if h is None:
+            p.heads[t] = _copy(p.state())
+            p.again = p.again or t <= i
+        elif _join(h, p.state()) and t <= i:
+            p.again = True
+        return
+    h = p.incoming.get(t)
+    if h is None:
+        p.incoming[t] = p.state() if c == _JA else _copy(p.state())
+    else:
+        _join(h, p.state())
+
+
+def _step_call(p: _Pass, st: tuple, i: int) -> None:
+    regs, offs = p.regs, p.offs
+    regs[0], regs[1], regs[2], regs[3], regs[4], regs[5] = st[1], 0, 0, 0, 0, 0
+    offs[0] = offs[1] = offs[2] = offs[3] = offs[4] = offs[5] = 0
+
+
+def _step_ldabs(p: _Pass, st: tuple, i: int) -> None:
+    _step_call(p, (_CALL, _SCALAR), i)
+
+
+def _step_exit(p: _Pass, st: tuple, i: int) -> None:
+    p.live = False
+
+
+_BY_CODE: dict[int, Callable[[_Pass, tuple, int], None]] = {
+    _JOIN: _step_join, _HOLDS: _step_holds, _DEF: _step_def, _MOV: _step_mov, _ADDK: _step_addk, _ADDX: _step_addx,
+    _SUBX: _step_addx, _LDX: _step_load, _LDXS: _step_load, _ST: _step_store, _STX: _step_store,
+    _ATOMIC: _step_store, _JA: _step_jump, _JCOND: _step_jump, _CALL: _step_call, _EXIT: _step_exit,
+    _LDABS: _step_ldabs}
+_STEP = [_BY_CODE[c] for c in range(len(_BY_CODE))]   # by step code
 
 
 # ---- the interface --------------------------------------------------------------------------------------------------

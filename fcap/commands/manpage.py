@@ -20,7 +20,8 @@ DESCRIPTION = (
     "tcpdump's filter expression inside the kernel, and writes pcap or pcapng files, or prints the packets as "
     "tcpdump does. Its flags are tcpdump's where tcpdump has them; -i names a capture point instead of a device.",
     "Without -w, packets are printed on a terminal; on a pipe they go out as a pcapng stream "
-    "(fcap -i POINT | wireshark -k -i -), unless a printing flag (-n, -l, -e, -v, ...) asks for lines. With -r, fcap reads a pcap or pcapng file and prints it. "
+    "(fcap -i POINT | wireshark -k -i -), unless a printing flag (-n, -l, -e, -v, ...) asks for lines. "
+    "With -r, fcap reads a pcap or pcapng file and prints it. "
     "After --, a COMMAND is run and the capture ends when it exits. fcap needs root, or CAP_BPF and CAP_PERFMON.",
 )
 

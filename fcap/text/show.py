@@ -9,6 +9,7 @@ from typing import NamedTuple
 from fcap.defaults import NS, SNAPLEN
 from fcap.files import linktypes
 from fcap.text.dissect import dissect
+from fcap.text.dissect.common import ether_line
 from fcap.text.dissect.reader import hex_lines
 
 
@@ -127,6 +128,7 @@ class Summarizer:
         self.seqs: dict | None = {} if relative_seq else None
         self.clock = _Clock(precision, time_style == "since_first") if time_style in ("delta", "since_first") \
             else None
+        self._second, self._hms = None, ""   # (the last second printed, "HH:MM:SS.")
 
     def __call__(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,
                  stamp: tuple | None = None) -> str:
@@ -138,19 +140,39 @@ class Summarizer:
              stamp: tuple | None = None) -> Shown:
         """The packet's line, the length of its link-level header as tcpdump counts it for -x and -A, and
         tcpdump's own dump of bytes it does not decode. stamp: see format_stamp()."""
-        if self.seqs is not None and len(self.seqs) > 100_000:
-            self.seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
-        shown = _describe(data, linktype, orig_len, self.seqs, self.eflag, self.suppress)
-        text = f"{prefix} {shown.line}" if prefix else shown.line
+        seqs = self.seqs
+        if seqs is not None and len(seqs) > 100_000:
+            seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
+        text = ether_line(data, orig_len, seqs) if linktype == _EN10MB and not self.eflag and orig_len <= SNAPLEN \
+            else None
+        if text is not None:   # (the common packets' line: fcap.text.dissect.common)
+            shown = Shown(text, 14)
+        else:
+            shown = _describe(data, linktype, orig_len, seqs, self.eflag, self.suppress)
+            text = shown.line
+        if prefix:
+            text = f"{prefix} {text}"
         if shown.hdr is None:  # tcpdump prints no timestamp for these
             return shown._replace(line=text)
         if self.clock:
             when = self.clock(ts_ns, stamp)
         elif stamp:
             when = format_stamp(stamp, self.precision, self.time_style)
+        elif self.time_style == "local":
+            when = self._local(ts_ns)
         else:
             when = format_time(ts_ns, self.precision, self.time_style)
         return shown._replace(line=f"{when} {text}" if when else text)
+
+    def _local(self, ts_ns: int) -> str:
+        """format_time()'s local HH:MM:SS.frac, the HH:MM:SS part worked out once per second."""
+        sec, ns = divmod(ts_ns, NS)
+        if sec != self._second:
+            self._second, self._hms = sec, format_time(sec * NS, "micro", "local")[:-6]
+        return self._hms + ("%09d" % ns if self.precision == "nano" else "%06d" % (ns // 1000))
+
+
+_EN10MB = linktypes.EN10MB.number
 
 
 def summary(ts_ns: int, data: bytes, linktype: int, orig_len: int, prefix: str | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 M32 = 0xFFFFFFFF
+_inet_ntop, _AF_INET6 = socket.inet_ntop, socket.AF_INET6
 
 
 class Truncated(Exception):
@@ -58,28 +59,36 @@ class PrintState:
         if off + n > self.end:
             raise Truncated(soft=soft)
 
+    # (the reads check the bounds themselves, as need() would: they run a few dozen times a packet)
     def u8(self, off: int) -> int:
-        self.need(off, 1)
+        if off + 1 > self.end:
+            raise Truncated
         return self.b[off]
 
     def u16(self, off: int) -> int:
-        self.need(off, 2)
-        return self.b[off] << 8 | self.b[off + 1]
+        if off + 2 > self.end:
+            raise Truncated
+        b = self.b
+        return b[off] << 8 | b[off + 1]
 
     def u32(self, off: int) -> int:
-        self.need(off, 4)
+        if off + 4 > self.end:
+            raise Truncated
         return int.from_bytes(self.b[off:off + 4], "big")
 
     def ip4(self, off: int) -> str:
-        self.need(off, 4)
+        if off + 4 > self.end:
+            raise Truncated
         return "%d.%d.%d.%d" % tuple(self.b[off:off + 4])
 
     def ip6(self, off: int) -> str:
-        self.need(off, 16)
-        return socket.inet_ntop(socket.AF_INET6, self.b[off:off + 16])
+        if off + 16 > self.end:
+            raise Truncated
+        return _inet_ntop(_AF_INET6, self.b[off:off + 16])
 
     def mac(self, off: int, n: int = 6) -> str:
-        self.need(off, n)
+        if off + n > self.end:
+            raise Truncated
         return self.b[off:off + n].hex(":")
 
     def add(self, text: str) -> None:

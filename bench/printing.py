@@ -1,0 +1,169 @@
+"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json) and fcap.read() against tcpdump -r FILE -nn.
+
+    python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR]
+
+A mixed Ethernet pcap (IPv4 and IPv6 TCP with and without options, UDP, ICMP echo and unreachable, ICMPv6 echo and
+neighbour discovery, ARP; a few hundred distinct packets over 40 conversations, repeated to --packets) is written once
+to a temporary directory. Each round runs every case once, in the same order (interleaved, so that a busy machine
+weighs on all alike): the tools as users run them with stdout to /dev/null, and a child iterating fcap.read(FILE)
+that touches each Packet's common attributes. The CPU of a case is its child's user + sys time (os.wait4); the
+table gives the median over the rounds in µs per packet and the ratio to tcpdump -nn's. The file is printed whole
+(no -c; -v its first --v-packets): start-up (Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FCAP = [sys.executable, "-m", "fcap"]
+API = ("import fcap\n"
+       "n = 0\n"
+       "for p in fcap.read(%r):\n"
+       "    n += p.ts_ns + p.orig_len + p.linktype + len(p.data) + (p.point is None) + (p.comment is None)\n")
+
+
+def _packets() -> list[bytes]:
+    """A few hundred distinct Ethernet frames: the kinds of a busy host's traffic."""
+    import dpkt
+    frames = []
+    mac_a, mac_b = b"\x02\x00\x00\x00\x00\x01", b"\x02\x00\x00\x00\x00\x02"
+
+    def eth(payload, etype, rev=False):
+        return bytes(dpkt.ethernet.Ethernet(src=mac_b if rev else mac_a, dst=mac_a if rev else mac_b, type=etype,
+                                            data=payload))
+
+    def ip4(i, proto, payload, rev=False):
+        a, b = bytes((10, 0, i // 256, i % 256)), bytes((192, 168, 1, i % 200 + 1))
+        ip = dpkt.ip.IP(src=b if rev else a, dst=a if rev else b, p=proto, ttl=64, id=i, data=payload)
+        ip.len = 20 + len(bytes(payload))
+        return eth(bytes(ip), 0x0800, rev)
+
+    def ip6(i, nh, payload, rev=False):
+        a, b = bytes.fromhex("20010db8000000000000000000000000")[:14] + i.to_bytes(2, "big"), \
+            bytes.fromhex("fe800000000000000000000000000001")
+        body = bytes(payload)
+        ip = dpkt.ip6.IP6(src=b if rev else a, dst=a if rev else b, nxt=nh, hlim=64, plen=len(body), data=b"")
+        ip.extension_hdrs = {}
+        return eth(bytes(ip)[:40] + body, 0x86DD, rev)
+
+    for i in range(40):   # conversations: a handshake, data both ways with timestamps, a FIN
+        sport, dport = 40000 + i, (443, 5201, 22, 9999)[i % 4]
+        mk = ip4 if i % 3 else ip6
+        proto = 6
+        seq, ack = 1000 * i + 1, 5000 * i + 1
+        ts_opt = b"\x01\x01\x08\x0a" + (123456 + i).to_bytes(4, "big") + (654321).to_bytes(4, "big")
+        syn = dpkt.tcp.TCP(sport=sport, dport=dport, seq=seq, flags=0x02, win=64240,
+                           opts=b"\x02\x04\x05\xb4\x04\x02\x08\x0a" + ts_opt[4:] + b"\x01\x03\x03\x07")
+        synack = dpkt.tcp.TCP(sport=dport, dport=sport, seq=ack, ack=seq + 1, flags=0x12, win=65160,
+                              opts=b"\x02\x04\x05\xb4\x04\x02\x08\x0a" + ts_opt[4:] + b"\x01\x03\x03\x07")
+        for t in (syn, synack):
+            t.off = (20 + len(t.opts)) // 4
+        frames += [mk(i, proto, syn), mk(i, proto, synack, True)]
+        for k in range(4):
+            payload = bytes((j * 7 + k) % 256 for j in range(40 + 100 * k))
+            d = dpkt.tcp.TCP(sport=sport, dport=dport, seq=seq + 1 + k * 1000, ack=ack + 1, flags=0x18,
+                             win=502, opts=ts_opt, data=payload)
+            a = dpkt.tcp.TCP(sport=dport, dport=sport, seq=ack + 1, ack=seq + 1 + k * 1000 + len(payload),
+                             flags=0x10, win=509, opts=ts_opt if k % 2 else b"")
+            for t in (d, a):
+                t.off = (20 + len(t.opts)) // 4
+            frames += [mk(i, proto, d), mk(i, proto, a, True)]
+        fin = dpkt.tcp.TCP(sport=sport, dport=dport, seq=seq + 4001, ack=ack + 1, flags=0x11, win=502)
+        frames.append(mk(i, proto, fin))
+        udp = dpkt.udp.UDP(sport=50000 + i, dport=47000 + i, data=b"\x12\x34" + bytes(30 + i))
+        udp.ulen = 8 + len(udp.data)
+        frames.append(mk(i, 17, udp))
+        frames.append(mk(i, 17, udp, True))
+        if mk is ip4:
+            echo = dpkt.icmp.ICMP(type=8, code=0, data=dpkt.icmp.ICMP.Echo(id=i, seq=k, data=bytes(56)))
+            frames += [ip4(i, 1, echo), ip4(i, 1, dpkt.icmp.ICMP(type=0, code=0, data=echo.data), True)]
+            quoted = bytes(dpkt.ip.IP(src=b"\x0a\x00\x00\x01", dst=b"\xc0\xa8\x01\x01", p=17,
+                                      data=bytes(dpkt.udp.UDP(sport=1234, dport=33434 + i, ulen=8))))
+            frames.append(ip4(i, 1, dpkt.icmp.ICMP(type=3, code=3, data=b"\x00" * 4 + quoted), True))
+        else:
+            echo = dpkt.icmp6.ICMP6(type=128, code=0, data=dpkt.icmp6.ICMP6.Echo(id=i, seq=1, data=bytes(56)))
+            frames += [ip6(i, 58, echo), ip6(i, 58, dpkt.icmp6.ICMP6(type=129, code=0, data=echo.data), True)]
+            ns = dpkt.icmp6.ICMP6(type=135, code=0, data=b"\x00" * 4 + bytes.fromhex("fe80" + "00" * 13 + "01")
+                                  + b"\x01\x01" + mac_a)
+            frames.append(ip6(i, 58, ns))
+        arp = dpkt.arp.ARP(op=1 + i % 2, sha=mac_a, spa=bytes((10, 0, 0, i)), tha=b"\x00" * 6 if i % 2 == 0
+                           else mac_b, tpa=bytes((10, 0, 0, 254)))
+        frames.append(eth(bytes(arp), 0x0806, bool(i % 2)))
+    return frames
+
+
+def write_file(path: str, n: int) -> int:
+    """The mixed pcap of n packets (microsecond stamps, 1 ms apart); how many distinct frames it repeats."""
+    import dpkt
+    frames = _packets()
+    with open(path, "wb") as f:
+        w = dpkt.pcap.Writer(f, linktype=dpkt.pcap.DLT_EN10MB, snaplen=262144)
+        t = 1_780_000_000.0
+        for i in range(n):
+            w.writepkt(frames[i % len(frames)], ts=t + i * 0.001)
+    return len(frames)
+
+
+def cpu_of(argv: list[str]) -> float:
+    """The CPU seconds (user + sys) of a command run with stdout to /dev/null."""
+    with open(os.devnull, "wb") as null:
+        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: {err.strip()[-500:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
+    tcpdump = shutil.which("tcpdump")
+    out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"])] if tcpdump else []
+    return out + [("fcap -r F -nn", FCAP + ["-r", path, "-nn"]),
+                  ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v", "-c", str(v_packets)]),
+                  ("fcap -r F --json", FCAP + ["-r", path, "--json"]),
+                  ("fcap.read(F)", [sys.executable, "-c", API % path])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.printing", description=__doc__.splitlines()[0])
+    ap.add_argument("--packets", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--v-packets", type=int, default=20_000,
+                    help="-v prints only the first N (-c N; scapy's decode: ~0.7 ms a packet)")
+    ap.add_argument("--keep", metavar="DIR", help="write the pcap into DIR and leave it there")
+    ap.add_argument("--only", action="append", help="only the cases whose name contains this (repeatable)")
+    a = ap.parse_args(argv)
+    where = a.keep or tempfile.mkdtemp(prefix="fcap-printing-")
+    path = os.path.join(where, "mixed.pcap")
+    try:
+        distinct = write_file(path, a.packets)
+        todo = [c for c in cases(path, min(a.v_packets, a.packets))
+                if not a.only or c[0].startswith("tcpdump") or any(o in c[0] for o in a.only)]
+        times: dict[str, list[float]] = {name: [] for name, _ in todo}
+        for _ in range(a.rounds):
+            for name, cmd in todo:
+                times[name].append(cpu_of(cmd))
+        base = statistics.median(times[todo[0][0]]) if todo[0][0].startswith("tcpdump") else None
+        print(f"{a.packets} packets ({distinct} distinct, Ethernet), median CPU of {a.rounds} rounds\n")
+        print("| case | µs/packet | × tcpdump -nn |\n|---|---:|---:|")
+        for name, _ in todo:
+            med = statistics.median(times[name])
+            n = min(a.v_packets, a.packets) if name.endswith("-v") else a.packets
+            ratio = f"{med / n / (base / a.packets):.1f}" if base else "-"
+            print(f"| `{name}` | {med / n * 1e6:.2f} | {ratio} |")
+    finally:
+        if not a.keep:
+            shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
