@@ -58,6 +58,7 @@ class Capture:
             raise
         self.session = session
         self.linktype = session.linktype.number
+        self.fallbacks = list(session.fallbacks.values())   # the command line's "note:" lines (fcap.kernel.variants)
         self.delivered = 0
         self._queue = self._sink.queue
         from fcap.live.order import Pending

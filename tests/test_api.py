@@ -90,6 +90,7 @@ def test_linktype_where_and_dump(sink):
     assert [p.orig_len for p in pkts] == [20 + 28 + 1000, 20 + 28 + 2000] and all(p.linktype == 276 for p in pkts)
     assert pkts[0].dpkt().__class__.__name__ == "SLL2" and pkts[0].scapy().haslayer("CookedLinuxV2")
     assert all(p.dumps["skb->dev->name"].value == "lo" for p in pkts)
+    assert cap.fallbacks == [], cap.fallbacks   # (the preferred programs load on every kernel of the matrix)
 
 
 def test_every_predicate_the_command_line_has(sink):
