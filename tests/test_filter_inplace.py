@@ -63,20 +63,20 @@ def test_near_and_far_loads_keep_what_the_expression_means(tmp_path, linktype):
 MIXED_SHAPE = r"""
 import sys
 from bpf import asm, prog
-from fcap.kernel.program import Builder
+from fcap.kernel import filter
 
-translated = Builder._translated_filter
+translated = filter._translated
 
 
-def shared(self, prefix, cap, slow):
+def shared(b, prefix, cap, slow):
     if prefix == "flti":
-        self.emit(asm.ja("flt_shared"))
+        b.emit(asm.ja("flt_shared"))
         return
-    self.emit(asm.label("flt_shared"))
-    translated(self, prefix, cap, slow)
+    b.emit(asm.label("flt_shared"))
+    translated(b, prefix, cap, slow)
 
 
-Builder._translated_filter = shared
+filter._translated = shared
 if sys.argv.pop(1) == "unchecked":
     load = prog.load
     prog.load = lambda *a, **kw: load(*a, **dict(kw, check_kinds=False))

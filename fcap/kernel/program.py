@@ -6,7 +6,7 @@ from operator import methodcaller
 
 from bpf import asm
 from bpf.asm import (
-    ADD, DW, FP, JEQ, JGE, JGT, JNE, JSGT, JSLT, OR, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, SUB, B, H, W, addi,
+    ADD, DW, FP, JEQ, JGE, JGT, JNE, JSGT, OR, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, SUB, B, H, W, addi,
     alu64, andi, call, exit_, jmp, label, ld_imm64, ld_map_fd, ldx, lshi, mov, movi, rshi, st, stx)
 from bpf.btf import BTFError
 from bpf.uapi import F_CURRENT_CPU, Helper
@@ -18,18 +18,16 @@ from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, poin
                          track, verdicts)
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Feature, MapUse, active)
-from fcap.kernel.layout import (COPY_MAX, FILTER_CAP, FLAG_LINEAR_ONLY, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP, META,
-                                META_SIZE, PCAPNG_EPB, PKT, PREFIX_MAX, RECORD_PCAPNG, RING_COPY_MAX, START_DATA,
-                                START_MAC, START_NETWORK, START_SLL2, STACK)
+from fcap.kernel.filter import PACKET_FILTER
+from fcap.kernel.layout import (COPY_MAX, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP, META, META_SIZE, PCAPNG_EPB, PKT,
+                                PREFIX_MAX, RECORD_PCAPNG, RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK,
+                                START_SLL2, STACK)
 from fcap.kernel.progopts import KernelOffsets, Maps, ProgramOptions, dump_area, scratch_size
 from fcap.kernel.snapshot import Snapshot
 from fcap.points.spec import Point
 
 __all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "ProgramOptions",
            "build", "scratch_size"]
-
-
-IN_PLACE_MAX = 6000   # cBPF instructions: a filter the program may hold twice (in place and over the copy)
 
 
 class Builder:
@@ -322,108 +320,7 @@ class Builder:
                   mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head),
                   alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
 
-    def run_filter(self) -> None:
-        """Run the translated cBPF filter over the packet's first bytes: in place through skb->head where the
-        verifier allows direct loads there and those bytes are linear with nothing made up before them, else over
-        a copy in scratch."""
-        o = self.options
-        # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
-        cap = FILTER_CAP if self.point.typed else LINEAR_CAP
-        self.emit(META.load(R8, R7, "hdr"), META.load(R2, R7, "len"), META.load(R3, R7, "skip"),
-                  jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
-                  label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
-                  # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
-                  mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
-                  jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
-                  label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
-        slow = bool(o.dynptr_kfunc and self.point.typed)
-        # (in place, the filter is translated twice: not for a filter so long that two would put the program's
-        # jumps out of reach)
-        in_place = o.head_loads and self.point.typed and len(o.filter) <= IN_PLACE_MAX
-        if in_place:
-            self._filter_in_place()
-        if slow:
-            # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
-            self.emit(stx(DW, FP, STACK.n, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
-                      asm.kfunc_call(o.dynptr_kfunc),
-                      ldx(DW, R2, FP, STACK.n), jmp(JNE, R0, 0, "out"),
-                      jmp(JGT, R8, HDR_MAX, "out"), mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
-                      call(Helper.dynptr_read), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
-        else:
-            # linear data only: n = min(n, headlen - skip), read from data + skip
-            self.emit(stx(DW, FP, STACK.n, R2))
-            self.nonlinear_len(R0)
-            self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
-                      alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
-                      jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
-                      jmp(JGT, R2, R3, "lin_min", reg=True), asm.ja("lin_go"), label("lin_min"), mov(R2, R3),
-                      label("lin_go"), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_LINEAR_ONLY),
-                      META.store(R7, "flags", R0), stx(DW, FP, STACK.n, R2),
-                      jmp(JGT, R8, HDR_MAX, "out"), jmp(JGT, R2, cap, "out"),
-                      mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                      ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
-                      META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
-                      call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
-        self.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT))
-        self._translated_filter("flt", cap, slow)
-        if in_place:
-            # the same filter again, over the skb's own bytes: each load instruction then reads through one kind
-            # of pointer on every path (the copy's map value, or skb->head's untrusted memory), as every verifier
-            # asks (6.18.44 builds refuse a load that both reach; bpf.ptrkinds checks it before loading)
-            self.emit(asm.ja("flt_done"), label("flti_buf"))
-            self._translated_filter("flti", cap, slow)
-        self.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
-                  jmp(JEQ, R0, 0, "out"))
-
-    def _translated_filter(self, prefix: str, cap: int, slow: bool) -> None:
-        """The cBPF filter over the buffer at R6 (R2 = bytes wanted, R8 = hdr_total), its verdict in R0 at
-        flt_done. buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where
-        the slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)."""
-        from bpf import cbpf  # the translator is optional until a filter is asked for
-        o = self.options
-        snap, run = f"{prefix}_snap", f"{prefix}_run"
-        if slow:
-            self.emit(ldx(DW, R2, FP, STACK.wirelen))
-        else:
-            self.emit(alu64(ADD, R2, R8, reg=True))
-        self.emit(jmp(JGT, R2, o.snaplen, snap), asm.ja(run),
-                  label(snap), movi(R2, o.snaplen) if o.snaplen < 2**31 else ld_imm64(R2, o.snaplen),
-                  label(run), mov(R8, R2), ldx(DW, R9, FP, STACK.wirelen))
-        # capacity: the buffer bytes that hold the packet whenever buflen reaches them. With the slow path buflen
-        # is the whole packet, but only [0, hdr + min(len - skip, cap)) is in the buffer: [0, cap) at least (hdr <=
-        # HDR_MAX < cap), the rest from the slow path. Without it buflen = hdr + n bounds every load.
-        model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
-                                 slow_load=self._slow_load if slow else None, ancillary=self._ancillary,
-                                 division_tracked=o.division_tracked)
-        self.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix=prefix, stack_off=STACK.cbpf))
-
-    def _filter_in_place(self) -> None:
-        """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
-        it are checked by the JIT, not copied), skb saved, on to flti_buf. Else on to the copy. Keeps R2, R8."""
-        f = self.offsets
-        self.emit(jmp(JNE, R8, 0, "flt_copy_in"),
-                  META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
-                  META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
-                  self.skb_head(R1), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
-                  alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flti_buf"),
-                  label("flt_copy_in"))
-
-    def _slow_load(self, size: int, off_reg: int, dst: int, reject: str) -> list:
-        """A load past the buffer's bytes: bpf_dynptr_read from the skb (offset relative to the capture start),
-        through a dynptr made here (the in-place path made none)."""
-        nbytes = asm.SIZE_BYTES.get(size, size)
-        # packet offset → skb offset: off - hdr_total + skip (hdr bytes are all in the buffer)
-        return [mov(R4, off_reg), ldx(DW, R5, FP, STACK.scratch), META.load(R0, R5, "hdr"),
-                alu64(SUB, R4, R0, reg=True), jmp(JSLT, R4, 0, reject), META.load(R0, R5, "skip"),
-                alu64(ADD, R4, R0, reg=True), stx(DW, FP, STACK.tmp, R4),
-                ldx(DW, R1, FP, STACK.skb), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
-                asm.kfunc_call(self.options.dynptr_kfunc), jmp(JNE, R0, 0, reject),
-                mov(R1, FP), addi(R1, STACK.slow), movi(R2, nbytes), mov(R3, FP), addi(R3, STACK.dynptr),
-                ldx(DW, R4, FP, STACK.tmp), movi(R5, 0), call(Helper.dynptr_read), jmp(JNE, R0, 0, reject),
-                ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
-
-    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+    def ancillary_load(self, field: int, dst: int, reject: str) -> list:
         """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
         return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
 
@@ -522,8 +419,6 @@ def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:
     return not ringrec.writes_ring(point, options, maps)
 
 
-PACKET_FILTER = Feature("filter", on=lambda point, options, maps: options.filter is not None,
-                        stages={FILTER: Builder.run_filter}, flags=(FLAG_LINEAR_ONLY,), turns_away=True)
 # (the builder's own perf_output: XdpBuilder's appends a multi-buffer packet's frags)
 PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: methodcaller("perf_output")},
                       fields=("copy", "fast", "caplen", "orig", "ts1", "ts2"),
@@ -532,9 +427,8 @@ PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: methodcalle
 # Every per-packet feature of the capture program, in the order the builder runs each stage's
 FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
                                  PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, verdicts.VERDICT,
-                                 kstack.STACKS,
-                                 dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS, PERF_OUTPUT,
-                                 stats.COUNTS)
+                                 kstack.STACKS, dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS,
+                                 PERF_OUTPUT, stats.COUNTS)
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

@@ -172,7 +172,7 @@ class XdpBuilder(Builder):
         self._read_store(R8, f.net_inum, "netns")
         self.emit(label("no_netns"))
 
-    def _ancillary(self, field: int, dst: int, reject: str) -> list:
+    def ancillary_load(self, field: int, dst: int, reject: str) -> list:
         """The ancillary fields an XDP packet has: inbound (always), the CPU, a random number, ifindex and the
         EtherType; the others are the skb's."""
         name = ANCILLARY[field]
