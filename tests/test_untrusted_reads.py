@@ -27,6 +27,14 @@ def _drop_function(kind: str) -> str:
     pytest.skip("no drop function with its reason an argument here (Linux 5.17+)")
 
 
+def _has(func: str) -> bool:
+    try:
+        resolve(f"fentry/{func}")
+        return True
+    except PointError:
+        return False
+
+
 @pytest.mark.parametrize("kind", ["tp_btf", "fentry"])
 def test_at_the_free_the_filter_and_the_record_read_the_packet_whole(tmp_path, kind):
     """Datagrams to a closed port are freed (NO_SOCKET): at the free tracepoint, or at the entry of the function that
@@ -50,7 +58,9 @@ def test_at_the_free_the_filter_and_the_record_read_the_packet_whole(tmp_path, k
 def test_after_a_free_no_program_reads_the_skb():
     """fexit at a function that frees its skb (its memory may be another packet's by then) is refused in one line
     naming the entry and the free tracepoints, and a fexit glob leaves those functions out."""
-    func = _drop_function("fentry")
+    func = next((f for f in ("consume_skb", "sk_skb_reason_drop", "kfree_skb_reason", "kfree_skb") if _has(f)), None)
+    if func is None:
+        pytest.skip("no function that frees an skb has BTF here")
     r = run_fcap(["-i", f"fexit/{func}", "-w", os.devnull])
     lines = r.stderr.decode().strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
