@@ -31,7 +31,7 @@ DEEP = "ip[20000] = (ip[52] + 119) % 251"                      # 19948 % 251 = 1
 
 def straddle(link_hlen: int) -> str:
     """A 2-byte load whose second byte is the first packet byte the filter's copy does not hold."""
-    from fcap.kernel.program import FILTER_CAP
+    from fcap.kernel.layout import FILTER_CAP
     first_out = FILTER_CAP - link_hlen        # as an ip[] offset
     return f"ip[{first_out - 1}:2] & 0xff = (ip[52] + {(first_out - 52) % 251}) % 251"
 

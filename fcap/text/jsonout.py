@@ -8,20 +8,48 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from operator import itemgetter
 
+from fcap.files import linktypes
 from fcap.files.pcapfile import verdict_name
 from fcap.text.dissect import dissect
+from fcap.text.dissect.common import ether_json, ether_layers
 from fcap.text.packet import Packet
 
 # the Packet attributes written as they are, in its order, when known: all but those written otherwise (a feature's
 # new Packet attribute is a JSON key with no more said)
 _OTHERWISE = frozenset(("ts_ns", "data", "orig_len", "linktype", "verdict", "dumps", "comment"))
 _META = tuple(f.name for f in fields(Packet) if f.name not in _OTHERWISE)
+_get_meta, _NONES = itemgetter(*_META), (None,) * len(_META)
 
 
 def packet_object(p) -> dict:
     """The JSON object of a fcap.Packet (README's "--json" table): time, point, metadata, drop reason, dumps,
     lengths, then the link, network and transport headers."""
+    out = _front(p)
+    out.update(headers(bytes(p.data), p.linktype, p.orig_len))
+    return out
+
+
+def packet_line(p) -> str:
+    """packet_object() as one line of compact JSON, newline-terminated. The common Ethernet frames' headers are
+    written as text in one pass (fcap.text.dissect.common.ether_json: the same, tests/test_json_common.py)."""
+    data = bytes(p.data)
+    if p.linktype == _EN10MB:
+        text = ether_json(data, p.orig_len)
+        if text is not None:
+            d = getattr(p, "__dict__", None)
+            if d is not None and type(p.ts_ns) is int and type(p.orig_len) is int and not p.dumps \
+                    and p.verdict is None and _meta_nones(d):   # (a file's packet: nothing but the lengths)
+                return f'{{"ts_ns":{p.ts_ns},"len":{p.orig_len},"caplen":{len(data)},"linktype":{_EN10MB},{text}}}\n'
+            return _ENCODER.encode(_front(p))[:-1] + "," + text + "}\n"
+    out = _front(p)
+    out.update(headers(data, p.linktype, p.orig_len))
+    return _ENCODER.encode(out) + "\n"
+
+
+def _front(p) -> dict:
+    """The object's keys before the headers."""
     out: dict = {"ts_ns": p.ts_ns}
     for name in _META:
         value = getattr(p, name, None)
@@ -34,13 +62,15 @@ def packet_object(p) -> dict:
     out["len"] = p.orig_len
     out["caplen"] = len(p.data)
     out["linktype"] = p.linktype
-    out.update(headers(bytes(p.data), p.linktype, p.orig_len))
     return out
 
 
-def packet_line(p) -> str:
-    """packet_object() as one line of compact JSON, newline-terminated."""
-    return json.dumps(packet_object(p), separators=(",", ":"), ensure_ascii=False, default=_plain) + "\n"
+def _meta_nones(d: dict) -> bool:
+    """Whether a Packet's __dict__ has None for every _META attribute."""
+    try:
+        return _get_meta(d) == _NONES
+    except KeyError:
+        return False
 
 
 def _plain(value):
@@ -63,5 +93,16 @@ def _dump_value(d):
 
 def headers(data: bytes, linktype: int, orig_len: int) -> dict:
     """{"link": ..., "ip": ..., "tcp"|"udp"|"icmp"|"icmp6": ...} or "arp", as far as the bytes go: the layers the
-    printer decoded on its way (fcap.text.dissect), so that the line and the JSON never disagree."""
+    printer decoded on its way (fcap.text.dissect), so that the line and the JSON never disagree. The common
+    Ethernet frames' in one pass (fcap.text.dissect.common.ether_layers: the same, tests/test_json_common.py)."""
+    if linktype == _EN10MB:
+        layers = ether_layers(data, orig_len)
+        if layers is not None:
+            return layers
     return dissect(data, linktype, orig_len).layers
+
+
+_EN10MB = linktypes.EN10MB.number
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_plain)   # (json.dumps' own, made once)

@@ -1,11 +1,15 @@
 """The common packets' lines in one pass at fixed offsets: whole Ethernet frames with IPv4 (no IP options, not a
 fragment) or IPv6 (no extension headers) carrying TCP (options nop, mss, wscale, sackOK, TS), UDP or an ICMP echo.
 The line is the one the printers (link, ip, transport, icmp) print, character for character; anything else, or
-anything odd about these, is None and goes to them. Addresses and ports are formatted once per flow."""
+anything odd about these, is None and goes to them. Addresses and ports are formatted once per flow. --json's
+headers the same way (ether_layers, ether_json): the layers the printers record, for a wider set of frames."""
 
 from __future__ import annotations
 
 import socket
+
+from fcap.files.linktypes import VLAN_TPIDS
+from fcap.text.dissect.transport import TCP_FLAG_NAMES
 
 M32 = 0xFFFFFFFF
 _FLAGS = tuple("".join(c for bit, c in ((0x01, "F"), (0x02, "S"), (0x04, "R"), (0x08, "P"), (0x10, "."),
@@ -175,3 +179,164 @@ def _options(data: bytes, at: int, end: int) -> str | None:
             return None
         at += ln
     return ", options [" + ",".join(out) + "]"
+
+
+# ---- --json's layers ---------------------------------------------------------------------------------------------
+
+def ether_layers(data: bytes, orig_len: int) -> dict | None:
+    """The layers dissect() records of an Ethernet frame (fcap.text.dissect.reader.PrintState's, --json's headers),
+    in one pass at fixed offsets, for frames without VLAN tags or 802.3 lengths carrying IPv4 (any protocol), IPv6
+    without extension headers, ARP or another Ethernet type: the same keys, values and order as the printers',
+    as far as the bytes go. None for anything else (the printers record those)."""
+    n = len(data)
+    if n < 14 or n > orig_len:
+        return None
+    etype = data[12] << 8 | data[13]
+    layers = {"link": {"dst": data[0:6].hex(":"), "src": data[6:12].hex(":"), "ethertype": etype}}
+    if etype == 0x0800:
+        if n < 34 or data[14] >> 4 != 4:
+            return None
+        hlen, total, proto = (data[14] & 15) * 4, data[16] << 8 | data[17], data[23]
+        layers["ip"] = {"version": 4, "src": "%d.%d.%d.%d" % tuple(data[26:30]),
+                        "dst": "%d.%d.%d.%d" % tuple(data[30:34]), "proto": proto, "ttl": data[22], "len": total}
+        end = min(n, 14 + total)
+        if hlen < 20 or total < hlen or (data[20] << 8 | data[21]) & 0x1FFF or end - 14 < hlen:
+            return layers   # (damaged, a later fragment, options not captured: the printers record no more)
+        off = 14 + hlen
+    elif etype == 0x86DD:
+        if n < 54 or data[14] >> 4 != 6:
+            return None
+        proto = data[20]
+        if proto in _IP6_WALKED:
+            return None
+        plen = data[18] << 8 | data[19]
+        layers["ip"] = {"version": 6, "src": _inet_ntop(_AF_INET6, data[22:38]),
+                        "dst": _inet_ntop(_AF_INET6, data[38:54]), "ttl": data[21], "len": plen + 40, "proto": proto}
+        end, off = min(n, 54 + plen) if plen else 54, 54
+        if proto == 58:
+            if off + 2 <= end:
+                layers["icmp6"] = {"type": data[off], "code": data[off + 1]}
+            return layers
+    elif etype == 0x0806 or etype == 0x8035:
+        return _arp_layers(layers, data, n)
+    elif etype <= 1500 or etype == 0x8870 or etype in VLAN_TPIDS:
+        return None
+    else:
+        return layers
+    return _transport_layers(layers, data, proto, etype, off, end)
+
+
+def _arp_layers(layers: dict, data: bytes, n: int) -> dict:
+    """ether_layers' ARP (fcap.text.dissect.link._arp: IPv4 addresses only)."""
+    if n < 22 or (data[14] << 8 | data[15]) == 19:
+        return layers
+    hln, pln = data[18], data[19]
+    tpa = 22 + 2 * hln + pln
+    if tpa + pln <= n and pln == 4 and (data[16] << 8 | data[17]) == 0x0800:
+        layers["arp"] = {"op": data[20] << 8 | data[21], "src": "%d.%d.%d.%d" % tuple(data[22 + hln:26 + hln]),
+                         "dst": "%d.%d.%d.%d" % tuple(data[tpa:tpa + 4])}
+    return layers
+
+
+def _transport_layers(layers: dict, data: bytes, proto: int, etype: int, off: int, end: int) -> dict:
+    """ether_layers' TCP, UDP or ICMP header at off, the datagram ending at end."""
+    if proto == 6:
+        if off + 4 <= end:
+            tcp = layers["tcp"] = {"sport": data[off] << 8 | data[off + 1], "dport": data[off + 2] << 8 | data[off + 3]}
+            if off + 20 <= end:
+                tcp["flags"] = list(_FLAG_NAMES[data[off + 13]])
+                tcp["seq"] = int.from_bytes(data[off + 4:off + 8], "big")
+                tcp["ack"] = int.from_bytes(data[off + 8:off + 12], "big")
+                tcp["win"] = data[off + 14] << 8 | data[off + 15]
+    elif proto == 17:
+        if off + 4 <= end:
+            layers["udp"] = {"sport": data[off] << 8 | data[off + 1], "dport": data[off + 2] << 8 | data[off + 3]}
+    elif proto == 1 and etype == 0x0800:
+        if off + 2 <= end:
+            layers["icmp"] = {"type": data[off], "code": data[off + 1]}
+    return layers
+
+
+_IP6_WALKED = frozenset((0, 43, 44, 60))   # hop-by-hop, routing, fragment, destination options: fcap.text.dissect.ip
+_FLAG_NAMES = tuple(tuple(name for i, name in enumerate(TCP_FLAG_NAMES) if f >> i & 1) for f in range(256))
+
+
+def ether_json(data: bytes, orig_len: int) -> str | None:
+    """ether_layers() as --json writes it ('"link":{...},"ip":{...},"tcp":{...}', compact, no braces around) for
+    IPv4 (not a later fragment) and IPv6 (no extension headers) carrying a TCP header captured whole, UDP ports or
+    an ICMP / ICMPv6 type and code; None for anything else. A flow's text (addresses, ports) is made once."""
+    n = len(data)
+    if n < 34 or n > orig_len:
+        return None
+    etype = data[12] << 8 | data[13]
+    ip = _json_ip4(data, n) if etype == 0x0800 else _json_ip6(data, n) if etype == 0x86DD else None
+    if ip is None:
+        return None
+    proto, off, end, length, key = ip
+    if proto == 6:
+        if off + 20 > end:
+            return None
+        key += data[off:off + 4]
+        flow = _json_flows.get(key) or _json_flow(key, data, etype, proto, off)
+        seq, ack = int.from_bytes(data[off + 4:off + 8], "big"), int.from_bytes(data[off + 8:off + 12], "big")
+        return f"{flow[0]}{length}{flow[1]}{_FLAG_JSON[data[off + 13]]},\"seq\":{seq},\"ack\":{ack}," \
+               f"\"win\":{data[off + 14] << 8 | data[off + 15]}}}"
+    if proto == 17:
+        if off + 4 > end:
+            return None
+        key += data[off:off + 4]
+    elif proto == 1 and etype == 0x0800 or proto == 58 and etype == 0x86DD:
+        if off + 2 > end:
+            return None
+        key += data[off:off + 2]
+    else:
+        return None
+    flow = _json_flows.get(key) or _json_flow(key, data, etype, proto, off)
+    return f"{flow[0]}{length}{flow[1]}"
+
+
+def _json_ip4(data: bytes, n: int) -> tuple | None:
+    """(protocol, transport offset, datagram end, IP length, flow key so far) of ether_json's IPv4; else None."""
+    if data[14] >> 4 != 4:
+        return None
+    hlen, total = (data[14] & 15) * 4, data[16] << 8 | data[17]
+    end = min(n, 14 + total)
+    if hlen < 20 or total < hlen or (data[20] << 8 | data[21]) & 0x1FFF or end - 14 < hlen:
+        return None
+    return data[23], 14 + hlen, end, total, data[0:15] + data[22:24] + data[26:34]
+
+
+def _json_ip6(data: bytes, n: int) -> tuple | None:
+    """The same of ether_json's IPv6 (a payload length, no extension header: the protocols taken are not)."""
+    if n < 54 or data[14] >> 4 != 6:
+        return None
+    plen = data[18] << 8 | data[19]
+    if not plen:
+        return None
+    return data[20], 54, min(n, 54 + plen), plen + 40, data[0:14] + data[20:54]
+
+
+def _json_flow(key: bytes, data: bytes, etype: int, proto: int, off: int) -> tuple[str, str]:
+    """A flow's text before the IP length and after it (up to the TCP flags' value)."""
+    if len(_json_flows) >= _MAX_FLOWS:
+        _json_flows.clear()
+    link = f"\"link\":{{\"dst\":\"{data[0:6].hex(':')}\",\"src\":\"{data[6:12].hex(':')}\",\"ethertype\":{etype}}},"
+    if etype == 0x0800:
+        head = f"\"ip\":{{\"version\":4,\"src\":\"{'%d.%d.%d.%d' % tuple(data[26:30])}\"," \
+               f"\"dst\":\"{'%d.%d.%d.%d' % tuple(data[30:34])}\",\"proto\":{proto},\"ttl\":{data[22]},\"len\":"
+        tail = "}"
+    else:
+        head = f"\"ip\":{{\"version\":6,\"src\":\"{_inet_ntop(_AF_INET6, data[22:38])}\"," \
+               f"\"dst\":\"{_inet_ntop(_AF_INET6, data[38:54])}\",\"ttl\":{data[21]},\"len\":"
+        tail = f",\"proto\":{proto}}}"
+    if proto == 6 or proto == 17:
+        ports = f"{{\"sport\":{data[off] << 8 | data[off + 1]},\"dport\":{data[off + 2] << 8 | data[off + 3]}"
+        tail += f",\"tcp\":{ports},\"flags\":" if proto == 6 else f",\"udp\":{ports}}}"
+    else:
+        tail += f",\"{'icmp' if proto == 1 else 'icmp6'}\":{{\"type\":{data[off]},\"code\":{data[off + 1]}}}"
+    flow = _json_flows[key] = (link + head, tail)
+    return flow
+
+
+_json_flows: dict[bytes, tuple[str, str]] = {}
+_FLAG_JSON = tuple("[" + ",".join(f'"{name}"' for name in names) + "]" for names in _FLAG_NAMES)
