@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Sequence
 
-from . import asm, ptrkinds
+from . import asm
 from .errors import SyscallError, VerifierError
 from .sys import FD, FDOwner, ProgInfo, ProgLoadAttr, TestRunAttr, addr, bpf, bpf_errno, obj_info
 from .uapi import BPF_OBJ_NAME_LEN, AttachType, Cmd, ProgType
+
+if TYPE_CHECKING:
+    from .ptrkinds import Kind
 
 LOG_START = 64 * 1024
 LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
@@ -81,7 +84,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
          expected_attach_type: AttachType = AttachType.NONE, attach_btf_id: int = 0,
          attach_btf_obj_fd: int = 0, log_level: int = 0, what: str = "", btf_fd: int = 0,
          func_info: Sequence[tuple[int, int]] = (), prog_flags: int = 0, check_kinds: bool = True,
-         kfuncs: Mapping[int, ptrkinds.Kind] | None = None) -> Program:
+         kfuncs: Mapping[int, Kind] | None = None) -> Program:
     """Load a program. On rejection the verifier's log is captured (retried with a log, grown on ENOSPC) and raised
     as VerifierError; other refusals (EPERM, EINVAL without a log) as SyscallError. With `btf_fd` and `func_info`
     ((instruction, BTF FUNC id) pairs) the program carries its own BTF (bpf.btf_write); attach_btf_obj_fd is also
@@ -91,6 +94,7 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
     kfuncs: what the kfuncs it calls return, for those that return pointers), unless check_kinds=False."""
     insns = list(insns)
     if check_kinds:
+        from . import ptrkinds   # (when a program is loaded: not in the start-up of fcap -r)
         ptrkinds.check(insns, prog_type, kfuncs=kfuncs)
     resolved = asm.resolve(insns)
     code = b"".join(i.encode() for i in resolved)
