@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import select
@@ -53,6 +54,15 @@ class _CPURing:
         """(tail, head): the records in [tail, head) are ours to read (positions; & mask gives the offset in
         data). Records stay valid until release()."""
         return _HEAD.unpack_from(self.view, TAIL_OFF)[0], _HEAD.unpack_from(self.view, HEAD_OFF)[0]
+
+    def address(self) -> int:
+        """Where the data bytes lie in memory (for readers that view them as arrays without exporting the mapping:
+        valid until close())."""
+        ref = ctypes.c_char.from_buffer(self.mm, PAGE)
+        try:
+            return ctypes.addressof(ref)
+        finally:
+            del ref
 
     def release(self, tail: int) -> None:
         """Give the bytes before position `tail` back to the kernel."""

@@ -384,9 +384,15 @@ class _FakePerfRing:
     """One CPU's perf ring in user memory, with the records a capture program's perf samples make."""
 
     def __init__(self, size: int = 1024):
+        import ctypes
         self.size, self.mask = size, size - 1
-        self.data = memoryview(bytearray(size))
+        self.mem = (ctypes.c_char * size)()
+        self.data = memoryview(self.mem).cast("B")
         self.head = self.tail = 0
+
+    def address(self) -> int:
+        import ctypes
+        return ctypes.addressof(self.mem)
 
     def span(self):
         return self.tail, self.head
@@ -401,12 +407,13 @@ class _FakePerfRing:
             self.data[(self.head + k) & self.mask] = b
         self.head += len(rec)
 
-    def sample(self, ts: int, payload: bytes) -> None:
+    def sample(self, ts: int, payload: bytes, **meta) -> None:
         import struct as st
 
         from fcap.kernel.layout import META
         fields = dict.fromkeys(META.Tuple._fields, 0)
-        fields.update(ts=ts, comm=b"", fast=len(payload), caplen=len(payload), orig=len(payload), copy=len(payload))
+        fields.update(ts=ts, comm=b"", fast=len(payload), caplen=len(payload), orig=len(payload), copy=len(payload),
+                      **meta)
         raw = META.struct.pack(*fields.values()) + payload
         raw += bytes(-(len(raw) + 4) % 8)
         self._put(st.pack("<IHHI", 9, 0, 12 + len(raw), len(raw)) + raw)   # PERF_RECORD_SAMPLE
@@ -432,14 +439,18 @@ def _payloads(sink) -> bytes:
     return out
 
 
-def test_perf_drain_merges_holds_and_counts_lost():
+@pytest.mark.parametrize("fast", [True, False], ids=["arrays", "python"])
+def test_perf_drain_merges_holds_and_counts_lost(fast):
     """FileDrain over perf rings: two CPUs merged by time, a record past the cutoff left in its ring (the tail
-    stops before it, LOST records after it counted once), records that wrap the ring's end, and -c."""
+    stops before it, LOST records after it counted once), records that wrap the ring's end, and -c; through
+    fcap.live.perfwalk's arrays and through the Python walk."""
     import time
 
-    from fcap.live.drain import FileDrain
+    from fcap.live.drain import FAST, FileDrain
+    if fast and FAST.wait() is None:
+        pytest.skip(f"numpy: {FAST.missing}")
     buf, sink = _FakePerf(2), _Sink()
-    d = FileDrain(buf, sink)
+    d = FileDrain(buf, sink, fast=fast)
     t = time.monotonic_ns() - 10**9
     a, b = buf.rings
     a.sample(t + 10, b"a10|")
@@ -460,7 +471,7 @@ def test_perf_drain_merges_holds_and_counts_lost():
     assert d(final=True) == 1 and _payloads(sink).endswith(b"b11|later|") and buf.lost == 5 and a.tail == a.head
     assert d.written == 18 and d.window.late == 0
     buf, sink = _FakePerf(2), _Sink()
-    d = FileDrain(buf, sink, limit=2)
+    d = FileDrain(buf, sink, limit=2, fast=fast)
     for i, r in enumerate((buf.rings[1], buf.rings[0], buf.rings[1])):
         r.sample(t + 10 + i, b"%d|" % i)
     assert d() == 0 and d.reached and not d.done   # (-c within reach: the capture detaches first)

@@ -48,13 +48,14 @@ RecordOptions = Callable[[layout.Record], dict]
 class FileDrain:
     """Drains a session's perf buffer into a pcap/pcapng writer in time order. Call it to drain once; it returns how
     many records it wrote. Each CPU's records are walked (one unpack each: type, size, timestamp), merged by time
-    (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass.
+    (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass. pcap
+    records are found, read and merged as arrays instead (fcap.live.perfwalk) once numpy is imported (`fast`).
     `limit` (when > 0) stops it after that many records in all, the oldest (fcap.live.order.reached). pcapng blocks
     get their options from `options(record)`, cached by the metadata they depend on (the record made by `parse`:
     the session's, which names --stack's frames from META's stack id)."""
 
     def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
-                 window: order.Window | None = None, parse: Callable = layout.parse_record):
+                 window: order.Window | None = None, parse: Callable = layout.parse_record, fast: bool = True):
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
@@ -66,6 +67,10 @@ class FileDrain:
         self.held = False   # (held records wait for the next wake-up: a perf ring wakes per watermark written)
         self.reached = False   # -c within reach: detach, then the last pass (fcap.live.order.reached)
         self._tails: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+        self._addresses: list | None = None   # where each ring's data bytes lie (fcap.live.perfwalk reads them)
+        self._blocks = None                     # pcapng's block parts as arrays (fcap.live.perfwalk.Blocks)
+        self.fast = fast and FAST.wait() is not None   # passes at C speed (fcap.live.perfwalk; made before
+        #  `listening on`, as RingDrain: a flood that starts at once is drained at C speed from its start)
 
     @property
     def done(self) -> bool:
@@ -74,6 +79,10 @@ class FileDrain:
     def __call__(self, final: bool = False) -> int:
         """One pass: write what is surely published (everything when `final`: the programs are detached)."""
         cutoff = self.window.cutoff(final)
+        if self.fast:
+            n = self._arrays(FAST.module, cutoff, final)
+            if n is not None:
+                return n
         walks = [self._walk(ring) for ring in self.buffer.rings]
         if any(w.end - w.start >= ring.size // 4 for w, ring in zip(walks, self.buffer.rings)):
             cutoff = self.window.pressed(cutoff)
@@ -101,6 +110,52 @@ class FileDrain:
         n = order.count(runs)
         self.written += n
         return n
+
+    def _arrays(self, fast, cutoff: int, final: bool) -> int | None:
+        """The pass at C speed: each ring's records found, read and laid out as arrays (fcap.live.perfwalk), merged
+        by one sort (fcap.live.fastmerge); None, with nothing taken, where a record needs Python to lay it out."""
+        from fcap.live import perfwalk
+        rings = self.buffer.rings
+        if self._addresses is None:
+            self._addresses = [r.address() for r in rings]
+        got = [perfwalk.read(r, a) for r, a in zip(rings, self._addresses)]
+        if not self._laid_out(perfwalk, got):
+            return None
+        if any(g.end - g.start >= r.size // 4 for g, r in zip(got, rings)):
+            cutoff = self.window.pressed(cutoff)
+        left = self.left - self.written if self.left else 0
+        if not final and order.reached(sum(map(len, got)), left):
+            self.reached = True
+            return 0
+        ks = [fast.eligible(g.ts, cutoff, bool(len(g.ts) < 2 or (g.ts[1:] >= g.ts[:-1]).all())) for g in got]
+        p = perfwalk.merge(got, ks, left or -1, self.window.last)
+        if p.count:
+            self.window.wrote(p.late, p.newest, p.oldest)
+        try:
+            if p.data is not None:
+                self.writer.writev([p.data])
+            elif p.iov is not None:
+                self.writer.write_iov(p.iov)
+        finally:
+            if p.data is not None:
+                p.data.release()
+        for r, g, k in zip(rings, got, p.takes):
+            at = g.end if k == len(g) else (int(g.ends[k - 1]) if k else g.start)
+            self.buffer.lost += sum(n for pos, n in g.lost if pos <= at)
+            r.release(at)
+        self.written += p.count
+        return p.count
+
+    def _laid_out(self, perfwalk, got: list) -> bool:
+        """The rings' file records located (pcap) or laid out (pcapng); False where one needs Python."""
+        if not all(g.simple for g in got):
+            return False
+        if not self.pcapng:
+            for g in got:
+                perfwalk.pcap(g)
+            return True
+        self._blocks = self._blocks or perfwalk.Blocks()
+        return all(perfwalk.epb(g, self._blocks, self._tail) for g in got)
 
     def _release(self, ring, w: _Walk, k: int) -> None:
         """Give back the ring's bytes up to the k records taken (all of them: the whole walk); LOST records before

@@ -58,10 +58,10 @@ class Plan:
     of order); `late` how many are older than `last`; `newest` and `oldest` their timestamps'
     range."""
 
-    __slots__ = ("data", "iov", "takes", "count", "late", "newest", "oldest")
+    __slots__ = ("data", "iov", "memory", "takes", "count", "late", "newest", "oldest")
 
     def __init__(self, takes: list, count: int = 0, late: int = 0, newest: int = 0, oldest: int = 0):
-        self.data = self.iov = None
+        self.data = self.iov = self.memory = None   # (memory: what iov points into, kept until the plan goes)
         self.takes, self.count = takes, count
         self.late, self.newest, self.oldest = late, newest, oldest
 
@@ -84,21 +84,33 @@ def plan(entries: list, firsts: list, rings: list, ring_size: int, limit: int, l
     start[offsets[has]] = np.array(firsts, U64)[has]
     size = (end - start) & U64(layout.HEAD_POS)
     at = np.repeat(np.array(rings, U64), ks) + (start & U64(ring_size - 1))
+    return chosen(ts, at, size, ks, limit, last, memory)
+
+
+def chosen(ts, at, size, ks, limit: int, last: int, memory) -> Plan:
+    """The merge of records given as flat arrays, each CPU's (`ks[j]` of them) after the one before: timestamps,
+    offsets in `memory` and lengths (fcap.live.perfwalk's, or plan's)."""
+    offsets = np.cumsum(ks) - ks                  # where each CPU's records start
+    n = len(ts)
     order = np.argsort(ts, kind="stable")         # each CPU's records keep their order among equal times
     takes = ks.tolist()
     if 0 <= limit < n:
         order = order[:limit]
-        cpu = np.repeat(np.arange(len(entries)), ks)[order]
-        upto = np.zeros(len(entries), np.int64)
+        cpu = np.repeat(np.arange(len(ks)), ks)[order]
+        upto = np.zeros(len(ks), np.int64)
         np.maximum.at(upto, cpu, order - offsets[cpu] + 1)   # a CPU's records go as a prefix
         takes = upto.tolist()
     if not len(order):
         return Plan(takes)
-    at, size, chosen = at[order], size[order], ts[order]
-    late = int(np.count_nonzero(chosen < U64(last))) if last else 0
-    p = Plan(takes, len(order), late=late, newest=int(chosen[-1]), oldest=int(chosen[0]))
-    p.data = gathered(memory, at, size)
+    at, size, picked = at[order], size[order], ts[order]
+    late = int(np.count_nonzero(picked < U64(last))) if last else 0
+    p = Plan(takes, len(order), late=late, newest=int(picked[-1]), oldest=int(picked[0]))
+    if len(at) > 1 and (at[1:] == at[:-1] + size[:-1]).all():   # one stretch of memory already: as it is
+        p.data = memoryview(memory[int(at[0]):int(at[-1] + size[-1])])
+    else:
+        p.data = gathered(memory, at, size)
     if p.data is None:
+        p.memory = memory
         p.iov = np.empty((len(order), 2), U64)
         p.iov[:, 0] = at + U64(memory.ctypes.data)
         p.iov[:, 1] = size

@@ -44,6 +44,7 @@ _CONFIG = (
     ("predicates", ()),       # factories: Point -> predicate (see fcap.kernel.predicates)
     ("record", layout.RECORD_PCAP),   # the file record header the programs lay out (pcap or pcapng)
     ("file_ring", False),     # pcap records straight into per-CPU file rings where the kernel allows it
+    ("file", False),          # the capture writes a file (its drain: fcap.live.drain's)
     ("meta", True),           # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
     ("track", False),         # --track (fcap.kernel.track): follow what the filter chose to every point until freed
     ("track_max", TRACK_MAX),
@@ -133,7 +134,7 @@ class Planner:
         out its record headers, write finished records themselves where they can (unless `perf_buffer`), and record
         metadata only where the file keeps it. Once resolved, before anything is planned."""
         assert self.points and not self.units, "write_file: after resolve(), before map_plan()"
-        self.cfg = self.cfg._replace(record=fmt, file_ring=not perf_buffer, meta=fmt != layout.RECORD_PCAP)
+        self.cfg = self.cfg._replace(record=fmt, file=True, file_ring=not perf_buffer, meta=fmt != layout.RECORD_PCAP)
 
     def _points_of(self, spec: str) -> list[Point]:
         """What one -i names: a semantic point's hooks, a glob's matches, or one point."""

@@ -91,10 +91,10 @@ class Session(Planner, Attach):
                 self.stacks = Stacks.create(self.maps)
                 maps.stack = self.stacks.map.fileno()
                 self.parse = self.stacks.parser(self.parse, self.dump_area.size if self.dump_area is not None else 0)
+            if plan.kfunc and len(plan.cpus) > 1 or self.cfg.file and not plan.kfunc:
+                from fcap.live.drain import FAST   # the drain's merge (the perf buffer's walk) at C speed, imported
+                FAST.load()                         # while the programs load
             if plan.kfunc:
-                if len(plan.cpus) > 1:   # the drain's merge at C speed, imported while the programs load
-                    from fcap.live.drain import FAST
-                    FAST.load()
                 ring_size = self._make_ring(plan.ring_size)
                 maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
             self._load_all(maps)

@@ -1,0 +1,246 @@
+"""The perf buffer's records found and read at C speed (numpy), for the file drain (fcap.live.drain.FileDrain): a
+ring's records follow one another, each's size in its header, so where they are is a chain; a run of records of one
+size (a flood of one kind of packet) is found with one array operation, the rest a record at a time over the
+headers alone. Each record's timestamp is then read as an array, and its file record located (pcap: the program
+laid out its header) or laid out for a whole ring at once (pcapng: the Enhanced Packet Block's options come from
+the drain's cache, one entry per metadata key, as in the per-record walk); the drain merges the CPUs' records as
+fcap.live.fastmerge does for the file rings. A pass with a record only Python can lay out (bytes not contiguous:
+`fast` 0) is left to the per-record walk."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fcap.kernel.layout import META, META_SIZE, PCAP_REC
+from fcap.live.fastmerge import U64, Plan, _items, chosen, np, words
+
+SAMPLE, LOST = 9, 2             # PerfRecord (bpf.uapi)
+RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
+_TS = RAW + META.off("ts")
+_FAST = RAW + META.off("fast")
+assert _TS % 4 == 0 and _FAST % 4 == 0 and META.end("ts") - META.off("ts") == 8
+_KEY_AT, _KEY_LEN = RAW + META.off("skb"), META.off("fast") - META.off("skb")   # pcapng's cache key
+_IFACE, _ID = RAW + META.off("iface"), RAW + META.off("id")   # an EPB's header after its first 8 bytes; packet id
+assert _KEY_LEN % 8 == 0 and META.off("stack") < META.off("fast")
+_MUL = U64(0x100000001B3)
+CACHE_MAX = 1 << 14   # block parts kept (Blocks), as the per-record walk's cache
+RUN_MIN = 16      # a uniform run shorter than this: the next LOOP records are found one at a time
+LOOP = 256
+
+
+class RingRecords:
+    """One ring's records in a pass: `seg`, its bytes from tail to head (a view of the ring, or a copy where they
+    wrap around its end); per sample its offset in seg, `fast`, its timestamp and the ring position where it ends,
+    and once laid out (pcap(), epb()) where its file record lies in `out` and its length; LOST records as (end
+    position, count); `end`, where the walk stopped; `simple`: every sample's bytes contiguous."""
+
+    __slots__ = ("seg", "rel", "fast", "ts", "out", "at", "size", "ends", "lost", "start", "end", "simple")
+
+    def __init__(self, start: int):
+        self.start = self.end = start
+        self.seg = self.out = None
+        self.rel = self.fast = self.ts = self.at = self.size = self.ends = _NONE
+        self.lost: list = []
+        self.simple = True
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+def read(ring, address: int) -> RingRecords:
+    """The records pending in `ring` (bpf.perfbuf's, whose data bytes lie at `address`)."""
+    tail, head = ring.span()
+    out = RingRecords(tail)
+    if tail >= head:
+        return out
+    mem = words(address, ring.size // 8).view(np.uint8)
+    t, h = tail & ring.mask, ((head - 1) & ring.mask) + 1
+    seg = mem[t:h] if t < h else np.concatenate((mem[t:], mem[:h]))
+    rel, end = _positions(seg.view(np.uint64), head - tail)
+    out.end = tail + end
+    out.seg = seg
+    if len(rel):
+        _fields(out, seg, rel, tail)
+    return out
+
+
+def _positions(seg64, length: int):
+    """Where each record starts, from the region's start (bytes), and where the walk ended: uniform runs as one
+    array each, the rest one record at a time."""
+    parts = []
+    pos = 0
+    while pos < length:
+        stride, run = _uniform(seg64, pos, length)
+        if len(run) >= RUN_MIN or len(run) and pos + len(run) * stride >= length:
+            parts.append(run)
+            pos += len(run) * stride
+            continue
+        found, pos, corrupt = _loop(seg64, pos, length)
+        parts.append(found)
+        if corrupt:
+            break
+    return (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else _NONE, pos
+
+
+def _uniform(seg64, pos: int, length: int):
+    """The first record's size, and the records from `pos` on that have it, up to the first that does not."""
+    stride = int(seg64[pos >> 3]) >> 48
+    if stride < 8 or stride & 7:
+        return stride, _NONE
+    rel = np.arange(pos, length, stride, dtype=np.int64)
+    sizes = seg64[rel >> 3] >> np.uint64(48)
+    off = np.flatnonzero(sizes != np.uint64(stride))
+    return stride, (rel[:off[0]] if len(off) else rel)
+
+
+def _loop(seg64, pos: int, length: int):
+    """Up to LOOP records from `pos`, found over their headers; and whether a corrupt size ended the walk."""
+    found = []
+    q = memoryview(seg64).cast("B").cast("Q")
+    try:
+        for _ in range(LOOP):
+            if pos >= length:
+                break
+            size = q[pos >> 3] >> 48
+            if size < 8:   # corrupt: give up on this ring's backlog
+                return np.array(found, np.int64), length, True
+            found.append(pos)
+            pos += size
+    finally:
+        q.release()
+    return np.array(found, np.int64), pos, False
+
+
+def _fields(out: RingRecords, seg, rel, tail: int) -> None:
+    """Timestamps, pcap bytes and ends of the samples at `rel`; LOST records' counts."""
+    seg64, seg32 = seg.view(np.uint64), seg.view(np.uint32)
+    hdr = seg64[rel >> 3]
+    rtype = (hdr & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    rsize = (hdr >> np.uint64(48)).astype(np.int64)
+    for i in np.flatnonzero(rtype == LOST).tolist():
+        out.lost.append((tail + int(rel[i] + rsize[i]), int(seg64[(rel[i] >> 3) + 2])))
+    pick = np.flatnonzero(rtype == SAMPLE)
+    rel, rsize = rel[pick], rsize[pick]
+    if not np.all(rsize >= RAW + META_SIZE):
+        out.simple = False
+        return
+    fast = seg32[(rel + _FAST) >> 2].astype(np.int64)
+    out.simple = bool(np.all((fast > 0) & (RAW + META_SIZE + fast <= rsize)))
+    lo = seg32[(rel + _TS) >> 2].astype(U64)
+    out.ts = lo | (seg32[((rel + _TS) >> 2) + 1].astype(U64) << U64(32))
+    out.rel, out.fast = rel, fast
+    out.ends = rel + rsize + tail
+
+
+def merge(got: list, ks: list, limit: int, last: int) -> Plan:
+    """The CPUs' laid-out records in time order (fcap.live.fastmerge.chosen): the first ks[j] of got[j]'s; the
+    plan's takes, one per ring."""
+    live = [(g, k) for g, k in zip(got, ks) if k]
+    if not live:
+        return Plan([0] * len(got))
+    if len(live) == 1:
+        memory, at = live[0][0].out, live[0][0].at[:live[0][1]]
+    else:
+        memory = np.concatenate([g.out for g, _k in live])
+        bases = (np.cumsum([len(g.out) for g, _k in live]) - [len(g.out) for g, _k in live]).tolist()
+        at = np.concatenate([g.at[:k] + U64(b) for (g, k), b in zip(live, bases)])
+    p = chosen(np.concatenate([g.ts[:k] for g, k in live]), at, np.concatenate([g.size[:k] for g, k in live]),
+               np.array([k for _g, k in live], np.int64), limit, last, memory)
+    takes = iter(p.takes)
+    p.takes = [next(takes) if k else 0 for k in ks]
+    return p
+
+
+def pcap(g: RingRecords) -> None:
+    """The samples' pcap records: in place, after the header the program laid out."""
+    g.out = g.seg
+    g.at = (g.rel + (RAW + PCAP_REC)).astype(U64)
+    g.size = (g.fast + (META_SIZE - PCAP_REC)).astype(U64)
+
+
+def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
+    """The samples' Enhanced Packet Blocks, laid out in a buffer of their own: the first 8 bytes and the options
+    around the packet id from `blocks` (`make(key, meta)` gives those of a key it lacks: (first 8 bytes, options
+    before the id, after it)), the header after the first 8 bytes and the packet's bytes from the sample, the packet
+    id from its metadata. False (nothing laid out) where two keys share a hash: left to the per-record walk."""
+    if not len(g):
+        return True
+    seg, rel = g.seg, g.rel
+    keys = _items(seg, _KEY_LEN)[rel + _KEY_AT].view(U64).reshape(len(rel), -1)
+    entry = blocks.entries(keys, lambda i, key: make(key, seg[rel[i] + RAW:rel[i] + RAW + META_SIZE]))
+    if entry is None:
+        return False
+    tail, body = blocks.tail[entry], g.fast + (META_SIZE - META.off("iface"))
+    size = 8 + body + tail
+    at = np.cumsum(size) - size
+    out = np.empty(int(size.sum()), np.uint8)
+    off = blocks.off[entry]
+    _items(out, 8)[at] = _items(blocks.buf, 8)[off]
+    _scatter(out, at + 8, seg, rel + _IFACE, body)
+    _scatter(out, at + 8 + body, blocks.buf, off + 8, tail)
+    _items(out, 8)[at + 8 + body + blocks.mark[entry]] = _items(seg, 8)[rel + _ID]
+    g.out, g.at, g.size = out, at.astype(U64), size.astype(U64)
+    return True
+
+
+class Blocks:
+    """pcapng's block parts per metadata key, as arrays: per entry its key and its hash, where its parts lie in
+    `buf` (the first 8 bytes, then the options with the packet id's 8 bytes), how long the part after the first 8
+    bytes is and where the id lies in it."""
+
+    def __init__(self):
+        self.hash = self.hashes = np.empty(0, U64)   # each entry's, and all of them sorted (by_hash: whose)
+        self.by_hash = np.empty(0, np.int64)
+        self.keys = np.empty((0, _KEY_LEN // 8), U64)
+        self.buf = np.empty(0, np.uint8)
+        self.off = self.tail = self.mark = np.empty(0, np.int64)
+
+    def entries(self, keys, parts: Callable):
+        """Each row's entry (`parts(i, key bytes)` makes those of a key not seen yet), or None where two keys
+        share a hash."""
+        h = _hash(keys)
+        pos = np.searchsorted(self.hashes, h)
+        hit = pos < len(self.hashes)
+        hit[hit] = self.hashes[pos[hit]] == h[hit]
+        if not hit.all():
+            if len(self.hashes) >= CACHE_MAX:
+                self.__init__()
+                hit[:] = False
+            self._add(keys, h, np.flatnonzero(~hit), parts)
+            pos = np.searchsorted(self.hashes, h)
+        entry = self.by_hash[pos]
+        return entry if (keys == self.keys[entry]).all() else None
+
+    def _add(self, keys, h, rows, parts: Callable) -> None:
+        _u, first = np.unique(h[rows], return_index=True)
+        rows = rows[first]
+        made = [parts(i, keys[i].tobytes()) for i in rows.tolist()]
+        blobs = [head8 + before + bytes(8) + after for head8, before, after in made]   # (the id's place)
+        lengths = np.array([len(b) for b in blobs], np.int64)
+        self.off = np.concatenate((self.off, len(self.buf) + np.cumsum(lengths) - lengths))
+        self.tail = np.concatenate((self.tail, lengths - 8))
+        self.mark = np.concatenate((self.mark, [len(before) for _h8, before, _a in made]))
+        self.buf = np.concatenate((self.buf, np.frombuffer(b"".join(blobs), np.uint8)))
+        self.keys = np.concatenate((self.keys, keys[rows]))
+        self.hash = np.concatenate((self.hash, h[rows]))
+        self.by_hash = np.argsort(self.hash, kind="stable")
+        self.hashes = self.hash[self.by_hash]
+
+
+def _hash(keys):
+    """A 64-bit hash of each row (FNV-like, a column at a time: numpy reduces short rows slowly)."""
+    h = keys[:, 0] * _MUL
+    for j in range(1, keys.shape[1]):
+        h ^= keys[:, j]
+        h *= _MUL
+    return h
+
+
+def _scatter(dst, dst_at, src, src_at, lengths) -> None:
+    """Copies lengths[i] bytes from src at src_at[i] to dst at dst_at[i]: one copy per distinct length."""
+    for length in np.flatnonzero(np.bincount(lengths)).tolist():
+        pick = np.flatnonzero(lengths == length)
+        _items(dst, length)[dst_at[pick]] = _items(src, length)[src_at[pick]]
+
+
+_NONE = np.empty(0, np.int64)
