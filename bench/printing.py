@@ -1,4 +1,4 @@
-"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json) and fcap.read() against tcpdump -r FILE -nn.
+"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json), fcap.read(), fcap.batches() beside tcpdump -r -nn.
 
     python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR]
 
@@ -26,6 +26,11 @@ API = ("import fcap\n"
        "n = 0\n"
        "for p in fcap.read(%r):\n"
        "    n += p.ts_ns + p.orig_len + p.linktype + len(p.data) + (p.point is None) + (p.comment is None)\n")
+BATCHES = ("import fcap\n"   # the arrays, and a question of them: the SYNs' destination ports counted
+           "n = 0\n"
+           "for b in fcap.batches(%r):\n"
+           "    f = b.fields\n"
+           "    n += int(f['ts_ns'].max()) + len(set(f['dport'][(f['proto'] == 6) & (f['tcp_flags'] & 18 == 2)]))\n")
 
 
 def _packets() -> list[bytes]:
@@ -129,7 +134,8 @@ def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
     return out + [("fcap -r F -nn", FCAP + ["-r", path, "-nn"]),
                   ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v", "-c", str(v_packets)]),
                   ("fcap -r F --json", FCAP + ["-r", path, "--json"]),
-                  ("fcap.read(F)", [sys.executable, "-c", API % path])]
+                  ("fcap.read(F)", [sys.executable, "-c", API % path]),
+                  ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path])]
 
 
 def main(argv: list[str] | None = None) -> int:

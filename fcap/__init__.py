@@ -5,14 +5,15 @@
         for p in cap:
             print(p.point, p.ts_ns, p.comm, p.scapy().summary())
     for p in fcap.read("out.pcapng"): ...
+    for b in fcap.batches("out.pcapng"): b.fields["dport"] ...   # numpy arrays, a row per packet
 
 The API (capture, read, Packet, Capture) is imported on first use: `import fcap` stays cheap for the command."""
 
 from fcap.errors import FcapError
 
 __version__ = "0.1.0"
-__all__ = ["Capture", "FcapError", "Packet", "__version__", "capture", "read"]
-_API = ("Capture", "Packet", "capture", "read")
+__all__ = ["Capture", "FcapError", "Packet", "__version__", "batches", "capture", "read"]
+_API = ("Capture", "Packet", "batches", "capture", "read")
 
 
 def __getattr__(name: str):

@@ -192,6 +192,27 @@ def read(path) -> Iterator[Packet]:
         raise FcapError(f"{path}: {e.strerror or e}") from None
 
 
+def batches(path, size: int = 65536):
+    """The packets of a pcap/pcapng file as numpy arrays, `size` at a time, for analysis at C speed: each a Batch
+    whose `fields` has a row per packet (ts_ns, caplen, len, linktype, iface, at; the decoded ethertype, proto,
+    tcp_flags, sport, dport, src, dst: fcap.files.batches.FIELDS) and whose `data` holds the packets' bytes.
+
+        for b in fcap.batches("out.pcap"):
+            f = b.fields
+            syns = f[(f["proto"] == 6) & (f["tcp_flags"] & 0x12 == 0x02)]
+            print(len(syns), numpy.unique(syns["dport"], return_counts=True))
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"batches: a file name, not {path!r}")
+    if size < 1:
+        raise UsageError(f"batches: size {size} must be at least 1")
+    from fcap.files.batches import batches as file_batches
+    try:
+        yield from file_batches(path, size)
+    except OSError as e:
+        raise FcapError(f"{path}: {e.strerror or e}") from None
+
+
 def parse_comment(text: str) -> dict:
     """fcap's metadata comment (fcap.features.comments: the packet's metadata, --context's keys, at drop points
     ' reason=R at=L', with --nft a netfilter drop's nft_* keys, a BPF program's verdict, then with --stack

@@ -117,7 +117,7 @@ def chosen(ts, at, size, ks, limit: int, last: int, memory) -> Plan:
     return p
 
 
-def _items(buf, length: int):
+def items(buf, length: int):
     """Every `length`-byte run of buf, one starting at each byte: an item per record start, copied whole."""
     return np.ndarray((len(buf) - length + 1,), dtype=np.dtype((np.void, length)), buffer=buf, strides=(1,))
 
@@ -127,7 +127,7 @@ def gathered(memory, at, size):
     their lengths differ, one scatter) per length; None when they come in more than GATHER_LENGTHS lengths."""
     lo, hi = int(size.min()), int(size.max())
     if lo == hi:
-        return memoryview(_items(memory, lo)[at.astype(np.intp)].view(np.uint8))
+        return memoryview(items(memory, lo)[at.astype(np.intp)].view(np.uint8))
     lengths = np.flatnonzero(np.bincount(size.astype(np.intp)))
     if len(lengths) > GATHER_LENGTHS:
         return None
@@ -136,5 +136,5 @@ def gathered(memory, at, size):
     src = at.astype(np.intp)
     for length in lengths.tolist():
         pick = np.flatnonzero(size == U64(length))
-        _items(out, length)[to[pick].astype(np.intp)] = _items(memory, length)[src[pick]]
+        items(out, length)[to[pick].astype(np.intp)] = items(memory, length)[src[pick]]
     return memoryview(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fcap.kernel.layout import META, META_SIZE, PCAP_REC
-from fcap.live.fastmerge import U64, Plan, _items, chosen, np, words
+from fcap.live.fastmerge import U64, Plan, items, chosen, np, words
 
 SAMPLE, LOST = 9, 2             # PerfRecord (bpf.uapi)
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
@@ -166,7 +166,7 @@ def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
     if not len(g):
         return True
     seg, rel = g.seg, g.rel
-    keys = _items(seg, _KEY_LEN)[rel + _KEY_AT].view(U64).reshape(len(rel), -1)
+    keys = items(seg, _KEY_LEN)[rel + _KEY_AT].view(U64).reshape(len(rel), -1)
     entry = blocks.entries(keys, lambda i, key: make(key, seg[rel[i] + RAW:rel[i] + RAW + META_SIZE]))
     if entry is None:
         return False
@@ -175,10 +175,10 @@ def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
     at = np.cumsum(size) - size
     out = np.empty(int(size.sum()), np.uint8)
     off = blocks.off[entry]
-    _items(out, 8)[at] = _items(blocks.buf, 8)[off]
+    items(out, 8)[at] = items(blocks.buf, 8)[off]
     _scatter(out, at + 8, seg, rel + _IFACE, body)
     _scatter(out, at + 8 + body, blocks.buf, off + 8, tail)
-    _items(out, 8)[at + 8 + body + blocks.mark[entry]] = _items(seg, 8)[rel + _ID]
+    items(out, 8)[at + 8 + body + blocks.mark[entry]] = items(seg, 8)[rel + _ID]
     g.out, g.at, g.size = out, at.astype(U64), size.astype(U64)
     return True
 
@@ -240,7 +240,7 @@ def _scatter(dst, dst_at, src, src_at, lengths) -> None:
     """Copies lengths[i] bytes from src at src_at[i] to dst at dst_at[i]: one copy per distinct length."""
     for length in np.flatnonzero(np.bincount(lengths)).tolist():
         pick = np.flatnonzero(lengths == length)
-        _items(dst, length)[dst_at[pick]] = _items(src, length)[src_at[pick]]
+        items(dst, length)[dst_at[pick]] = items(src, length)[src_at[pick]]
 
 
 _NONE = np.empty(0, np.int64)

@@ -1,0 +1,131 @@
+"""fcap.batches: a file's packets as numpy arrays. Held to fcap.files.pcapread (the same packets, times, lengths,
+link types and bytes over every capture of tcpdump's tests, damaged ones included) and to tshark (the decoded
+addresses, protocol, ports and TCP flags over every IP packet of those captures, merged into one pcapng file);
+and on a capture fcap writes itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+import fcap
+from fcap.errors import PcapFormatError
+from fcap.files import pcapread
+from fcap.files.batches import FIELDS, address, batches
+from tests.corpus import CAPTURES
+
+FILES = sorted(p for p in CAPTURES.glob("*") if p.suffix in (".pcap", ".pcapng", ".cap")) if CAPTURES.exists() \
+    else []
+
+
+def _records(path):
+    """pcapread's records, and its error (None when the file reads whole)."""
+    out = []
+    try:
+        for r in pcapread.read(path):
+            out.append(r)
+    except PcapFormatError as e:
+        return out, e
+    return out, None
+
+
+def _rows(path, size=7):
+    rows, err = [], None
+    try:
+        for b in batches(path, size):
+            assert len(b) <= size
+            rows += [(int(f["ts_ns"]), b.packet(i), int(f["len"]), int(f["linktype"]), int(f["iface"]))
+                     for i, f in enumerate(b.fields)]
+    except PcapFormatError as e:
+        err = e
+    return rows, err
+
+
+@pytest.mark.skipif(not FILES, reason=f"no corpus at {CAPTURES}")
+def test_batches_hold_what_the_reader_reads():
+    checked = 0
+    for path in FILES:
+        recs, err = _records(path)
+        rows, berr = _rows(path)
+        assert (err is None) == (berr is None), f"{path.name}: reader {err}, batches {berr}"
+        if err is None:
+            assert rows == [(r.ts_ns, r.data, r.orig_len, r.linktype, r.iface) for r in recs], path.name
+            checked += 1
+        else:
+            assert rows == [(r.ts_ns, r.data, r.orig_len, r.linktype, r.iface) for r in recs][:len(rows)], path.name
+    assert checked > 500
+
+
+TSHARK = ["ip.src", "ip.dst", "ipv6.src", "ipv6.dst", "ip.proto", "ipv6.nxt", "tcp.srcport", "tcp.dstport",
+          "udp.srcport", "udp.dstport", "sctp.srcport", "sctp.dstport", "tcp.flags"]
+
+
+def _merged(tmp_path):
+    """The corpus captures whose packets fcap decodes, concatenated into one pcapng file (mergecap -a)."""
+    picked = []
+    for path in FILES:
+        try:
+            if any(b.fields["ethertype"].any() for b in batches(path)):
+                picked.append(str(path))
+        except PcapFormatError:
+            continue
+    out = tmp_path / "all.pcapng"
+    subprocess.run(["mergecap", "-a", "-F", "pcapng", "-w", str(out)] + picked, check=True, capture_output=True)
+    return out
+
+
+@pytest.mark.skipif(not FILES or not shutil.which("tshark") or not shutil.which("mergecap"),
+                    reason="needs the corpus, tshark and mergecap")
+def test_decoded_headers_are_tsharks(tmp_path):
+    path = _merged(tmp_path)
+    cmd = ["tshark", "-r", str(path), "-n", "-o", "ip.defragment:FALSE", "-o", "tcp.desegment_tcp_streams:FALSE",
+           "-T", "fields", "-E", "occurrence=f", "-E", "separator=|"]
+    lines = subprocess.run(cmd + [a for f in TSHARK for a in ("-e", f)], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    rows = [(f, b.packet(i)[12:14]) for b in batches(path) for i, f in enumerate(b.fields)]
+    assert len(rows) == len(lines)
+    compared = {"v4": 0, "v6": 0, "ports": 0, "flags": 0, "vlan": 0}
+    for n, ((f, tag), line) in enumerate(zip(rows, lines), 1):
+        t = dict(zip(TSHARK, line.split("|")))
+        if _compare(n, f, t, compared) and f["linktype"] == 1 and tag in (b"\x81\x00", b"\x88\xa8"):
+            compared["vlan"] += 1
+    assert compared["v4"] > 4000 and compared["v6"] > 600 and compared["ports"] > 3000 and compared["flags"] > 1500 \
+        and compared["vlan"] > 20, compared
+
+
+def _compare(n: int, f, t: dict, compared: dict) -> bool:
+    """One packet: what fcap decoded against tshark's first layer of each, where tshark saw the same layer; whether
+    the addresses were compared."""
+    src, dst = address(f["src"]), address(f["dst"])
+    if f["ethertype"] == 0x0800 and src and t["ip.src"]:
+        assert (src, dst, int(f["proto"])) == (t["ip.src"], t["ip.dst"], int(t["ip.proto"])), (n, t)
+        compared["v4"] += 1
+    elif f["ethertype"] == 0x86DD and src and t["ipv6.src"]:
+        assert (src, dst, int(f["proto"])) == (t["ipv6.src"], t["ipv6.dst"], int(t["ipv6.nxt"])), (n, t)
+        compared["v6"] += 1
+    else:
+        return False
+    layer = {6: "tcp", 17: "udp", 132: "sctp"}.get(int(f["proto"]))
+    if layer and f["sport"] | f["dport"] and t[f"{layer}.srcport"]:
+        assert (int(f["sport"]), int(f["dport"])) == (int(t[f"{layer}.srcport"]), int(t[f"{layer}.dstport"])), (n, t)
+        compared["ports"] += 1
+        if layer == "tcp" and t["tcp.flags"]:
+            assert int(f["tcp_flags"]) == int(t["tcp.flags"], 16) & 0xFF, (n, t)
+            compared["flags"] += 1
+    return True
+
+
+def test_batches_of_a_file_fcap_wrote(tmp_path):
+    """The API's spelling, on the pcaps/ capture made by fcap itself; bad input is one FcapError."""
+    from pathlib import Path
+    made = sorted(Path(__file__).resolve().parent.parent.joinpath("pcaps").glob("*.pcap*"))
+    assert made
+    for path in made:
+        total = sum(len(b) for b in fcap.batches(path, size=3))
+        assert total == sum(1 for _ in fcap.read(path))
+    for bad, what in ((tmp_path / "none.pcap", "No such file"), (b"x", "a file name")):
+        with pytest.raises(fcap.FcapError, match=what):
+            list(fcap.batches(bad))
+    assert FIELDS.names[:3] == ("ts_ns", "caplen", "len")
