@@ -10,6 +10,8 @@ import subprocess
 
 import pytest
 
+pytest.importorskip("numpy", reason="fcap.batches needs numpy")
+
 import fcap
 from fcap.errors import PcapFormatError
 from fcap.files import pcapread
