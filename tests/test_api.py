@@ -197,6 +197,30 @@ def test_read_gives_the_same_packets(sink, tmp_path):
     assert p.point is None and p.pid is None and p.comm is None and p.dpkt().data.data.dport == sink.port
 
 
+def test_read_decodes_the_comment_on_demand(monkeypatch):
+    """Iterating a file's Packets parses no comment; the first metadata attribute asked for parses it once, and
+    gives what the comment says; a file Packet equals, pickles and copies as the Packet it stands for."""
+    import copy
+    import dataclasses
+    import pickle
+
+    import fcap
+    from fcap.features import comments
+    parsed = []
+    real = comments.of_text
+    monkeypatch.setattr(comments, "of_text", lambda text: parsed.append(text) or real(text))
+    pkts = list(fcap.read(ROOT / "pcaps" / "lo-two-points.pcapng"))
+    assert len(pkts) > 4 and not parsed
+    for p in pkts:
+        meta = real(p.comment)
+        assert (p.pid, p.comm, p.skb, p.netns) == (meta["pid"], meta["comm"], meta["skb"], meta["netns"])
+        assert p.pid == meta["pid"]   # (stored: parsed once)
+        plain = fcap.Packet(**{f.name: getattr(p, f.name) for f in dataclasses.fields(fcap.Packet)})
+        assert p == plain and plain == p and pickle.loads(pickle.dumps(p)) == p and copy.copy(p) == p
+        assert dataclasses.replace(p, pid=p.pid + 1) != p
+    assert parsed == [p.comment for p in pkts]
+
+
 def test_read_errors():
     import fcap
     with pytest.raises(fcap.FcapError, match="No such file"):

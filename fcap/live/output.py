@@ -205,18 +205,70 @@ class PacketSink(Sink):
 
 def file_packet(rec) -> Packet:
     """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the features' attributes from fcap's
-    comment, the dumps from its custom options, direction and queue from epb_flags and epb_queue."""
-    from fcap.features.comments import of_text
-    meta = of_text(rec.comment)
-    dumps = {}
+    comment when first asked for (fcap.read decodes on demand: iterating costs no parse), the dumps from its custom
+    options, direction and queue from epb_flags and epb_queue."""
+    cls, blank = _file_packet()
+    p = cls.__new__(cls)
+    d = p.__dict__
+    d.update(blank)
+    d.update(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len, linktype=rec.linktype,
+             packet_id=rec.packet_id, verdict=rec.verdict, comment=rec.comment,
+             direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
     if rec.custom:
         from fcap.kernel.dumps import dumps_of
-        dumps = {d.path: d for d in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
-    found = {attr: meta.get(attr) for attr in _from_comment()}
-    found["skb"] = meta.get("skb", rec.packet_id)
-    return Packet(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len,
-                  linktype=rec.linktype, **found, dumps=dumps, packet_id=rec.packet_id, verdict=rec.verdict,
-                  comment=rec.comment, direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+        d["dumps"] = {x.path: x for x in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
+    else:
+        d["dumps"] = {}
+    return p
+
+
+class _FromComment:
+    """A file Packet's attribute taken from fcap's comment on first use: the comment parsed once, every such
+    attribute stored on the packet (its own value then hides this descriptor)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return None
+        from fcap.features.comments import of_text
+        d = obj.__dict__
+        meta = of_text(d["comment"])
+        for attr in _from_comment():
+            d[attr] = meta.get(attr)
+        d["skb"] = meta.get("skb", d["packet_id"])
+        return d[self.name]
+
+
+@functools.cache
+def _file_packet() -> tuple:
+    """The Packet class of a file's packets (the comment's attributes decoded on demand) and the attributes neither
+    the record nor the comment gives, as Packet's defaults."""
+    lazy = set(_from_comment()) | {"skb"}
+    cls = type("Packet", (Packet,), {"__doc__": Packet.__doc__, "__module__": Packet.__module__,
+                                     "__reduce__": _as_packet, "__eq__": _equal, "__hash__": None,
+                                     **{a: _FromComment(a) for a in lazy}})
+    given = {"ts_ns", "point", "data", "orig_len", "linktype", "packet_id", "verdict", "comment", "direction",
+             "queue", "dumps"}
+    blank = {f.name: f.default for f in fields(Packet) if f.name not in lazy | given}
+    return cls, blank
+
+
+def _as_packet(p) -> tuple:
+    """A file Packet pickled (or copied) as the Packet it stands for."""
+    return Packet, _values(p)
+
+
+def _equal(p, other):
+    """A file Packet equals any Packet with the same attributes, as Packets do."""
+    return _values(p) == _values(other) if isinstance(other, Packet) else NotImplemented
+
+
+def _values(p) -> tuple:
+    return tuple(getattr(p, f.name) for f in fields(Packet))
 
 
 @functools.cache
