@@ -207,13 +207,16 @@ def file_packet(rec) -> Packet:
     """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the features' attributes from fcap's
     comment when first asked for (fcap.read decodes on demand: iterating costs no parse), the dumps from its custom
     options, direction and queue from epb_flags and epb_queue."""
-    cls, blank = _file_packet()
+    cls, blank, none = _file_packet()
     p = cls.__new__(cls)
     d = p.__dict__
     d.update(blank)
     d.update(ts_ns=rec.ts_ns, point=rec.iface_name, data=rec.data, orig_len=rec.orig_len, linktype=rec.linktype,
              packet_id=rec.packet_id, verdict=rec.verdict, comment=rec.comment,
              direction=_DIRECTIONS.get((rec.flags or 0) & 3), queue=rec.queue)
+    if rec.comment is None:   # (nothing to decode: pcap files)
+        d.update(none)
+        d["skb"] = rec.packet_id
     if rec.custom:
         from fcap.kernel.dumps import dumps_of
         d["dumps"] = {x.path: x for x in dumps_of(rec.custom, (rec.comment or "").split("\n"))}
@@ -245,8 +248,8 @@ class _FromComment:
 
 @functools.cache
 def _file_packet() -> tuple:
-    """The Packet class of a file's packets (the comment's attributes decoded on demand) and the attributes neither
-    the record nor the comment gives, as Packet's defaults."""
+    """The Packet class of a file's packets (the comment's attributes decoded on demand), the attributes neither
+    the record nor the comment gives, as Packet's defaults, and the comment's attributes where there is none."""
     lazy = set(_from_comment()) | {"skb"}
     cls = type("Packet", (Packet,), {"__doc__": Packet.__doc__, "__module__": Packet.__module__,
                                      "__reduce__": _as_packet, "__eq__": _equal, "__hash__": None,
@@ -254,7 +257,7 @@ def _file_packet() -> tuple:
     given = {"ts_ns", "point", "data", "orig_len", "linktype", "packet_id", "verdict", "comment", "direction",
              "queue", "dumps"}
     blank = {f.name: f.default for f in fields(Packet) if f.name not in lazy | given}
-    return cls, blank
+    return cls, blank, dict.fromkeys(lazy)
 
 
 def _as_packet(p) -> tuple:
