@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from operator import methodcaller
 
 from bpf import asm
 from bpf.asm import (
-    ADD, DW, FP, JEQ, JGE, JGT, JNE, JSGT, OR, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, SUB, B, H, W, addi,
+    ADD, DW, FP, JEQ, JGE, JGT, JNE, OR, R0, R1, R2, R3, R6, R7, R8, R9, SUB, B, H, W, addi,
     alu64, andi, call, exit_, jmp, label, ld_imm64, ld_map_fd, ldx, lshi, mov, movi, rshi, st, stx)
 from bpf.btf import BTFError
-from bpf.uapi import F_CURRENT_CPU, Helper
+from bpf.uapi import Helper
 
-from fcap.defaults import NS
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, pointinfo, predicates, ringrec, stats,
-                         track, verdicts)
+from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, linkhdr, perfrec, pointinfo, predicates,
+                         ringrec, stats, track, verdicts)
 from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
-                                 SELECT, SELECTED, WRITE, Feature, MapUse, active)
+                                 SELECT, SELECTED, WRITE, Feature, active)
 from fcap.kernel.filter import PACKET_FILTER
-from fcap.kernel.layout import (COPY_MAX, FLAG_MAC_SYNTH, HDR_MAX, LINEAR_CAP, META, META_SIZE, PCAPNG_EPB, PKT,
-                                PREFIX_MAX, RECORD_PCAPNG, RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK,
+from fcap.kernel.layout import (COPY_MAX, HDR_MAX, META, RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK,
                                 START_SLL2, STACK)
 from fcap.kernel.progopts import KernelOffsets, Maps, ProgramOptions, dump_area, scratch_size
 from fcap.kernel.snapshot import Snapshot
@@ -254,92 +251,9 @@ class Builder:
                   label(known))
 
     def headers(self) -> None:
-        """Work out where this linktype's bytes start, write a made-up link header if one is needed and copy the
-        header bytes that lie before skb->data. Leaves hdr_total in meta and in R8, skip in meta."""
-        f, o = self.offsets, self.options
-        # R8 = data offset (data - head), R9 = start offset; head kept in the stack tmp slot
-        self.read(DW, R8, R6, f.data)
-        self.read(DW, R9, R6, f.head)
-        self.emit(stx(DW, FP, STACK.head, R9), alu64(SUB, R8, R9, reg=True), stx(DW, FP, STACK.dataoff, R8))
-        synth = 0
-        self.emit(META.store_imm(R7, "skip", 0))
-        if o.start == START_SLL2:
-            self.sll2()
-            synth = 20
-            self.read(H, R9, R6, f.network)
-            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
-        elif o.start == START_MAC:
-            self.read(H, R9, R6, f.mac)
-            self.emit(jmp(JNE, R9, 0xFFFF, "start_set"))
-            # no MAC header yet: make up an Ethernet header (zero addresses, the skb's protocol)
-            self.emit(st(DW, R7, PKT, 0), st(W, R7, PKT + 8, 0), META.load(R0, R7, "proto"),
-                      stx(H, R7, PKT + 12, R0), META.store_imm(R7, "flags", FLAG_MAC_SYNTH))
-            self.read(H, R9, R6, f.network)
-            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data_synth"))
-            self.copy_prefix(14, "synth")
-            self.emit(asm.ja("hdr_done"), label("start_data_synth"), movi(R8, 14), META.store(R7, "hdr", R8),
-                      asm.ja("hdr_done"))
-        elif o.start == START_NETWORK:
-            self.read(H, R9, R6, f.network)
-            self.emit(jmp(JEQ, R9, 0xFFFF, "start_data"))
-        else:
-            self.emit(asm.ja("start_data"))
-        self.emit(label("start_set"))
-        self.copy_prefix(synth, "main")
-        if o.start != START_MAC:  # (the MAC start has its own fallback above)
-            self.emit(asm.ja("hdr_done"), label("start_data"), movi(R8, synth), META.store(R7, "hdr", R8))
-        self.emit(label("hdr_done"))
-
-    def copy_prefix(self, synth: int, tag: str) -> None:
-        """R8 = data offset, R9 = start offset: copy [start, data) after `synth` made-up bytes, or note skip."""
-        skip_l, done_l = f"skip_{tag}", f"prefix_done_{tag}"
-        self.emit(jmp(JGT, R9, R8, skip_l, reg=True),
-                  # prefix = data - start, bounded
-                  mov(R2, R8), alu64(SUB, R2, R9, reg=True), jmp(JGT, R2, PREFIX_MAX, f"toolong_{tag}"),
-                  mov(R8, R2),   # R8 = prefix length from here on
-                  jmp(JEQ, R2, 0, f"empty_{tag}"),
-                  mov(R1, R7), addi(R1, PKT + synth), ldx(DW, R3, FP, STACK.head), alu64(ADD, R3, R9, reg=True),
-                  call(Helper.probe_read_kernel),
-                  label(f"empty_{tag}"), addi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
-                  label(f"toolong_{tag}"), movi(R8, synth), META.store(R7, "hdr", R8), asm.ja(done_l),
-                  # start lies past data: the first (start - data) bytes of the skb's data are not ours
-                  label(skip_l), mov(R2, R9), alu64(SUB, R2, R8, reg=True), andi(R2, 0xFFFF),
-                  META.store(R7, "skip", R2), movi(R8, synth), META.store(R7, "hdr", R8),
-                  label(done_l))
-
-    def sll2(self) -> None:
-        """The 20-byte LINUX_SLL2 header, from the skb's metadata (address: the MAC source when present)."""
-        f = self.offsets
-        self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
-                  META.load(R0, R7, "ifindex"), asm.be(R0, 32), stx(W, R7, PKT + 4, R0),
-                  META.load(R0, R7, "hatype"), asm.be(R0, 16), stx(H, R7, PKT + 8, R0),
-                  META.load(R0, R7, "pkt_type"), stx(B, R7, PKT + 10, R0), st(B, R7, PKT + 11, 0),
-                  st(DW, R7, PKT + 12, 0))
-        self.read(H, R9, R6, f.mac)
-        self.emit(jmp(JEQ, R9, 0xFFFF, "sll2_noaddr"), st(B, R7, PKT + 11, 6),
-                  mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head),
-                  alu64(ADD, R3, R9, reg=True), addi(R3, 6), call(Helper.probe_read_kernel), label("sll2_noaddr"))
-
-    def ancillary_load(self, field: int, dst: int, reject: str) -> list:
-        """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
-        return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
-
-    def file_header(self) -> None:
-        """The capture file's record header at the end of META. In: R4 = caplen, R8 = hdr_total. Uses R0, R1, R3,
-        R5; keeps R2, R4, R8. The original length counts from the linktype's start: hdr + max(len - skip, 0)."""
-        pos = self.fresh("orig_pos")
-        self.emit(META.store(R7, "caplen", R4), META.load(R5, R7, "len"), META.load(R3, R7, "skip"),
-                  alu64(SUB, R5, R3, reg=True), jmp(JSGT, R5, 0, pos), movi(R5, 0), label(pos),
-                  alu64(ADD, R5, R8, reg=True), META.store(R7, "orig", R5),
-                  META.load(R0, R7, "ts"), ld_imm64(R1, self.options.clock_offset_ns), alu64(ADD, R0, R1, reg=True))
-        if self.options.record == RECORD_PCAPNG:
-            # nanosecond units (the writer's if_tsresol 9), high word first; total = 32 + caplen padded to 4
-            self.emit(META.store(R7, "ts2", R0), rshi(R0, 32), META.store(R7, "ts1", R0),
-                      META.store_imm(R7, "btype", PCAPNG_EPB), self.store_point_id(R7, "iface", R1),
-                      mov(R1, R4), addi(R1, 32 + 3), andi(R1, -4), META.store(R7, "total", R1))
-        else:
-            self.emit(mov(R1, R0), alu64(asm.DIV, R1, NS), META.store(R7, "ts1", R1), alu64(asm.MUL, R1, NS),
-                      alu64(SUB, R0, R1, reg=True), META.store(R7, "ts2", R0))
+        """Where the linktype's bytes start, a made-up link header, the header bytes before skb->data
+        (fcap.kernel.linkhdr; XdpBuilder's: from the xdp_buff). Leaves hdr_total in meta and in R8."""
+        linkhdr.headers(self)
 
     def copy_length(self) -> None:
         """R2 = the skb bytes the record takes (from offset 0, skip included), R8 = hdr_total."""
@@ -348,6 +262,8 @@ class Builder:
         # area) or RING_COPY_MAX (file rings, which --dump does not use))
         area = dump_area(o)
         cmax = RING_COPY_MAX if self.point.typed and self.maps.ring else COPY_MAX - area
+        snap_ok, longer, cap, over, done = (self.fresh(n) for n in ("snap_ok", "copy_len", "copy_cap", "copy_max",
+                                                                  "copy_set"))
         self.emit(META.load(R8, R7, "hdr"), jmp(JGT, R8, HDR_MAX, "out"))
         if o.snaplen > HDR_MAX:
             # hdr <= HDR_MAX < snaplen: no compare. (A register-register compare of the constant with R8 makes
@@ -355,80 +271,27 @@ class Builder:
             # pointer into a scalar and raw_tp/kprobe programs are rejected.)
             self.emit(ld_imm64(R2, o.snaplen), alu64(SUB, R2, R8, reg=True))
         else:
-            self.emit(movi(R2, 0), jmp(JGE, R8, o.snaplen, "snap_ok"), movi(R2, o.snaplen),
-                      alu64(SUB, R2, R8, reg=True), label("snap_ok"))
+            self.emit(movi(R2, 0), jmp(JGE, R8, o.snaplen, snap_ok), movi(R2, o.snaplen),
+                      alu64(SUB, R2, R8, reg=True), label(snap_ok))
         self.emit(META.load(R3, R7, "skip"), alu64(ADD, R2, R3, reg=True),
-                  META.load(R3, R7, "len"), jmp(JGT, R2, R3, "copy_len", reg=True), asm.ja("copy_cap"),
-                  label("copy_len"), mov(R2, R3), label("copy_cap"),
-                  jmp(JGT, R2, cmax, "copy_max"), asm.ja("copy_set"), label("copy_max"), movi(R2, cmax),
-                  label("copy_set"))
+                  META.load(R3, R7, "len"), jmp(JGT, R2, R3, longer, reg=True), asm.ja(cap),
+                  label(longer), mov(R2, R3), label(cap),
+                  jmp(JGT, R2, cmax, over), asm.ja(done), label(over), movi(R2, cmax), label(done))
 
     def perf_output(self) -> None:
-        """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after.
-        In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
-        if self.copies_bytes:
-            self.output_copied()
-        else:
-            self.output_by_helper(Helper.skb_output)
+        """Hand the record to the perf buffer (fcap.kernel.perfrec; XdpBuilder's appends a multi-buffer packet's
+        frags). In: R2 = copy, R8 = hdr_total."""
+        perfrec.perf_output(self)
 
-    def output_by_helper(self, helper: Helper) -> None:
-        """The packet's bytes appended by `helper` (bpf_skb_output, bpf_xdp_output: frags too) to meta + headers,
-        copy bytes from the packet's first (skip included: user space drops them)."""
-        area = dump_area(self.options)
-        # caplen = hdr + max(copy - skip, 0); contiguous (FAST) only when skip == 0
-        pos, fast = self.fresh("cap_pos"), self.fresh("fast_set")
-        self.emit(META.store(R7, "copy", R2), META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
-                  jmp(JSGT, R4, 0, pos), movi(R4, 0), label(pos), alu64(ADD, R4, R8, reg=True),
-                  META.store(R7, "fast", R4), jmp(JEQ, R3, 0, fast), META.store_imm(R7, "fast", 0), label(fast))
-        self.file_header()
-        self.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
-                  mov(R1, R6), ld_map_fd(R2, self.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
-                  mov(R5, R8), addi(R5, META_SIZE + area), call(helper))
+    def ancillary_load(self, field: int, dst: int, reject: str) -> list:
+        """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
+        return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
 
-    def output_copied(self) -> None:
-        """The packet's linear bytes read by the program into scratch after meta + headers, handed over whole."""
-        area = dump_area(self.options)
-        # linear bytes only: n = min(copy - skip, headlen - skip, LINEAR_CAP), read into scratch after the headers
-        self.emit(META.load(R3, R7, "skip"), jmp(JGE, R2, R3, "lin_sub", reg=True), movi(R2, 0),
-                  asm.ja("lin_have"), label("lin_sub"), alu64(SUB, R2, R3, reg=True), label("lin_have"),
-                  stx(DW, FP, STACK.n, R2))
-        self.nonlinear_len(R0)
-        self.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
-                  alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
-                  jmp(JSGT, R3, 0, "lin2_pos"), movi(R3, 0), label("lin2_pos"),
-                  jmp(JGT, R2, R3, "lin2_min", reg=True), asm.ja("lin2_cap"), label("lin2_min"), mov(R2, R3),
-                  label("lin2_cap"), jmp(JGT, R2, LINEAR_CAP, "lin2_max"), asm.ja("lin2_go"),
-                  label("lin2_max"), movi(R2, LINEAR_CAP), label("lin2_go"),
-                  META.store(R7, "copy", R2), stx(DW, FP, STACK.n, R2),
-                  # the bytes are read into place after the headers: always contiguous
-                  mov(R4, R2), alu64(ADD, R4, R8, reg=True), META.store(R7, "fast", R4))
-        self.file_header()
-        self.emit(ldx(DW, R2, FP, STACK.n),
-                  mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
-                  ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
-                  META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
-                  call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
-                  ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, self.maps.events), ld_imm64(R3, F_CURRENT_CPU),
-                  mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
-                  alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
-                  jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),
-                  call(Helper.perf_event_output))
-
-
-def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:
-    return not ringrec.writes_ring(point, options, maps)
-
-
-# (the builder's own perf_output: XdpBuilder's appends a multi-buffer packet's frags)
-PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: methodcaller("perf_output")},
-                      fields=("copy", "fast", "caplen", "orig", "ts1", "ts2"),
-                      maps=(MapUse("events", "PERF_EVENT_ARRAY, a buffer per CPU; the session's"),),
-                      reads="fcap.live.drain.FileDrain")
 # Every per-packet feature of the capture program, in the order the builder runs each stage's
 FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
                                  PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, verdicts.VERDICT,
                                  kstack.STACKS, dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS,
-                                 PERF_OUTPUT, stats.COUNTS)
+                                 perfrec.PERF_OUTPUT, stats.COUNTS)
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

@@ -19,6 +19,7 @@ from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.uapi import Helper
 
 from fcap.files.linktypes import PACKET_HOST
+from fcap.kernel import perfrec
 from fcap.kernel.feature import DEVICE
 from fcap.kernel.layout import META, PKT, START_NETWORK, START_SLL2, STACK
 from fcap.kernel.program import Builder
@@ -115,9 +116,9 @@ class XdpBuilder(Builder):
             return
         linear, sent = self.fresh("xdp_copied"), self.fresh("xdp_sent")
         self.emit(ldx(W, R0, R6, fr.flags), andi(R0, fr.has_frags), jmp(JEQ, R0, 0, linear))
-        self.output_by_helper(Helper.xdp_output)
+        perfrec.output_by_helper(self, Helper.xdp_output)
         self.emit(asm.ja(sent), label(linear))
-        self.output_copied()
+        perfrec.output_copied(self)
         self.emit(label(sent))
 
     def skb_mark(self, dst: int) -> None:
