@@ -10,12 +10,13 @@ import sys
 from . import capture, levers, suite
 from .traffic import BenchError
 
+REPORT, HISTORY = "BENCHMARKS.md", "BENCHMARKS-HISTORY.md"   # the current report; the levers and earlier runs
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer packets and runs: under two minutes")
-    ap.add_argument("--out", default=os.path.join(suite.ROOT, "BENCHMARKS.md"),
-                    help="the report (default: BENCHMARKS.md)")
+    ap.add_argument("--out", help="the report (default: BENCHMARKS.md; --levers: BENCHMARKS-HISTORY.md)")
     ap.add_argument("--no-write", action="store_true", help="print the report, leave BENCHMARKS.md alone")
     ap.add_argument("--json", metavar="FILE", help="also write every run's numbers as JSON")
     ap.add_argument("--only", choices=suite.PARTS, action="append",
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fcap:
         capture.FCAP[:] = shlex.split(args.fcap)
         args.no_write = True
+    args.out = args.out or os.path.join(suite.ROOT, HISTORY if args.levers else REPORT)
     capture.OUT_DIR[0] = args.dir
     suite.compile_checkout()
     try:
