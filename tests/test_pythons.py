@@ -18,7 +18,8 @@ from conftest import need_root, need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.9", "3.13")
-NUMPY = ("fcap.live.fastmerge", "fcap.files.iovec")   # need numpy (the rest imports with no package but fcap's)
+NUMPY = ("fcap.live.fastmerge", "fcap.live.perfwalk", "fcap.files.iovec", "fcap.files.batches")   # need numpy (the rest
+#   imports with no package but fcap's)
 
 
 def _python(version: str) -> str | None:
