@@ -22,14 +22,12 @@ class Capture:
                  linktype: str | int | None = None, where: Iterable[str] = (), track: bool = False,
                  buffer_kib: int | None = None, timeout: float | None = None,
                  track_max: int | None = None, cgroup: str | None = None, container: str | None = None,
-                 pid: int | None = None, comm: str | None = None, mark: int | None = None,
-                 ifindex: int | None = None, ifname: str | None = None, netns: int | None = None,
                  direction: str | None = None, **features):
-        from fcap.features import config
+        from fcap.features import config, selectors
         from fcap.live.planner import capture_config
         from fcap.live.session import Session
-        unknown = sorted(set(features) - config.keywords())
-        if unknown:   # (stack, context, nft, nft_netns, dump, ct: fcap.features)
+        unknown = sorted(set(features) - config.keywords() - set(selectors.NAMES))
+        if unknown:   # (pid, comm, ...: fcap.features.selectors; stack, context, nft, dump, ct: fcap.features)
             raise TypeError(f"capture() got an unexpected keyword argument {unknown[0]!r}")
         points = [points] if isinstance(points, str) else list(points)
         if not points or not all(isinstance(p, str) and p for p in points):
@@ -39,7 +37,7 @@ class Capture:
         self.count, self.timeout = count, timeout
         self.session = None
         said = dict(features, where=_strings(where, "where"), direction=direction, cgroup=cgroup,
-                    container=container, pid=pid, comm=comm, mark=mark, ifindex=ifindex, ifname=ifname, netns=netns)
+                    container=container)
         cfg = capture_config(points, said.get, linktype=str(linktype) if linktype is not None else None,
                              snaplen=snaplen, filter=filter or None, buffer_kib=buffer_kib or 0, immediate=True,
                              track=bool(track), **({"track_max": track_max} if track_max else {}))
@@ -170,9 +168,9 @@ def capture(points, filter: str | None = None, count: int | None = None, snaplen
     each Packet's cgroup, cgroup_path, container, pod, netns_name; `cgroup`, `container`: as --cgroup and
     --container; `nft`: as --nft, a netfilter drop's nft_family, nft_table, nft_chain, nft_rule (or nft_policy);
     `nft_netns`: as --nft-netns, further network namespaces (names, paths, "all") whose rules --nft names (nft_netns);
-    `pid`, `comm`, `mark`, `ifindex`, `ifname`, `netns`, `direction` ("in", "out"): as --pid, --comm, --mark,
-    --ifindex, --ifname, --netns and -Q, tested in the kernel. The programs are attached when this returns. Errors are
-    fcap.FcapError types."""
+    every one-value predicate the command line has (fcap.features.selectors: `pid`, `comm`, `mark`, `ifindex`,
+    `ifname`, `netns`, as --pid and the rest) and `direction` ("in", "out", as -Q), tested in the kernel. The programs
+    are attached when this returns. Errors are fcap.FcapError types."""
     return Capture(points, filter=filter, count=count, snaplen=snaplen, linktype=linktype, where=where, track=track,
                    dump=dump, stack=stack, **kw)
 

@@ -73,8 +73,9 @@ def _config(args):
 
 def _said(args):
     """What a predicate's or feature's flag said (fcap.live.planner.capture_config): the numbers as numbers."""
-    numbers = {flag: int_flag(getattr(args, flag), flag, 0, least) for flag, least in
-               (("pid", 0), ("mark", 0), ("ifindex", 1), ("netns", 1)) if getattr(args, flag) is not None}
+    from fcap.features.selectors import SELECTORS
+    numbers = {s.name: int_flag(getattr(args, s.name), s.name, 0, s.least) for s in SELECTORS
+               if s.kind is int and getattr(args, s.name) is not None}
     return lambda name: numbers[name] if name in numbers else getattr(args, name)
 
 

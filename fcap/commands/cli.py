@@ -92,12 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "
                         "file rings), not in the programs' file rings")
     g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
-    g.add_argument("--pid", metavar="PID", help="only packets handled in process PID (thread group id)")
-    g.add_argument("--comm", metavar="NAME", help="only packets handled by a task called NAME")
-    g.add_argument("--netns", metavar="INUM", help="only packets of devices in network namespace INUM")
-    g.add_argument("--ifname", metavar="NAME", help="only packets on the device called NAME")
-    g.add_argument("--ifindex", metavar="N", help="only packets on the device with index N")
-    g.add_argument("--mark", metavar="MARK", help="only packets with skb->mark == MARK")
+    from fcap.features.selectors import SELECTORS
+    for s in SELECTORS:   # (--pid, --comm, ...: one value each)
+        g.add_argument(s.flag, dest=s.name, metavar=s.metavar, help=s.help)
     g.add_argument("--cgroup", metavar="PATH",
                    help="only packets of sockets (else tasks) in cgroup2 cgroup PATH or under it (relative to the "
                         "cgroup2 mount, e.g. /system.slice/ssh.service)")

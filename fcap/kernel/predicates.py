@@ -146,10 +146,7 @@ def direction(want: str) -> Callable[[Point], Predicate]:
 
 
 DIRECTIONS = ("in", "out", "inout")   # -Q's values
-# the tests of one value each, as factories() takes them: (keyword, predicate, type, least value)
 _BY_DIRECTION = direction   # (factories' keyword has its name)
-_TESTS = (("pid", pid, int, 0), ("comm", comm, str, None), ("mark", mark, int, 0), ("ifindex", ifindex, int, 1),
-          ("ifname", ifname, str, None), ("netns", netns, int, 1))
 
 
 def factories(where=(), direction: str | None = None, cgroup: str | None = None, container: str | None = None,
@@ -157,15 +154,16 @@ def factories(where=(), direction: str | None = None, cgroup: str | None = None,
     """The factories (point -> predicate) of a capture's predicates, cheap first: the one way the command line's
     flags and the API's keywords become them. `tests`: pid, comm, mark, ifindex, ifname, netns (None: untested).
     PredicateError (one line) for a value no program can test."""
+    from fcap.features.selectors import SELECTORS
     out = []
-    for name, make, kind, least in _TESTS:
-        value = tests.pop(name, None)
+    for s in SELECTORS:
+        value = tests.pop(s.name, None)
         if value is None:
             continue
-        if not isinstance(value, kind) or isinstance(value, bool) or (least is not None and value < least):
-            want = "a name" if kind is str else f"a number, {least} or more"
-            raise PredicateError(f"{name}: {want}, not {value!r}")
-        out.append(_constant(make(value)))
+        if not isinstance(value, s.kind) or isinstance(value, bool) or (s.least is not None and value < s.least):
+            want = "a name" if s.kind is str else f"a number, {s.least} or more"
+            raise PredicateError(f"{s.name}: {want}, not {value!r}")
+        out.append(_constant(globals()[s.name](value)))   # (a selector's test: the function of its name above)
     if tests:
         raise TypeError(f"factories(): unknown keywords {sorted(tests)}")
     if cgroup is not None or container is not None:

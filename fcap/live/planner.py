@@ -17,7 +17,7 @@ from bpf.perfbuf import PAGE
 
 from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
-from fcap.features import FEATURES, FLAGGED
+from fcap.features import FEATURES, FLAGGED, selectors
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from fcap.kernel import ancillary, builders, layout, stats, track, variants
 from fcap.kernel import program as cprog
@@ -56,7 +56,7 @@ _FIELDS = _CONFIG + _UNITS
 Config = collections.namedtuple("Config", [n for n, _v in _FIELDS], defaults=[v for _n, v in _FIELDS[1:]])
 Config.__doc__ = "A capture's configuration: fcap.live.planner._CONFIG's fields, then the units' (fcap.features)."
 # what the predicates are asked with: the command line's flags and the API's keywords (fcap.kernel.predicates)
-PREDICATES = ("where", "direction", "cgroup", "container", "pid", "comm", "mark", "ifindex", "ifname", "netns")
+PREDICATES = ("where", "direction", "cgroup", "container") + selectors.NAMES
 
 
 def capture_config(points: list[str], said: Callable[[str], object], **fields) -> Config:
