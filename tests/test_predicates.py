@@ -296,6 +296,43 @@ def test_device_and_namespace_predicates(veth_ns, tmp_path):
     expect("rx_host", {"req"})
 
 
+def test_queue_keeps_one_device_queue(tmp_path, root):
+    """--queue N (a selector added as one unit: fcap.features.selectors): a veth with 4 transmit queues spreads 40
+    UDP flows over them; the capture with --queue 2 holds exactly the packets the capture without it recorded on
+    queue 2 (tshark's frame.interface_queue), and some went to other queues."""
+    from tsharkutil import tshark_rows
+    tag = f"{os.getpid() % 100000}{random.randrange(1000):03d}"
+    ns, a, b = f"fcapq{tag}", f"fqa{tag}", f"fqb{tag}"
+    n = random.randrange(1, (1 << 15) // 4 - 1) * 4
+    local, peer = (socket.inet_ntoa((((198 << 24) | (18 << 16) | n) + k).to_bytes(4, "big")) for k in (1, 2))
+    run = lambda *argv: subprocess.run(argv, check=True, capture_output=True)   # noqa: E731
+    try:
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "add", a, "numtxqueues", "4", "numrxqueues", "4", "type", "veth", "peer", "name", b,
+            "netns", ns)
+        run("sh", "-c", f"echo 1 > /proc/sys/net/ipv6/conf/{a}/disable_ipv6")
+        run("ip", "addr", "add", f"{local}/30", "dev", a)
+        run("ip", "link", "set", a, "up")
+        run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{peer}/30", "dev", b)
+        run("ip", "netns", "exec", ns, "ip", "link", "set", b, "up")
+        point = "tp_btf/net_dev_start_xmit"
+        with Captures(tmp_path, {"all": ["-i", point, "--ifname", a, "udp port 9"],
+                                 "q2": ["-i", point, "--ifname", a, "--queue", "2", "udp port 9"]}) as caps:
+            for i in range(40):
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.bind((local, 0))
+                    s.sendto(bytes(64), (peer, 9))
+        rows = [tuple(r) for r in tshark_rows(caps["all"].path, "frame.interface_queue", "udp.srcport")]
+        queues = Counter(q for q, _port in rows)
+        on_q2 = sorted(port for q, port in rows if q == "2")
+        assert len(rows) >= 40 and len(queues) > 1 and on_q2, queues
+        got = sorted(port for _q, port in tshark_rows(caps["q2"].path, "frame.interface_queue", "udp.srcport"))
+        assert got == on_q2, (queues, got)
+    finally:
+        subprocess.run(["ip", "link", "del", a], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 # ---- an enum by name: the drop reason at tp_btf/kfree_skb ---------------------------------------------------
 
 def _drop_reason_arg() -> tuple[str, dict]:
@@ -440,6 +477,8 @@ def test_where_errors_are_one_line(where, words, tmp_path, root):
     (["-i", POINT, "--pid", "12ab"], ["fcap: invalid pid '12ab'", "not a number"]),
     (["-i", POINT, "--mark", "x"], ["fcap: invalid mark 'x'"]),
     (["-i", POINT, "--ifindex", "0"], ["fcap: invalid ifindex '0'"]),
+    (["-i", "tp_btf/kfree_skb", "--queue", "0"], ["fcap: --queue: tp_btf/kfree_skb has no device queue"]),
+    (["-i", POINT, "--queue", "-1"], ["fcap: invalid queue '-1'"]),
 ])
 def test_predicate_flag_errors_are_one_line(args, words, tmp_path, root):
     if any("{reason}" in a for a in args):

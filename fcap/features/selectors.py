@@ -1,5 +1,5 @@
-"""The in-kernel predicates of one value each (--pid, --comm, --mark, --ifindex, --ifname, --netns), each one unit:
-the Config field and API keyword, the command line's flag (its metavar and help), the value's type and least
+"""The in-kernel predicates of one value each (--pid, --comm, --mark, --ifindex, --ifname, --netns, --queue), each
+one unit: the Config field and API keyword, the command line's flag (its metavar and help), the value's type and least
 number, and the program's test, the function of that name in fcap.kernel.predicates (imported only when a capture
 asks for one: a plain capture's start-up does not load it). The command line (fcap.commands.cli and capture), the
 API (fcap.api), the planner (fcap.live.planner.PREDICATES) and fcap.kernel.predicates.factories read them here, in
@@ -17,6 +17,7 @@ class Selector(NamedTuple):
     help: str
     kind: type           # int or str
     least: int | None    # an int's least value
+    per_point: bool = False   # the test depends on the point (no program shared by several: fcap.live.multi)
 
 
 SELECTORS = (
@@ -26,5 +27,7 @@ SELECTORS = (
     Selector("ifindex", "--ifindex", "N", "only packets on the device with index N", int, 1),
     Selector("ifname", "--ifname", "NAME", "only packets on the device called NAME", str, None),
     Selector("netns", "--netns", "INUM", "only packets of devices in network namespace INUM", int, 1),
+    Selector("queue", "--queue", "N", "only packets of device queue N (device-layer points: the transmit queue "
+             "picked, the receive queue a driver recorded; as frame.interface_queue)", int, 0, per_point=True),
 )
 NAMES = tuple(s.name for s in SELECTORS)

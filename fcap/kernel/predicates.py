@@ -1,4 +1,4 @@
-"""In-kernel predicates: --pid, --comm, --netns, --ifindex/--ifname, --mark and BTF field paths (--where)."""
+"""In-kernel predicates: --pid, --comm, --netns, --ifindex/--ifname, --mark, --queue and BTF field paths (--where)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple
 
 from bpf.asm import (AND, BYTES_SIZE, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSET, JSGE, JSGT, JSLE, JSLT, R0,
                      R1, R2, R3, R6, R8, R9, W, addi, alu64, arshi, call, ja, jmp, label, ld_imm64, ldx, lshi, mov,
-                     movi, rshi, be)
+                     movi, rshi, be, H)
 from bpf.btf import Array, Enum, Enum64, Int, Ptr, Type
 from bpf.cdecl import c_decl
 from bpf.uapi import Helper
@@ -121,6 +121,22 @@ def netns(inum: int) -> Predicate:
     return emit
 
 
+def queue(value: int) -> Predicate:
+    """The device queue epb_queue records (fcap.kernel.epbopts): skb->queue_mapping at a transmit point, less one at
+    a receive point (a driver records queue + 1; 0: none recorded, turned away)."""
+    def emit(b) -> list:
+        from fcap.kernel.epbopts import queue_source
+        source = queue_source(b.point)
+        if source is None:
+            raise PredicateError(f"--queue: {b.point.spec} has no device queue (device-layer points have one: "
+                                 "tp_btf/net_dev_start_xmit, tp_btf/netif_receive_skb, ...)")
+        vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
+        _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
+        b.read(H, R8, R6, bits // 8)
+        return _drop_unless_equal(R8, value + (source == "rx"))
+    return emit
+
+
 def direction(want: str) -> Callable[[Point], Predicate]:
     """-Q in|out as a factory of per-point predicates. A packet goes out at a transmit point (whatever its
     pkt_type: one the host sends is PACKET_HOST there); elsewhere it goes out when its pkt_type is
@@ -163,7 +179,9 @@ def factories(where=(), direction: str | None = None, cgroup: str | None = None,
         if not isinstance(value, s.kind) or isinstance(value, bool) or (s.least is not None and value < s.least):
             want = "a name" if s.kind is str else f"a number, {s.least} or more"
             raise PredicateError(f"{s.name}: {want}, not {value!r}")
-        out.append(_constant(globals()[s.name](value)))   # (a selector's test: the function of its name above)
+        factory = _constant(globals()[s.name](value))   # (a selector's test: the function of its name above)
+        factory.reads_args = s.per_point
+        out.append(factory)
     if tests:
         raise TypeError(f"factories(): unknown keywords {sorted(tests)}")
     if cgroup is not None or container is not None:
@@ -179,7 +197,9 @@ def factories(where=(), direction: str | None = None, cgroup: str | None = None,
 
 
 def _constant(pred: Predicate) -> Callable[[Point], Predicate]:
-    return lambda point: pred
+    def make(point: Point) -> Predicate:
+        return pred
+    return make
 
 
 # ---- --where 'PATH OP VALUE' -------------------------------------------------------------------
