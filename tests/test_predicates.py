@@ -299,8 +299,12 @@ def test_device_and_namespace_predicates(veth_ns, tmp_path):
 def test_queue_keeps_one_device_queue(tmp_path, root):
     """--queue N (a selector added as one unit: fcap.features.selectors): a veth with 4 transmit queues spreads 40
     UDP flows over them; the capture with --queue 2 holds exactly the packets the capture without it recorded on
-    queue 2 (tshark's frame.interface_queue), and some went to other queues."""
-    from tsharkutil import tshark_rows
+    queue 2 (epb_queue: frame.interface_queue, held to tshark and the qdiscs' counters by test_epbopts), and some
+    went to other queues."""
+    from fcap.files.pcapread import read
+
+    def rows(path) -> list:   # (queue, UDP source port) per packet
+        return [(r.queue, int.from_bytes(r.data[34:36], "big")) for r in read(path)]
     tag = f"{os.getpid() % 100000}{random.randrange(1000):03d}"
     ns, a, b = f"fcapq{tag}", f"fqa{tag}", f"fqb{tag}"
     n = random.randrange(1, (1 << 15) // 4 - 1) * 4
@@ -322,12 +326,12 @@ def test_queue_keeps_one_device_queue(tmp_path, root):
                 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                     s.bind((local, 0))
                     s.sendto(bytes(64), (peer, 9))
-        rows = [tuple(r) for r in tshark_rows(caps["all"].path, "frame.interface_queue", "udp.srcport")]
-        queues = Counter(q for q, _port in rows)
-        on_q2 = sorted(port for q, port in rows if q == "2")
-        assert len(rows) >= 40 and len(queues) > 1 and on_q2, queues
-        got = sorted(port for _q, port in tshark_rows(caps["q2"].path, "frame.interface_queue", "udp.srcport"))
-        assert got == on_q2, (queues, got)
+        every = rows(caps["all"].path)
+        queues = Counter(q for q, _port in every)
+        on_q2 = sorted(port for q, port in every if q == 2)
+        assert len(every) >= 40 and len(queues) > 1 and on_q2, queues
+        got = rows(caps["q2"].path)
+        assert sorted(port for _q, port in got) == on_q2 and {q for q, _p in got} == {2}, (queues, got)
     finally:
         subprocess.run(["ip", "link", "del", a], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
