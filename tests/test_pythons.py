@@ -18,8 +18,9 @@ from conftest import need_root, need_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.9", "3.13")
-NUMPY = ("fcap.live.fastmerge", "fcap.live.perfwalk", "fcap.files.iovec", "fcap.files.batches")   # need numpy (the rest
-#   imports with no package but fcap's)
+# modules that import a package beside fcap's own (the rest import with none): the package each needs
+NEEDS = {"fcap.live.fastmerge": "numpy", "fcap.live.perfwalk": "numpy", "fcap.files.iovec": "numpy",
+         "fcap.files.batches": "numpy", "fcap.pcapy": "pcapy", "fcap.scapysock": "scapy"}
 
 
 def _python(version: str) -> str | None:
@@ -53,10 +54,10 @@ def _modules() -> list[str]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_module_imports(version):
     exe = _need(version)
-    # (the modules of the drain's numpy merge import numpy, fcap's dependency: where this interpreter has it)
+    # (NEEDS' modules import their package where this interpreter has it)
     code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    try:\n        importlib.import_module(m)\n"
-            "    except ModuleNotFoundError as e:\n        if e.name != 'numpy' or m not in %r:\n            raise\n"
-            % (NUMPY,))
+            "    except ModuleNotFoundError as e:\n        if %r.get(m) != e.name:\n            raise\n"
+            % (NEEDS,))
     r = subprocess.run([exe, "-c", code, *_modules()], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
