@@ -129,16 +129,7 @@ class FileDrain:
             return 0
         ks = [fast.eligible(g.ts, cutoff, bool(len(g.ts) < 2 or (g.ts[1:] >= g.ts[:-1]).all())) for g in got]
         p = perfwalk.merge(got, ks, left or -1, self.window.last)
-        if p.count:
-            self.window.wrote(p.late, p.newest, p.oldest)
-        try:
-            if p.data is not None:
-                self.writer.writev([p.data])
-            elif p.iov is not None:
-                self.writer.write_iov(p.iov)
-        finally:
-            if p.data is not None:
-                p.data.release()
+        _write_plan(self.writer, self.window, p)
         for r, g, k in zip(rings, got, p.takes):
             at = g.end if k == len(g) else (int(g.ends[k - 1]) if k else g.start)
             self.buffer.lost += sum(n for pos, n in g.lost if pos <= at)
@@ -374,16 +365,7 @@ class RingDrain:
             rings.append(self.bases[i] + RING.size)
         p = fast.plan(entries, firsts, rings, self.size, self.left - self.written if self.left else -1,
                       self.window.last, self.np_bytes)
-        if p.data is not None or p.iov is not None:
-            self.window.wrote(p.late, p.newest, p.oldest)
-        try:
-            if p.data is not None:
-                self.writer.writev([p.data])
-            elif p.iov is not None:
-                self.writer.write_iov(p.iov)
-        finally:
-            if p.data is not None:
-                p.data.release()
+        _write_plan(self.writer, self.window, p)
         ends = [e[:, 1] for e in entries]
         self._advance(p.takes, ends, [n for _at, n in spans])
         return p.count
@@ -525,6 +507,20 @@ class _Fast:
 
 
 FAST = _Fast()
+
+
+def _write_plan(writer, window: order.Window, p) -> None:
+    """A fastmerge.Plan's records written (one buffer, or (address, length) pairs) and told to the window."""
+    if p.data is not None or p.iov is not None:
+        window.wrote(p.late, p.newest, p.oldest)
+    try:
+        if p.data is not None:
+            writer.writev([p.data])
+        elif p.iov is not None:
+            writer.write_iov(p.iov)
+    finally:
+        if p.data is not None:
+            p.data.release()
 
 
 def _address(mm) -> int:
