@@ -24,8 +24,10 @@ def cmd_capture(args, command: list[str]) -> int:
     session = Session(cfg)
     try:
         session.resolve()
+        mirror = _mirror(args, session)
         # (--dump-ebpf / -d print the listing on stdout: packets would go to a -w FILE only)
-        fmt = _output_format(args, session) if args.write or not (args.dump_ebpf or args.dump_filter) else None
+        fmt = _output_format(args, session) if not mirror and (args.write or not (args.dump_ebpf or
+                                                                                   args.dump_filter)) else None
         from fcap.features.config import refusal
         why = refusal(session.cfg, session.points, fmt)
         if why:
@@ -37,7 +39,7 @@ def cmd_capture(args, command: list[str]) -> int:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind
         _filter_note(session, args)
-        out = output.start(session, _sink(args, fmt, rotation), user)
+        out = output.start(session, output.MirrorSink(mirror) if mirror else _sink(args, fmt, rotation), user)
     except FcapError as e:
         session.close()
         return fail(str(e))
@@ -45,6 +47,20 @@ def cmd_capture(args, command: list[str]) -> int:
         session.close()
         return fail(f"{e.filename or args.write}: {e.strerror}")
     return _run(session, args, out, count, command)
+
+
+def _mirror(args, session):
+    """--mirror NAME: the interface made (fcap.host.mirror) and its packets left out of the capture, or None."""
+    if not args.mirror:
+        return None
+    if args.write or args.json or args.live_path:
+        raise UsageError("--mirror: the packets go to the interface; -w, --json and --path are other outputs")
+    from fcap.host.mirror import Mirror
+    from fcap.kernel.predicates import not_device
+    mirror = Mirror(args.mirror, session.linktype.number)
+    session.cfg = session.cfg._replace(predicates=[*session.cfg.predicates, not_device(mirror.ifindex,
+                                                                                    mirror.netns)])
+    return mirror
 
 
 def _config(args):

@@ -88,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="pcapng: no metadata comment in each packet's record (skb, pid, comm, device, drop reason): "
                         "smaller records, less work in the kernel; ids, interfaces, direction, queue, verdicts stay")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    p.add_argument("--mirror", metavar="NAME",
+                   help="make an interface NAME on which every captured packet appears, for tcpdump -i NAME, "
+                        "tshark -i NAME and any libpcap program (a TAP device, a TUN one for raw IP; packets only "
+                        "go out of it, into no network stack; it goes away with fcap)")
     p.add_argument("--perf-buffer", action="store_true",
                    help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "
                         "file rings), not in the programs' file rings")

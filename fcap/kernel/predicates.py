@@ -137,6 +137,24 @@ def queue(value: int) -> Predicate:
     return emit
 
 
+def not_device(ifindex_value: int, inum: int) -> Callable[[Point], Predicate]:
+    """A factory that turns away the packets of one device of one network namespace (--mirror's own: nothing
+    loops) and keeps every other packet, those with no device too."""
+    def emit(b) -> list:
+        keep = b.fresh("other_dev")
+        b.device(R9)
+        b.emit(jmp(JEQ, R9, 0, keep))
+        b.read(W, R8, R9, b.offsets.ifindex)
+        b.emit(jmp(JNE, R8, ifindex_value, keep))
+        if b.offsets.net_inum is not None:
+            b.read(DW, R9, R9, b.offsets.dev_net)
+            b.emit(jmp(JEQ, R9, 0, keep))
+            b.read(W, R8, R9, b.offsets.net_inum)
+            b.emit(ld_imm64(R1, inum), jmp(JNE, R8, R1, keep, reg=True))
+        return [ja("out"), label(keep)]
+    return _constant(emit)
+
+
 def direction(want: str) -> Callable[[Point], Predicate]:
     """-Q in|out as a factory of per-point predicates. A packet goes out at a transmit point (whatever its
     pkt_type: one the host sends is PACKET_HOST there); elsewhere it goes out when its pkt_type is

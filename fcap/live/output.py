@@ -185,6 +185,25 @@ class PrintSink(Sink):
         self.printer.flush()
 
 
+class MirrorSink(Sink):
+    """--mirror NAME: each record's packet sent on fcap's mirror interface (fcap.host.mirror), where tcpdump -i NAME
+    and any libpcap program capture it."""
+
+    def __init__(self, mirror):
+        self.mirror = mirror
+        self.path = mirror.name
+
+    def write(self, rec) -> None:
+        self.mirror.send(rec.data)
+
+    def poll(self) -> bool:
+        self.mirror.drain()
+        return False
+
+    def close(self, ok: bool = True) -> None:
+        self.mirror.close()
+
+
 class PacketSink(Sink):
     """Records as fcap.Packets (wall-clock time, the point's pcapng interface name, metadata, dumps, drop reason and
     location, direction, queue): the base of the outputs that hand out or print Packets (the API's, --json)."""
