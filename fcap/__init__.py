@@ -17,6 +17,9 @@ _API = ("Capture", "Packet", "batches", "capture", "read")
 
 
 def __getattr__(name: str):
+    if name == "pcapy":   # (pcapy-ng's live API at kernel points: `from fcap import pcapy`; the module is not named
+        import importlib  # pcapy.py, so that no path holding fcap's own folder ever shadows pcapy-ng itself)
+        return importlib.import_module(f"{__name__}.pcapy_compat")
     if name in _API:
         # (at first use, not at import: the package's modules import the package first, never the API)
         import importlib

@@ -257,7 +257,7 @@ def _dirs(directory: str, lua: str) -> tuple[str, str]:
 
 def launcher_text() -> str:
     """A shell script that runs this fcap (this Python, this checkout or installation) as an extcap."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # (fcap's parent)
     return (f"#!/bin/sh\n{MARK} (fcap extcap --uninstall removes it)\n"
             f"PYTHONPATH={_sh_quote(root)}${{PYTHONPATH:+:$PYTHONPATH}} "
             f"exec {_sh_quote(sys.executable)} -m fcap extcap \"$@\"\n")

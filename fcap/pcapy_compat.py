@@ -1,4 +1,5 @@
-"""pcapy-ng's live API over kernel points: a script written for pcapy-ng runs unchanged with its import changed to
+"""pcapy-ng's live API over kernel points, as `from fcap import pcapy` (fcap/__init__ gives this module under that
+name): a script written for pcapy-ng runs unchanged with its import changed to
 `from fcap import pcapy`, and a device name that is a capture point (`tp_btf/net_dev_queue`, `fentry/ip_output`,
 `dev:queue`) opens that point through fcap.capture. Any other name, and the rest of pcapy (open_offline, compile,
 findalldevs, the DLT_ constants, PcapError, ...), is pcapy-ng's own.
