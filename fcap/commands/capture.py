@@ -49,12 +49,24 @@ def cmd_capture(args, command: list[str]) -> int:
     return _run(session, args, out, count, command)
 
 
+def _keylog(args, fmt: str | None, rotation) -> str | None:
+    """--tls-keylog FILE: only into one pcapng file (the only format that holds secrets)."""
+    if not args.tls_keylog:
+        return None
+    if fmt != "pcapng":
+        raise UsageError("--tls-keylog: only pcapng holds secrets (Decryption Secrets Blocks): -w FILE.pcapng")
+    if rotation is not None:
+        raise UsageError("--tls-keylog: one file, not a -C/-G series")
+    return args.tls_keylog
+
+
 def _mirror(args, session):
     """--mirror NAME: the interface made (fcap.host.mirror) and its packets left out of the capture, or None."""
     if not args.mirror:
         return None
-    if args.write or args.json or args.live_path:
-        raise UsageError("--mirror: the packets go to the interface; -w, --json and --path are other outputs")
+    if args.write or args.json or args.live_path or args.tls_keylog:
+        raise UsageError("--mirror: the packets go to the interface; -w, --json, --path and --tls-keylog are other "
+                         "outputs")
     from fcap.host.mirror import Mirror
     from fcap.kernel.predicates import not_device
     mirror = Mirror(args.mirror, session.linktype.number)
@@ -172,9 +184,10 @@ def _sink(args, fmt: str | None, rotation=None):
     """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series), --path's paths or
     printed lines."""
     from fcap.text.printer import Printer
+    keylog = _keylog(args, fmt, rotation)
     if fmt is not None:
         from fcap.live.output import FileSink
-        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation)
+        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation, keylog=keylog)
     if args.live_path:
         from fcap.commands.path_report import PathSink
         return PathSink(Printer(print_options(args), sys.stdout))

@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="pcapng: no metadata comment in each packet's record (skb, pid, comm, device, drop reason): "
                         "smaller records, less work in the kernel; ids, interfaces, direction, queue, verdicts stay")
     p.add_argument("--dump-ebpf", action="store_true", help="print the generated eBPF program(s) and exit")
+    p.add_argument("--tls-keylog", metavar="FILE",
+                   help="follow FILE (an SSLKEYLOGFILE, as applications append to it) and write its secrets into the "
+                        "pcapng file before the packets they decrypt: Wireshark and tshark decrypt TLS with no setting")
     p.add_argument("--mirror", metavar="NAME",
                    help="make an interface NAME on which every captured packet appears, for tcpdump -i NAME, "
                         "tshark -i NAME and any libpcap program (a TAP device, a TUN one for raw IP; packets only "

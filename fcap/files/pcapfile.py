@@ -23,6 +23,8 @@ BT_OPB = 0x00000002  # obsolete Packet Block
 BT_SPB = 0x00000003  # Simple Packet Block
 BT_ISB = 0x00000005  # Interface Statistics Block
 BT_EPB = 0x00000006  # Enhanced Packet Block
+BT_DSB = 0x0000000A  # Decryption Secrets Block
+SECRETS_TLS_KEYLOG = 0x544C534B   # a DSB's secrets type: NSS's key log format ("TLSK")
 BYTE_ORDER_MAGIC = 0x1A2B3C4D
 PCAPNG_MAJOR, PCAPNG_MINOR = 1, 0
 
@@ -374,6 +376,11 @@ class PcapngWriter(Writer):
             opts += _option(OPT_COMMENT, comment.encode())
         self._w(_block(BT_ISB, struct.pack("=III", iface, ts_ns >> 32, ts_ns & 0xFFFFFFFF) +
                        (opts + _END_OF_OPTIONS if opts else b"")))
+
+    def write_dsb(self, secrets: bytes, secrets_type: int = SECRETS_TLS_KEYLOG) -> None:
+        """A Decryption Secrets Block: Wireshark decrypts the packets after it with these secrets (TLS: key log
+        lines, NSS's format)."""
+        self._w(_block(BT_DSB, struct.pack("=II", secrets_type, len(secrets)) + secrets + b"\0" * (-len(secrets) & 3)))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
                   packet_id: int | None = None, queue: int | None = None,

@@ -63,9 +63,10 @@ class FileSink(Sink):
     when `rotation` (a fcap.files.rotate.RotationPlan) asks for one. Each file starts with its header and one interface
     description per point (pcap: the first point's only)."""
 
-    def __init__(self, path: str | None, fmt: str, rotation=None):
+    def __init__(self, path: str | None, fmt: str, rotation=None, keylog: str | None = None):
         self.fmt = fmt
         self.rotation = rotation
+        self.keylog = keylog   # --tls-keylog FILE (pcapng, one file: its secrets go in before the packets after them)
         self.stream = path is None or path == "-"
         self.target = path
         self.path = "stdout" if self.stream else path
@@ -84,6 +85,9 @@ class FileSink(Sink):
         else:
             f = open(self.target, "wb", buffering=FILE_BUFFERING)  # noqa: SIM115 - the writer owns it
         self.writer = self._start(f)
+        if self.keylog:
+            from fcap.host.keylog import KeyLog
+            self.writer = SecretsFirst(self.writer, KeyLog(self.keylog))
 
     def _start(self, f):
         """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
@@ -141,6 +145,35 @@ class FileSink(Sink):
     def fileno(self) -> int:
         """The file's descriptor, to hand to -Z's user (-1: stdout's is not ours to give)."""
         return -1 if self.stream or self.writer is None else self.writer.fileno()
+
+
+class SecretsFirst:
+    """A pcapng writer that writes the key log's new lines (a Decryption Secrets Block) before each write of
+    records: a secret logged before a packet was captured is in the file before that packet, whichever drain
+    writes it (fcap.live.drain's, or FileSink.write). Everything else is the writer's."""
+
+    def __init__(self, writer, keylog):
+        self._writer, self._keylog = writer, keylog
+
+    def __getattr__(self, name: str):
+        return getattr(self._writer, name)
+
+    def _secrets(self) -> None:
+        data = self._keylog.new()
+        if data:
+            self._writer.write_dsb(data)
+
+    def write(self, *args, **kw) -> int:
+        self._secrets()
+        return self._writer.write(*args, **kw)
+
+    def writev(self, buffers: list) -> None:
+        self._secrets()
+        self._writer.writev(buffers)
+
+    def write_iov(self, iov) -> None:
+        self._secrets()
+        self._writer.write_iov(iov)
 
 
 class PrintSink(Sink):
