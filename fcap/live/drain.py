@@ -48,8 +48,8 @@ RecordOptions = Callable[[layout.Record], dict]
 class FileDrain:
     """Drains a session's perf buffer into a pcap/pcapng writer in time order. Call it to drain once; it returns how
     many records it wrote. Each CPU's records are walked (one unpack each: type, size, timestamp), merged by time
-    (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass. pcap
-    records are found, read and merged as arrays instead (fcap.live.perfwalk) once numpy is imported (`fast`).
+    (fcap.live.order) and written with os.writev; records past the cutoff stay in their ring for a later pass. With
+    numpy (`fast`), a pass finds, reads, lays out and merges them as arrays instead (fcap.live.perfwalk).
     `limit` (when > 0) stops it after that many records in all, the oldest (fcap.live.order.reached). pcapng blocks
     get their options from `options(record)`, cached by the metadata they depend on (the record made by `parse`:
     the session's, which names --stack's frames from META's stack id)."""
@@ -131,9 +131,7 @@ class FileDrain:
         p = perfwalk.merge(got, ks, left or -1, self.window.last)
         _write_plan(self.writer, self.window, p)
         for r, g, k in zip(rings, got, p.takes):
-            at = g.end if k == len(g) else (int(g.ends[k - 1]) if k else g.start)
-            self.buffer.lost += sum(n for pos, n in g.lost if pos <= at)
-            r.release(at)
+            self._release(r, g, k)
         self.written += p.count
         return p.count
 
@@ -148,10 +146,10 @@ class FileDrain:
         self._blocks = self._blocks or perfwalk.Blocks()
         return all(perfwalk.epb(g, self._blocks, self._tail) for g in got)
 
-    def _release(self, ring, w: _Walk, k: int) -> None:
+    def _release(self, ring, w, k: int) -> None:
         """Give back the ring's bytes up to the k records taken (all of them: the whole walk); LOST records before
-        that point are counted (later ones are walked again)."""
-        at = w.end if k == len(w.ts) else (w.ends[k - 1] if k else w.first)
+        that point are counted (later ones are walked again). `w`: a _Walk, or perfwalk's RingRecords."""
+        at = w.end if k == len(w.ts) else (int(w.ends[k - 1]) if k else w.start)
         self.buffer.lost += sum(n for pos, n in w.lost if pos <= at)
         ring.release(at)
 
@@ -247,17 +245,16 @@ class FileDrain:
 
 class _Walk:
     """One ring's records in a pass: per sample its timestamp, end position and parts (1 for pcap, EPB_PARTS for
-    pcapng); LOST records as (end position, count); where the walk started, where the first sample starts, where it
-    ended."""
+    pcapng); LOST records as (end position, count); where the walk started and where it ended."""
 
-    __slots__ = ("ts", "ends", "parts", "lost", "start", "first", "end")
+    __slots__ = ("ts", "ends", "parts", "lost", "start", "end")
 
     def __init__(self, tail: int):
         self.ts: list = []
         self.ends: list = []
         self.parts: list = []
         self.lost: list = []
-        self.start = self.first = self.end = tail
+        self.start = self.end = tail
 
 
 def _rsize(data, off: int, size: int) -> int:
