@@ -48,6 +48,13 @@ class Printer:
         self.counted += 1
         if self.count_only:
             return
+        self.out.write(self.text(ts_ns, data, linktype, orig_len, point, stamp))
+        if self.line_buffered:
+            self.out.flush()
+
+    def text(self, ts_ns: int, data: bytes, linktype: int, orig_len: int, point: str | None = None,
+             stamp: tuple | None = None) -> str:
+        """What packet() prints of the packet (its line, its dump or decode, each line ending in a newline)."""
         shown = self.summarizer.line(ts_ns, data, linktype, orig_len, point, stamp)
         parts = [shown.line, shown.more]
         if shown.hdr is not None:
@@ -57,9 +64,13 @@ class Printer:
         parts.append("\n")
         if self.decode:
             parts += self._decoded(data, linktype)
-        self.out.write("".join(parts))
-        if self.line_buffered:
-            self.out.flush()
+        return "".join(parts)
+
+    def lines_only(self) -> bool:
+        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, -e, --count or -l): the case
+        fcap.text.fastlines makes a batch at a time."""
+        return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only or self.line_buffered
+                    or self.summarizer.eflag)
 
     def _dump(self, data: bytes, hdr: int) -> str:
         """-X, -x or -A (in that order of precedence, as tcpdump): once, what follows the link-level header;

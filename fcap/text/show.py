@@ -154,22 +154,34 @@ class Summarizer:
             text = f"{prefix} {text}"
         if shown.hdr is None:  # tcpdump prints no timestamp for these
             return shown._replace(line=text)
-        if self.clock:
-            when = self.clock(ts_ns, stamp)
-        elif stamp:
-            when = format_stamp(stamp, self.precision, self.time_style)
-        elif self.time_style == "local":
-            when = self._local(ts_ns)
-        else:
-            when = format_time(ts_ns, self.precision, self.time_style)
+        when = self.when(ts_ns, stamp)
         return shown._replace(line=f"{when} {text}" if when else text)
 
-    def _local(self, ts_ns: int) -> str:
-        """format_time()'s local HH:MM:SS.frac, the HH:MM:SS part worked out once per second."""
-        sec, ns = divmod(ts_ns, NS)
-        if sec != self._second:
-            self._second, self._hms = sec, format_time(sec * NS, "micro", "local")[:-6]
-        return self._hms + ("%09d" % ns if self.precision == "nano" else "%06d" % (ns // 1000))
+    def when(self, ts_ns: int, stamp: tuple | None = None) -> str:
+        """The packet's time as the line starts with it ("" with -t); the relative styles count it as printed."""
+        if self.clock:
+            return self.clock(ts_ns, stamp)
+        if stamp:
+            return format_stamp(stamp, self.precision, self.time_style)
+        if self.time_style == "local":
+            sec, ns = divmod(ts_ns, NS)
+            if sec != self._second:
+                self._second, self._hms = sec, self.local_hms(sec)
+            return self._hms + ("%09d" % ns if self.precision == "nano" else "%06d" % (ns // 1000))
+        return format_time(ts_ns, self.precision, self.time_style)
+
+    @staticmethod
+    def local_hms(sec: int) -> str:
+        """format_time()'s local "HH:MM:SS." of second `sec` (the fraction follows)."""
+        return format_time(sec * NS, "micro", "local")[:-6]
+
+    def second_text(self, sec: int) -> str:
+        """What when() starts a time in second `sec` with, before its fraction ("HH:MM:SS.", "sec.", the date)."""
+        return format_time(sec * NS, "micro", self.time_style)[:-6]
+
+    def stateless_time(self) -> bool:
+        """Whether a packet's time depends on it alone (not -ttt or -ttttt, which count from the packets before)."""
+        return self.clock is None
 
 
 _EN10MB = linktypes.EN10MB.number

@@ -1,0 +1,417 @@
+"""`fcap -r FILE` printing a batch at a time (fcap.files.batches). The common packets' headers are decoded for the
+whole batch with numpy: whole Ethernet frames with IPv4 without options or IPv6 without extension headers carrying
+TCP (any options), UDP, an ICMP echo or port unreachable, ICMPv6 echo or neighbour discovery; ARP requests and
+replies. Their lines come out of one %-format over the batch: a template per kind of line (its flow's text and its
+second's made once), the values from the arrays. Every other packet's line is the Printer's, in its place, and what
+must go in the packets' order (the table of relative sequence numbers) runs in order, so the text is the one
+`fcap -r` prints packet by packet, character for character."""
+
+from __future__ import annotations
+
+import socket
+
+from fcap.defaults import NS, SNAPLEN
+from fcap.live.fastmerge import np
+from fcap.text.dissect import common
+
+SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
+_TS_OPTION = 0x0101080A   # nop, nop, TS of length 10: the options of nearly every segment after the handshake
+M32 = 0xFFFFFFFF
+_inet_ntop, _AF_INET6 = socket.inet_ntop, socket.AF_INET6
+
+
+class Columns:
+    """One batch's decoded headers, a numpy array per value, a row per packet."""
+
+    __slots__ = ("kind", "ver", "flags", "seq", "ack", "win", "urg", "hlen", "length", "extra", "tsval", "tsecr",
+                 "sport", "dport", "mss", "wscale", "b", "at")
+
+    def byte(self, offset: int):
+        """Each packet's byte at `offset` (0 past the batch's end)."""
+        return self.b[np.minimum(self.at + offset, len(self.b) - 1)].astype(np.int64)
+
+
+def columns(fields, b, odd=None) -> Columns:
+    """The kind of each packet of `fields` (SLOW where the Printer must make its line) and the values its line
+    shows. b: the batch's bytes (fcap.files.batches.Batch.data, padded after the last packet); odd: packets to
+    leave to the Printer whatever they are."""
+    top = len(b) - 1
+    at = fields["at"]
+    cap = fields["caplen"].astype(np.int64)
+
+    def u8(o):
+        return b[np.minimum(at + o, top)].astype(np.int64)
+
+    def u16(o):
+        return u8(o) << 8 | u8(o + 1)
+
+    ok = (fields["linktype"] == 1) & (cap == fields["len"]) & (cap >= 42) & (cap <= SNAPLEN)
+    if odd is not None:
+        ok &= ~odd
+    etype = u16(12)
+    total, p4, plen, p6 = u16(16), u8(23), u16(18), u8(20)
+    v4 = ok & (etype == 0x0800) & (u8(14) == 0x45) & (u8(20) & 0x1F == 0) & (u8(21) == 0) & (total >= 20) \
+        & (total <= cap - 14) & ((p4 == 1) | (p4 == 6) | (p4 == 17))
+    v6 = ok & (etype == 0x86DD) & (cap >= 54) & (u8(14) >> 4 == 6) & (plen > 0) & (plen <= cap - 54) \
+        & ((p6 == 6) | (p6 == 17) | (p6 == 58))
+    proto = np.where(v4, p4, np.where(v6, p6, 0))
+    off = np.where(v4, 34, 54)
+    end = np.where(v4, 14 + total, 54 + plen)
+    length = np.where(v4, total - 20, plen)
+    c = _transport(b, at + off, v4, v6, proto, off, end, length, fragmented=v4 & (u8(20) & 0x20 != 0))
+    c.b, c.at = b, at
+    # ARP of Ethernet and IPv4, a request or a reply (fcap.text.dissect.link._arp's common case)
+    arp = ok & (etype == 0x0806) & (u16(14) == 1) & (u16(16) == 0x0800) & (u16(18) == 0x0604) \
+        & ((u16(20) == 1) | (u16(20) == 2))
+    c.kind = np.where(arp, ARP, c.kind)
+    c.extra = np.where(arp, u16(20) | (c.byte(32) | c.byte(33) | c.byte(34) | c.byte(35) | c.byte(36) | c.byte(37)
+                                       != 0) << 8, c.extra)   # (the operation; a target's MAC address told)
+    c.length = np.where(arp, cap - 14, c.length)
+    return c
+
+
+def _transport(b, t, v4, v6, proto, off, end, length, fragmented) -> Columns:
+    top = len(b) - 1
+
+    def u8(o):
+        return b[np.minimum(t + o, top)].astype(np.int64)
+
+    def u16(o):
+        return u8(o) << 8 | u8(o + 1)
+
+    def u32(o):
+        return u16(o) << 16 | u16(o + 2)
+
+    ip = v4 | v6
+    hlen = (u8(12) >> 4) * 4
+    tcp = ip & (proto == 6) & (end >= off + 20) & (hlen >= 20) & (hlen <= length) & (off + hlen <= end)
+    ulen = u16(4)
+    udp = ip & (proto == 17) & (length >= 8) & (ulen >= 8)
+    icmp_type = u8(0)
+    icmp = v4 & (proto == 1) & ((icmp_type == 0) | (icmp_type == 8)) & (end >= off + 8)
+    # a port unreachable quoting an IPv4 header without options and the ports after it
+    quoted = u8(17)
+    unreach = v4 & (proto == 1) & (icmp_type == 3) & (u8(1) == 3) & (length >= 32) & (u8(8) == 0x45) \
+        & ((quoted == 6) | (quoted == 17))
+    # ICMPv6 echo, neighbour solicitation and advertisement
+    icmp6 = v6 & (proto == 58) & ((((icmp_type == 128) | (icmp_type == 129)) & (length >= 8)) |
+                                  (((icmp_type == 135) | (icmp_type == 136)) & (length >= 24)))
+    c = Columns()
+    bad = udp & (ulen > length) & ~fragmented   # (its own length past the IP packet's: "bad length")
+    c.kind = np.select([tcp, bad, udp, icmp, unreach, icmp6], [TCP, UDP_BAD, UDP, ICMP, UNREACH, ICMP6], SLOW)
+    c.ver = np.where(v4, 4, 6)
+    # ports; an echo's id and sequence number in their place, the quoted datagram's protocol and port
+    echo = icmp | icmp6
+    c.sport = np.select([echo, unreach], [u16(4), quoted], u16(0))
+    c.dport = np.select([echo, unreach], [u16(6), u16(30)], u16(2))
+    c.seq, c.ack, c.flags, c.win, c.urg = u32(4), u32(8), u8(13), u16(14), u16(18)
+    ts = tcp & (hlen == 32) & (u32(20) == _TS_OPTION)
+    syn = tcp & (hlen == 40) & (u16(20) == 0x0204) & (u16(24) == 0x0402) & (u16(26) == 0x080A) & (u8(36) == 1) \
+        & (u16(37) == 0x0303)   # (mss, sackOK, TS, nop, wscale: a SYN's)
+    c.hlen = np.select([ts, syn, tcp], [-1, -2, hlen], 0)   # -1, -2: the two option lists laid out by template
+    c.tsval, c.tsecr = np.where(syn, u32(28), u32(24)), np.where(syn, u32(32), u32(28))
+    c.mss, c.wscale = u16(22), u8(39)
+    # after the header: TCP's payload length; UDP's own length field's, less its header (the IP packet's in
+    # length's place for a bad one); ICMP's message length, the echo's type in extra
+    c.length = np.where(tcp, length - hlen, np.where(udp, length - 8, length))
+    c.extra = np.where(udp, ulen - 8, icmp_type)   # (ICMP's: its type)
+    return c
+
+
+def batch_text(summarizer, fields, b, data: bytes, slow, odd=None) -> str:
+    """The lines of one batch, each ending in a newline: the common packets' made with one %-format over the
+    whole batch (a template per kind of line, the values from the arrays), the others' by slow(i) (the Printer's
+    text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's bytes as bytes. The
+    summarizer's time is one without a state (Summarizer.stateless_time())."""
+    c = columns(fields, b, odd)
+    at = fields["at"]
+    options = _odd_options(c, at, data)
+    texts = _in_order(summarizer.seqs, c, fields, data, slow)
+    fast = c.kind != SLOW
+    parts = np.empty((len(c.kind), 3), object)
+    parts[:, 0], us = _heads(summarizer, fields["ts_ns"])
+    parts[:, 1] = _prefix_texts(c, fields, data, fast)
+    parts[:, 2], args = _bodies(c, us, options)
+    for i, text in texts.items():
+        parts[i] = (text.replace("%", "%%"), "", "")
+    return "".join(parts.ravel().tolist()) % tuple(args)
+
+
+def _odd_options(c: Columns, at, data: bytes) -> dict[int, str]:
+    """The option lists other than the two laid out by template, as fcap.text.dissect.common prints them, by row;
+    a row whose list it does not print (None) becomes SLOW."""
+    rows = np.flatnonzero((c.kind == TCP) & (c.hlen > 20))
+    out = {}
+    parse = common._options
+    for i, a, ver, h in zip(rows.tolist(), at[rows].tolist(), c.ver[rows].tolist(), c.hlen[rows].tolist()):
+        t = a + (34 if ver == 4 else 54)
+        text = parse(data, t + 20, t + h)
+        if text is None:
+            c.kind[i] = SLOW
+        else:
+            out[i] = text.replace("%", "%%")
+    return out
+
+
+def _in_order(seqs: dict | None, c: Columns, fields, data: bytes, slow) -> dict[int, str]:
+    """What must run in the packets' order: the Printer's packets (which may use and change the table of
+    sequence numbers) and the relative numbers of the segments with an ACK (tcpdump's, fcap.text.dissect.common's,
+    in the same table), filled into c.seq and c.ack. The Printer's texts by row."""
+    kind = c.kind
+    acked = (kind == TCP) & (c.flags & 0x10 != 0) if seqs is not None else np.zeros(len(kind), bool)
+    rows = np.flatnonzero((kind == SLOW) | acked)
+    flow, rev, keys = _tcp_flows(c, fields, data, acked)
+    texts = {}
+    seq, ack = c.seq.tolist(), c.ack.tolist()
+    for i, k, cid, r, f in zip(rows.tolist(), kind[rows].tolist(), flow[rows].tolist(), rev[rows].tolist(),
+                               c.flags[rows].tolist()):
+        if k == SLOW:
+            texts[i] = slow(i)
+            continue
+        if len(seqs) > 100_000:
+            seqs.clear()
+        key = keys[cid]
+        base = seqs.get(key)
+        s, a = seq[i], ack[i]
+        if base is None or f & 0x02:
+            seqs[key] = ((a - 1) & M32, s) if r else (s, (a - 1) & M32)
+        elif r:
+            seq[i], ack[i] = (s - base[1]) & M32, (a - base[0]) & M32
+        else:
+            seq[i], ack[i] = (s - base[0]) & M32, (a - base[1]) & M32
+    c.seq, c.ack = np.array(seq, np.int64), np.array(ack, np.int64)
+    return texts
+
+
+def _tcp_flows(c: Columns, fields, data: bytes, rows) -> tuple:
+    """For the segments of `rows`: their connection's number (either direction), whether they go the reverse way
+    (the greater port, or address, first: common._tcp's rule) and the table's key of each connection."""
+    src, dst = _be_words(fields["src"]), _be_words(fields["dst"])
+    sport, dport = c.sport.astype(np.uint64), c.dport.astype(np.uint64)
+    rev = (sport > dport) | ((sport == dport) & ((src[:, 0] > dst[:, 0]) | ((src[:, 0] == dst[:, 0]) &
+                                                                           (src[:, 1] > dst[:, 1]))))
+    lo, hi = np.where(rev[:, None], dst, src), np.where(rev[:, None], src, dst)
+    ports = np.where(rev, dport << np.uint64(16) | sport, sport << np.uint64(16) | dport)
+    words = np.column_stack((lo, hi, ports | c.ver.astype(np.uint64) << np.uint64(32)))
+    flow, first = _ids(np.where(rows[:, None], words, 0))
+    keys = []
+    for row, r in zip(first.tolist(), rev[first].tolist()):
+        a, ver = int(fields["at"][row]), int(c.ver[row])
+        srcb, dstb = (data[a + 26:a + 30], data[a + 30:a + 34]) if ver == 4 else \
+            (data[a + 22:a + 38], data[a + 38:a + 54])
+        sp, dp = int(c.sport[row]), int(c.dport[row])
+        keys.append((dstb, srcb, dp << 16 | sp) if r else (srcb, dstb, sp << 16 | dp))
+    return flow, rev, keys
+
+
+def _be_words(v16):
+    """16-byte values (fcap.files.batches' addresses) as two big-endian words each, compared as the bytes are."""
+    return np.ascontiguousarray(v16).view(np.uint8).reshape(-1, 16).view(">u8").astype(np.uint64)
+
+
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
+                 0xFF51AFD7ED558CCD], np.uint64)
+
+
+def _ids(words) -> tuple:
+    """Each row's number among the distinct rows of `words` (uint64 columns) and the first row of each: by a hash,
+    checked against the words themselves (a collision: by the words)."""
+    h = np.zeros(len(words), np.uint64)
+    for k in range(words.shape[1]):
+        h = (h ^ words[:, k]) * _MIX[k % len(_MIX)]
+        h ^= h >> np.uint64(29)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if (words[first][inverse] != words).any():
+        _, first, inverse = np.unique(words, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    return inverse, first
+
+
+def _heads(summarizer, ts_ns) -> tuple:
+    """Each line's time as a template ("HH:MM:SS.%06d ", as Summarizer.when() makes it, the second's text once per
+    second; "" with -t) and the fraction for it (None with -t)."""
+    if summarizer.time_style == "none":
+        return "", None
+    sec, ns = np.divmod(ts_ns, NS)
+    seconds, ids = np.unique(sec, return_inverse=True)
+    nano = summarizer.precision == "nano"
+    frac = "%09d " if nano else "%06d "
+    table = np.array([summarizer.second_text(s).replace("%", "%%") + frac for s in seconds.tolist()], object)
+    return table[ids.ravel()], ns if nano else ns // 1000
+
+
+def _prefix_texts(c: Columns, fields, data: bytes, fast):
+    """Each IP row's flow: "IP a.p > b.q: " (fcap.text.dissect.common's text, made once per flow); "" on others."""
+    ports = (c.kind == TCP) | (c.kind == UDP) | (c.kind == UDP_BAD)
+    ip = fast & (c.kind != ARP)
+    tag = c.ver.astype(np.uint64) << np.uint64(33) | ports.astype(np.uint64) << np.uint64(32)
+    words = np.column_stack((_be_words(fields["src"]), _be_words(fields["dst"]),
+                             tag | np.where(ports, c.sport << 16 | c.dport, 0).astype(np.uint64)))
+    flow, first = _ids(np.where(ip[:, None], words, 0))
+    texts = []
+    for row, ver, p in zip(first.tolist(), c.ver[first].tolist(), ports[first].tolist()):
+        if not ip[row]:
+            texts.append("")
+            continue
+        a = int(fields["at"][row])
+        key = data[a + 26:a + (38 if p else 34)] if ver == 4 else data[a + 22:a + (58 if p else 54)]
+        texts.append(common._prefix(key, data[a:a + 58], ver, p).replace("%", "%%"))
+    return np.array(texts, object)[flow]
+
+
+def _bodies(c: Columns, us, options: dict[int, str]) -> tuple:
+    """Each fast row's template after its flow, from the kind of line it is, and the values of all rows' templates
+    (the time's fraction first), in order."""
+    n = len(c.kind)
+    kind, f = c.kind, c.flags
+    span = np.where(c.length > 0, 2, np.where(f & 0x07 != 0, 1, 0))
+    opt = np.select([c.hlen == -1, c.hlen == -2, c.hlen > 20], [1, 2, 3], 0)
+    variant = kind << 12 | np.where(kind == TCP, f | span << 8 | opt << 10, np.where(kind == UNREACH, c.sport,
+                                                                                     c.extra & 0x3FF))
+    named = {"us": us, "seq": c.seq, "end": (c.seq + c.length) & M32, "ack": c.ack, "win": c.win, "urg": c.urg,
+             "tsval": c.tsval, "tsecr": c.tsecr, "mss": c.mss, "wscale": c.wscale, "length": c.length,
+             "extra": c.extra, "id": c.sport, "seqno": c.dport}
+    bodies = np.full(n, "", object)
+    values = np.zeros((n, _MOST), np.int64)
+    count = np.zeros(n, np.int64)
+    order = np.argsort(variant, kind="stable")
+    kinds, starts = np.unique(variant[order], return_index=True)
+    for v, rows in zip(kinds.tolist(), np.split(order, starts[1:])):
+        if (v >> 12) == SLOW:
+            continue
+        template, names = _template(v)
+        if us is not None:
+            names = ("us", *names)
+        bodies[rows] = template
+        values[rows, :len(names)] = np.column_stack([(named[m] if isinstance(m, str) else c.byte(m))[rows]
+                                                     for m in names])
+        count[rows] = len(names)
+    for i, text in options.items():
+        if kind[i] == TCP:
+            bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
+    _neighbours(c, bodies)
+    return bodies, values[np.arange(_MOST) < count[:, None]].tolist()
+
+
+_MOST = 20   # values in one line's template at most (an ARP request's with the target's MAC address: 16)
+_IP4 = "%d.%d.%d.%d"
+_MAC = "%02x:%02x:%02x:%02x:%02x:%02x"
+_ICMP6_NAMES = {128: "echo request", 129: "echo reply", 135: "neighbor solicitation", 136: "neighbor advertisement"}
+
+
+def _template(variant: int) -> tuple[str, tuple]:
+    """The template of a kind of line after its flow, and its values in order: names of Columns' arrays, or
+    offsets of bytes from the packet's start."""
+    kind, sub = variant >> 12, variant & 0xFFF
+    if kind == TCP:
+        return _tcp_template(sub)
+    if kind == UDP:
+        return "UDP, length %d\n", ("extra",)
+    if kind == UDP_BAD:
+        return "UDP, bad length %d > %d\n", ("extra", "length")
+    if kind == ICMP:
+        return f"ICMP echo {'request' if sub == 8 else 'reply'}, id %d, seq %d, length %d\n", ("id", "seqno", "length")
+    if kind == UNREACH:
+        return f"ICMP {_IP4} {'tcp' if sub == 6 else 'udp'} port %d unreachable, length %d\n", \
+            (58, 59, 60, 61, "seqno", "length")
+    if kind == ICMP6 and sub >= 135:   # (its template has the target's address: _neighbours)
+        return "", ("length",)
+    if kind == ICMP6:
+        return f"ICMP6, {_ICMP6_NAMES[sub]}, id %d, seq %d, length %d\n", ("id", "seqno", "length")
+    if sub & 0xFF == 2:   # ARP
+        return f"ARP, Reply {_IP4} is-at {_MAC}, length %d\n", (28, 29, 30, 31, 22, 23, 24, 25, 26, 27, "length")
+    if sub >> 8:
+        return f"ARP, Request who-has {_IP4} ({_MAC}) tell {_IP4}, length %d\n", \
+            (38, 39, 40, 41, 32, 33, 34, 35, 36, 37, 28, 29, 30, 31, "length")
+    return f"ARP, Request who-has {_IP4} tell {_IP4}, length %d\n", (38, 39, 40, 41, 28, 29, 30, 31, "length")
+
+
+def _tcp_template(sub: int) -> tuple[str, tuple]:
+    flags, span, opt = sub & 0xFF, sub >> 8 & 3, sub >> 10 & 3
+    text, names = [f"Flags [{common._FLAGS[flags]}]"], []
+    if span:
+        text.append(", seq %d:%d" if span == 2 else ", seq %d")
+        names += ["seq", "end"] if span == 2 else ["seq"]
+    if flags & 0x10:
+        text.append(", ack %d")
+        names.append("ack")
+    text.append(", win %d")
+    names.append("win")
+    if flags & 0x20:
+        text.append(", urg %d")
+        names.append("urg")
+    if opt == 1:
+        text.append(", options [nop,nop,TS val %d ecr %d]")
+        names += ["tsval", "tsecr"]
+    elif opt == 2:
+        text.append(", options [mss %d,sackOK,TS val %d ecr %d,nop,wscale %d]")
+        names += ["mss", "tsval", "tsecr", "wscale"]
+    elif opt == 3:
+        text.append("%%OPTIONS%%")
+    text.append(", length %d\n")
+    names.append("length")
+    return "".join(text), tuple(names)
+
+
+def _neighbours(c: Columns, bodies) -> None:
+    """A neighbour solicitation's or advertisement's template, its target address in it (once per address)."""
+    nd = np.flatnonzero((c.kind == ICMP6) & (c.extra >= 135))
+    if not len(nd):
+        return
+    target = np.stack([c.byte(62 + k)[nd] for k in range(16)], axis=1).astype(np.uint8)
+    kinds = c.extra[nd]
+    words = np.column_stack((target.view(">u8").astype(np.uint64), kinds.astype(np.uint64)))
+    ids, first = _ids(words)
+    texts = []
+    for row, k in zip(first.tolist(), kinds[first].tolist()):
+        what = "who has" if k == 135 else "tgt is"
+        texts.append(f"ICMP6, {_ICMP6_NAMES[k]}, {what} {_inet_ntop(_AF_INET6, target[row].tobytes())}, length %d\n")
+    bodies[nd] = np.array(texts, object)[ids]
+
+
+def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
+    """Prints the packets of the pcap file at `path` (up to `limit`; 0: all) as printer.packet() would, a batch at
+    a time: (how many were printed, whether the file was read to its end or the limit). False where the batches
+    stopped at damage, or where this is not a pcap file fcap.files.batches walks (nothing printed then): the caller
+    reads on record by record after the packets printed, and its reader names the damage as -r always did."""
+    from fcap.errors import PcapFormatError
+    from fcap.files import batches
+    with open(path, "rb") as f:
+        fmt = batches._format(f.read(24))
+    if not isinstance(fmt, tuple):
+        return 0, False
+    order, scale, _ = fmt
+    printed = 0
+    try:
+        for batch in batches.batches(path):
+            fields = batch.fields if not limit else batch.fields[:limit - printed]
+            printer.out.write(_batch_text(printer, fields, batch.data, order, NS // scale))
+            printed += len(fields)
+            if printed == limit:
+                break
+    except PcapFormatError:
+        return printed, False
+    finally:
+        printer.counted += printed
+    return printed, True
+
+
+def _batch_text(printer, fields, b, order: str, per_second: int) -> str:
+    """The lines of a pcap batch; the packets whose record holds an odd time (a fraction of a second or more,
+    fcap.files.pcapread.FileRecord.stamp) printed by the Printer with it."""
+    data = b.base if isinstance(b.base, bytes) else b.tobytes()
+    header = fields["at"] - 16
+    secs = b[header[:, None] + np.arange(4)].view(order + "u4").ravel()
+    fracs = b[header[:, None] + np.arange(4, 8)].view(order + "u4").ravel()
+    odd = fracs >= per_second
+    at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
+        fields["linktype"]
+
+    def slow(i: int) -> str:
+        a = int(at[i])
+        stamp = (int(secs[i]), int(fracs[i]), per_second) if odd[i] else None
+        return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]), stamp=stamp)
+
+    return batch_text(printer.summarizer, fields, b, data, slow, odd)
+

@@ -1,0 +1,163 @@
+"""fcap.text.fastlines (-r's lines a batch at a time) against the Printer packet by packet, the reference: every
+Ethernet frame of tcpdump's test captures and of bench.printing's mixed file, whole, cut short, with bytes changed,
+with odd pcap times, in every time style that has no state, -S, --nano; the text must be the same, character for
+character, and the table of relative sequence numbers the same after. Then the command: a big file's `fcap -r -nn`
+is tcpdump's own output, -c stops where it says, and a damaged file prints the packets before the damage and the
+same one-line error as packet by packet."""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+import subprocess
+
+import pytest
+from conftest import need_tool
+from corpus import CAPTURES
+from netns import run_fcap
+
+from fcap.files import linktypes
+from fcap.files.pcapread import read
+from fcap.text.printer import Printer, PrintOptions
+
+fastlines = pytest.importorskip("fcap.text.fastlines", reason="fcap.text.fastlines needs numpy")
+EN10MB = linktypes.EN10MB.number
+
+
+def _frames() -> list[bytes]:
+    frames = []
+    for path in sorted(CAPTURES.glob("*.pcap*")) if CAPTURES.exists() else ():
+        try:
+            frames += [bytes(r.data) for r in read(path) if getattr(r, "linktype", None) == EN10MB]
+        except Exception:   # noqa: BLE001 - damaged captures are the printers' tests, not this one's
+            continue
+    from bench.printing import _packets
+    return frames + _packets()
+
+
+def _records(rng: random.Random) -> list[tuple[int, int, bytes, int]]:
+    """(seconds, fraction, bytes, original length): each frame whole, cut short, and with a byte changed; a
+    few times a fraction of a second or more (tcpdump prints those as the file holds them)."""
+    out = []
+    t = 1_780_000_000
+    for frame in _frames():
+        variants = [(frame, len(frame))]
+        for cut in (14, 34, 42, 54, 60, 66, 74):
+            if cut < len(frame):
+                variants += [(frame[:cut], len(frame)), (frame[:cut], cut)]
+        for _ in range(3):
+            b = bytearray(frame)
+            if b:
+                b[rng.randrange(min(len(b), 80))] = rng.randrange(256)
+            variants.append((bytes(b), len(b)))
+        for data, orig in variants:
+            t += rng.choice((0, 0, 1))
+            frac = rng.randrange(1_000_000) if rng.random() > 0.002 else 1_000_000 + rng.randrange(5)
+            out.append((t, frac, data, orig))
+    return out
+
+
+def _pcap(path, records, nano: bool = False, order: str = "<") -> None:
+    with open(path, "wb") as f:
+        f.write(struct.pack(order + "IHHiIII", 0xA1B23C4D if nano else 0xA1B2C3D4, 2, 4, 0, 0, 262144, EN10MB))
+        for sec, frac, data, orig in records:
+            f.write(struct.pack(order + "IIII", sec, frac * 1000 if nano and frac < 1_000_000 else frac, len(data),
+                                orig) + data)
+
+
+def _reference(path, options: PrintOptions) -> str:
+    out = io.StringIO()
+    printer = Printer(options, out)
+    for rec in read(path):
+        printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def records():
+    return _records(random.Random(43))
+
+
+@pytest.mark.parametrize("options", [
+    PrintOptions(), PrintOptions(absolute_seq=True), PrintOptions(time=1), PrintOptions(time=2),
+    PrintOptions(time=4), PrintOptions(nano=True)], ids=["default", "-S", "-t", "-tt", "-tttt", "nano"])
+def test_batches_print_what_the_printer_prints(records, options, tmp_path):
+    path = tmp_path / "frames.pcap"
+    _pcap(path, records, nano=options.nano, order="<" if options.time != 2 else ">")
+    out = io.StringIO()
+    printer = Printer(options, out)
+    assert fastlines.print_pcap(str(path), printer) == (len(records), True)
+    want = _reference(path, options)
+    got = out.getvalue()
+    if got != want:   # the first line that differs, not two pages of text
+        for n, (a, b) in enumerate(zip(got.splitlines(), want.splitlines())):
+            assert a == b, f"line {n}"
+    assert got == want
+    assert printer.counted == len(records)
+    assert len(records) > 20000
+
+
+def test_the_sequence_numbers_table_is_the_printers(records, tmp_path):
+    """The relative numbers go on from one batch to the next and through the packets the Printer prints: a
+    segment's line printed by the Printer after the batches is the one it prints after its own walk."""
+    path = tmp_path / "frames.pcap"
+    _pcap(path, records)
+    fast, slow = Printer(PrintOptions(), io.StringIO()), Printer(PrintOptions(), io.StringIO())
+    fastlines.print_pcap(str(path), fast)
+    for rec in read(path):
+        slow.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
+    assert fast.summarizer.seqs == slow.summarizer.seqs and len(slow.summarizer.seqs) > 100
+
+
+def _mixed(tmp_path, n: int):
+    from bench.printing import write_file
+    path = tmp_path / "mixed.pcap"
+    write_file(str(path), n)
+    return path
+
+
+def test_a_big_file_prints_as_tcpdump_prints_it(tmp_path):
+    """The command's lines of bench.printing's mixed file (big enough for batches) are tcpdump -nn's, byte for byte;
+    -c 1234 prints the first 1234 of them."""
+    tcpdump = need_tool("tcpdump")
+    path = _mixed(tmp_path, 30000)
+    theirs = subprocess.run([tcpdump, "-nn", "-r", str(path)], capture_output=True, timeout=120)
+    ours = run_fcap(["-r", str(path), "-nn"])
+    assert ours.returncode == 0 and ours.stderr == b"", ours.stderr
+    assert ours.stdout == theirs.stdout
+    assert len(ours.stdout.splitlines()) == 30000
+    first = run_fcap(["-r", str(path), "-nn", "-c", "1234"])
+    assert first.stdout.splitlines() == theirs.stdout.splitlines()[:1234]
+
+
+def test_a_damaged_big_file_prints_the_packets_before_and_one_line(tmp_path):
+    """A big file cut inside a record, and one with a record's length past the snapshot length: the lines of the
+    packets before the damage, then the error packet by packet gives (the reader's, naming the damage)."""
+    path = _mixed(tmp_path, 30000)
+    raw = path.read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(raw[:-50])
+    bad = tmp_path / "bad.pcap"
+    at = 24
+    for _ in range(20000):   # (record 20001's caplen made 10 MB)
+        at += 16 + struct.unpack_from("<I", raw, at + 8)[0]
+    bad.write_bytes(raw[:at + 8] + struct.pack("<I", 10 << 20) + raw[at + 12:])
+    for damaged, before in ((cut, 29999), (bad, 20000)):
+        r = run_fcap(["-r", str(damaged), "-nn"])
+        good = _reference_until_damage(damaged)
+        assert r.returncode != 0
+        assert r.stdout.decode() == good and len(good.splitlines()) == before
+        err = r.stderr.decode()
+        assert len(err.splitlines()) == 1 and ("truncated dump file" in err or "invalid packet capture length" in err)
+
+
+def _reference_until_damage(path) -> str:
+    out = io.StringIO()
+    printer = Printer(PrintOptions(), out)
+    try:
+        for rec in read(path):
+            printer.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
+    except Exception:   # noqa: BLE001 - the damage: what came before is the reference
+        pass
+    return out.getvalue()
