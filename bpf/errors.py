@@ -95,3 +95,23 @@ class PointerKindError(BPFError):
                  kinds: int = 0, text: str = ""):
         super().__init__(msg)
         self.insn, self.label, self.reg, self.kinds, self.text = insn, label, reg, kinds, text
+
+
+class ElfError(BPFError):
+    """An ELF file (bpf.elf) that cannot be read or is not one bpf.elf reads: `op` what was attempted, `cause` why
+    (`errno` when a read failed)."""
+
+    def __init__(self, op: str, cause: object, errno: int | None = None):
+        super().__init__(op, cause, errno=errno)
+        self.op, self.cause = op, cause
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.cause}"
+
+
+class NoSymbol(ElfError):
+    """An ELF file without the function `name` in its symbol tables (none there, or stripped): `path`, `name`."""
+
+    def __init__(self, path: str, name: str):
+        super().__init__(f"find {name} in {path}", "no such function in its symbol tables")
+        self.path, self.name = path, name

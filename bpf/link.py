@@ -1,6 +1,6 @@
-"""Attaching programs: tp_btf/fentry/fexit/raw_tp through raw_tracepoint_open, kprobes through perf events, one
-program on many functions through kprobe-multi and tracing-multi links (a cookie per function), XDP and tcx
-programs on a device through links."""
+"""Attaching programs: tp_btf/fentry/fexit/raw_tp through raw_tracepoint_open, kprobes and uprobes through perf
+events, one program on many functions through kprobe-multi and tracing-multi links (a cookie per function), XDP and
+tcx programs on a device through links."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .sys import (FD, KprobeMultiAttr, LinkCreateAttr, PerfEventAttr, RawTracepo
 from .uapi import PERF_FLAG_FD_CLOEXEC, AttachType, Cmd, PerfIoctl
 
 KPROBE_PMU = "/sys/bus/event_source/devices/kprobe"
+UPROBE_PMU = "/sys/bus/event_source/devices/uprobe"
 
 
 class Link:
@@ -57,8 +58,12 @@ def attach_raw_tracepoint(prog_fd: int, name: str) -> Link:
 
 
 def kprobe_pmu_type() -> int | None:
+    return _pmu_type(KPROBE_PMU)
+
+
+def _pmu_type(pmu: str) -> int | None:
     try:
-        return int(open(os.path.join(KPROBE_PMU, "type")).read())
+        return int(open(os.path.join(pmu, "type")).read())
     except (OSError, ValueError):
         return None
 
@@ -66,11 +71,27 @@ def kprobe_pmu_type() -> int | None:
 def attach_kprobe(prog_fd: int, func: str, retprobe: bool = False) -> Link:
     """Create a kprobe (or kretprobe) perf event on `func` and run the program on it."""
     what = f"{'kretprobe' if retprobe else 'kprobe'}/{func}"
-    pmu = kprobe_pmu_type()
+    return _attach_probe(prog_fd, KPROBE_PMU, "CONFIG_KPROBES", func, 0, retprobe, what)
+
+
+def attach_uprobe(prog_fd: int, path: str, offset: int, retprobe: bool = False) -> Link:
+    """Create a uprobe (or uretprobe) perf event at byte `offset` of the executable file `path` (bpf.elf finds a
+    function's) and run the program on it, in every process that maps the file."""
+    what = f"{'uretprobe' if retprobe else 'uprobe'}/{path}:{offset:#x}"
+    return _attach_probe(prog_fd, UPROBE_PMU, "CONFIG_UPROBE_EVENTS", path, offset, retprobe, what)
+
+
+def _attach_probe(prog_fd: int, pmu_dir: str, config: str, name: str, offset: int, retprobe: bool,
+                  what: str) -> Link:
+    """A kprobe or uprobe perf event (of the PMU in `pmu_dir`: config1 names the function or file, config2 is the
+    offset in it; pid -1 and CPU 0: every process, the program running on every CPU) running the program: a
+    perf_event link (5.15), else the ioctls."""
+    pmu = _pmu_type(pmu_dir)
     if pmu is None:
-        raise SyscallError(f"attach {what}", errno.ENOENT, "this kernel has no kprobe PMU (CONFIG_KPROBES off)")
-    name = ctypes.create_string_buffer(func.encode())
-    attr = PerfEventAttr(type=pmu, config=1 if retprobe else 0, config1=addr(name), config2=0, sample_period=1)
+        raise SyscallError(f"attach {what}", errno.ENOENT, f"this kernel has no {os.path.basename(pmu_dir)} PMU "
+                                                           f"({config} off)")
+    where = ctypes.create_string_buffer(name.encode())
+    attr = PerfEventAttr(type=pmu, config=1 if retprobe else 0, config1=addr(where), config2=offset, sample_period=1)
     pfd = FD(perf_event_open(attr, -1, 0, -1, PERF_FLAG_FD_CLOEXEC, f"create {what}"))
     try:
         lattr = LinkCreateAttr(prog_fd=prog_fd, target_fd=pfd.fd, attach_type=AttachType.PERF_EVENT)

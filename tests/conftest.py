@@ -1,5 +1,5 @@
 """Shared fixtures: root and tool checks, kernel feature probes for fentry/fexit/kprobe, a veth pair into a
-network namespace, a UDP sink on 127.0.0.1."""
+network namespace, a UDP sink on 127.0.0.1, an HTTPS server on 127.x."""
 
 from __future__ import annotations
 
@@ -97,3 +97,29 @@ def sink(root):
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def https(tmp_path):
+    """An HTTPS server on a random 127.x address (a self-signed certificate made by openssl): (address, port)."""
+    import http.server
+    import random
+    import ssl
+    import subprocess
+    import threading
+
+    from filterutil import random_loopback
+    need_tool("openssl")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=fcap-test"], check=True, capture_output=True)
+    addr = random_loopback(random.Random())
+    srv = http.server.HTTPServer((addr, 0), http.server.SimpleHTTPRequestHandler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield addr, srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()

@@ -5,38 +5,15 @@ flag the same traffic is not decrypted (the test could fail); pcap and printing 
 
 from __future__ import annotations
 
-import http.server
 import random
-
 import ssl
 import subprocess
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
 from conftest import need_root, need_tool
-from filterutil import random_loopback
 from netns import run_fcap, start_fcap
-
-
-@pytest.fixture
-def https(tmp_path):
-    """An HTTPS server on a random 127.x address (a self-signed certificate made by openssl)."""
-    need_tool("openssl")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=fcap-test"], check=True, capture_output=True)
-    addr = random_loopback(random.Random())
-    srv = http.server.HTTPServer((addr, 0), http.server.SimpleHTTPRequestHandler)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(cert), str(key))
-    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield addr, srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
 
 
 def _get(addr: str, port: int, path: str, keylog) -> None:

@@ -39,7 +39,8 @@ def cmd_capture(args, command: list[str]) -> int:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind
         _filter_note(session, args)
-        out = output.start(session, output.MirrorSink(mirror) if mirror else _sink(args, fmt, rotation), user)
+        out = output.start(session, output.MirrorSink(mirror) if mirror else _sink(args, fmt, rotation, command),
+                           user)
     except FcapError as e:
         session.close()
         return fail(str(e))
@@ -49,23 +50,46 @@ def cmd_capture(args, command: list[str]) -> int:
     return _run(session, args, out, count, command)
 
 
-def _keylog(args, fmt: str | None, rotation) -> str | None:
-    """--tls-keylog FILE: only into one pcapng file (the only format that holds secrets)."""
-    if not args.tls_keylog:
-        return None
+def _secrets(args, fmt: str | None, rotation, command: list[str]) -> tuple:
+    """Where the file's TLS secrets come from: --tls-keylog FILE, --tls-secrets (the command's) or --tls-pid PID
+    (a running process's); only into one pcapng file (the only format that holds secrets)."""
+    said = [flag for flag, value in (("--tls-keylog", args.tls_keylog), ("--tls-secrets", args.tls_secrets),
+                                     ("--tls-pid", args.tls_pid)) if value]
+    if not said:
+        return ()
     if fmt != "pcapng":
-        raise UsageError("--tls-keylog: only pcapng holds secrets (Decryption Secrets Blocks): -w FILE.pcapng")
+        raise UsageError(f"{said[0]}: only pcapng holds secrets (Decryption Secrets Blocks): -w FILE.pcapng")
     if rotation is not None:
-        raise UsageError("--tls-keylog: one file, not a -C/-G series")
-    return args.tls_keylog
+        raise UsageError(f"{said[0]}: one file, not a -C/-G series")
+    sources = []
+    if args.tls_keylog:
+        from fcap.host.keylog import KeyLog
+        sources.append(KeyLog(args.tls_keylog))
+    if args.tls_secrets or args.tls_pid is not None:
+        sources.append(_go_secrets(args, command))
+    return tuple(sources)
+
+
+def _go_secrets(args, command: list[str]):
+    """--tls-secrets' source: the command's process, or --tls-pid's."""
+    pid = int_flag(args.tls_pid, "--tls-pid", 0, 1) if args.tls_pid is not None else None
+    if pid is not None and command:
+        raise UsageError("--tls-pid: the secrets of one process: --tls-pid PID or -- COMMAND, not both")
+    if pid is None and not command:
+        hint = " (--pid keeps only the packets handled in PID: not its peer's, which decryption needs)" \
+            if args.pid is not None else ""
+        raise UsageError(f"--tls-secrets: whose secrets? -- COMMAND, or --tls-pid PID{hint}")
+    from fcap.host.gotls import of_process
+    from fcap.points.kinds import machine
+    return of_process(pid, command, machine())
 
 
 def _mirror(args, session):
     """--mirror NAME: the interface made (fcap.host.mirror) and its packets left out of the capture, or None."""
     if not args.mirror:
         return None
-    if args.write or args.json or args.live_path or args.tls_keylog:
-        raise UsageError("--mirror: the packets go to the interface; -w, --json, --path and --tls-keylog are other "
+    if args.write or args.json or args.live_path or args.tls_keylog or args.tls_secrets or args.tls_pid:
+        raise UsageError("--mirror: the packets go to the interface; -w, --json, --path and the --tls flags are other "
                          "outputs")
     from fcap.host.mirror import Mirror
     from fcap.kernel.predicates import not_device
@@ -151,6 +175,10 @@ def _dump(session, args) -> int:
             from fcap.kernel.filter import format_cbpf
             sys.stdout.write("; cBPF (libpcap)\n" + format_cbpf(session.cbpf) + "\n")
         sys.stdout.write(session.dump() + "\n")
+        if args.tls_secrets or args.tls_pid is not None:
+            from fcap.host.gotls import listing
+            from fcap.points.kinds import machine
+            sys.stdout.write(listing(machine(), int_flag(args.tls_pid, "--tls-pid", 0, 1)) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
@@ -180,14 +208,14 @@ def _output_format(args, session) -> str | None:
     return file_format(args.write, args.format, to_stdout, len(session.points))
 
 
-def _sink(args, fmt: str | None, rotation=None):
-    """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series), --path's paths or
-    printed lines."""
+def _sink(args, fmt: str | None, rotation=None, command: list[str] = ()):
+    """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series; with the sources of its
+    TLS secrets), --path's paths or printed lines."""
     from fcap.text.printer import Printer
-    keylog = _keylog(args, fmt, rotation)
+    secrets = _secrets(args, fmt, rotation, list(command))
     if fmt is not None:
         from fcap.live.output import FileSink
-        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation, keylog=keylog)
+        return FileSink(None if _to_stdout(args) else args.write, fmt, rotation, secrets=secrets)
     if args.live_path:
         from fcap.commands.path_report import PathSink
         return PathSink(Printer(print_options(args), sys.stdout))

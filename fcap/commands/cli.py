@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-keylog", metavar="FILE",
                    help="follow FILE (an SSLKEYLOGFILE, as applications append to it) and write its secrets into the "
                         "pcapng file before the packets they decrypt: Wireshark and tshark decrypt TLS with no setting")
+    p.add_argument("--tls-secrets", action="store_true",
+                   help="pcapng: the TLS secrets of COMMAND (after --), a Go program, read by a uprobe in its "
+                        "crypto/tls (no key log needed) and written into the file before the packets they decrypt, "
+                        "as --tls-keylog's")
+    p.add_argument("--tls-pid", metavar="PID",
+                   help="as --tls-secrets, of the running process PID (a Go program); unlike --pid, every packet "
+                        "the filter takes is kept (the peer's replies too)")
     p.add_argument("--mirror", metavar="NAME",
                    help="make an interface NAME on which every captured packet appears, for tcpdump -i NAME, "
                         "tshark -i NAME and any libpcap program (a TAP device, a TUN one for raw IP; packets only "

@@ -26,6 +26,8 @@ EXAMPLES: tuple[tuple[str, str], ...] = (
     ("fcap -i skb:drop -w drops.pcapng 'udp port 53'", "dropped packets, the reason and where in each"),
     ("fcap -i dev:queue -i dev:receive -i skb:drop --track -w t.pcapng 'udp port 53'",
      "one packet followed from point to point"),
+    ("fcap -i tp_btf/net_dev_queue -w go.pcapng --tls-secrets 'tcp port 443' -- ./client https://example.test/",
+     "a Go program's TLS secrets in the file (uprobes): tshark -r go.pcapng -Y http.request decrypts"),
     ("fcap path t.pcapng", "per packet: points in order, time between, how it ended"),
     ("fcap drops -- ./my-test.sh", "drops per reason and location, a table on exit"),
     ("fcap -i tp_btf/net_dev_queue --where 'skb->len > 1000' --dump 'skb->dev'", "a BTF field test; a member shown"),

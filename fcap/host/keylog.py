@@ -18,6 +18,15 @@ class KeyLog:
         self.ident: tuple | None = None
         self.partial = b""
 
+    def start(self) -> None:
+        """(A secrets source of fcap.live.output.SecretsFirst: a key log needs nothing started.)"""
+
+    def follow(self, pid: int) -> None:
+        """(Any process's lines are taken: a key log is the applications' own.)"""
+
+    def close(self) -> None:
+        """(Nothing held open between reads.)"""
+
     def new(self) -> bytes:
         """The key log lines added since the last call (each ending in a newline); b"" when none."""
         try:

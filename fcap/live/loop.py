@@ -70,6 +70,7 @@ class CaptureLoop:
         except OSError as e:
             self.session.close()
             raise CommandError(f"{self.command[0]}: {e.strerror}") from None
+        self.out.command_started(self.proc.pid)
 
     def _drain(self) -> None:
         writer = self.out.writer

@@ -23,8 +23,8 @@ PCAP, PCAPNG = "pcap", "pcapng"
 class Sink(ABC):
     """One output of a capture. open(session) before the programs are attached; write(rec) for each record (in time
     order; an OSError of one of `failures` ends the capture, others are bugs and propagate); poll() at each poll of
-    the buffers; stats(session) once the capture ended well; close(ok), where ok=False means the capture never
-    started and whatever it made is discarded."""
+    the buffers; command_started(pid) when the command after -- runs; stats(session) once the capture ended well;
+    close(ok), where ok=False means the capture never started and whatever it made is discarded."""
 
     writer = None        # a capture-file writer the drains (fcap.live.drain) write finished records to, or None
     stream = False       # packets go to stdout as a capture file (a command's own output must not land there)
@@ -47,6 +47,9 @@ class Sink(ABC):
         (BrokenPipeError: its reader left)."""
         return False
 
+    def command_started(self, pid: int) -> None:
+        """The command after -- runs as process `pid` (started after the programs were attached)."""
+
     def stats(self, session) -> None:
         """The capture ended without a write error: its counts, where the output keeps them."""
 
@@ -61,12 +64,13 @@ class Sink(ABC):
 class FileSink(Sink):
     """A capture file in `fmt` (pcap or pcapng): at `path`, on stdout when path is None or "-", or a series of files
     when `rotation` (a fcap.files.rotate.RotationPlan) asks for one. Each file starts with its header and one interface
-    description per point (pcap: the first point's only)."""
+    description per point (pcap: the first point's only). `secrets`: where TLS secrets come from (pcapng, one file,
+    no series: see SecretsFirst), each started before the file is opened and closed with it."""
 
-    def __init__(self, path: str | None, fmt: str, rotation=None, keylog: str | None = None):
+    def __init__(self, path: str | None, fmt: str, rotation=None, secrets: tuple = ()):
         self.fmt = fmt
         self.rotation = rotation
-        self.keylog = keylog   # --tls-keylog FILE (pcapng, one file: its secrets go in before the packets after them)
+        self.secrets = tuple(secrets)   # fcap.host.keylog.KeyLog (--tls-keylog), fcap.host.gotls.GoSecrets
         self.stream = path is None or path == "-"
         self.target = path
         self.path = "stdout" if self.stream else path
@@ -80,14 +84,27 @@ class FileSink(Sink):
             self.path = self.writer.path
             self.clock = self.writer.tick if self.rotation.seconds else None
             return
-        if self.stream:
-            f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
-        else:
-            f = open(self.target, "wb", buffering=FILE_BUFFERING)  # noqa: SIM115 - the writer owns it
-        self.writer = self._start(f)
-        if self.keylog:
-            from fcap.host.keylog import KeyLog
-            self.writer = SecretsFirst(self.writer, KeyLog(self.keylog))
+        try:   # (the secrets' sources first: a uprobe attached before the command runs; all closed if one fails)
+            for source in self.secrets:
+                source.start()
+            if self.stream:
+                f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 16)
+            else:
+                f = open(self.target, "wb", buffering=FILE_BUFFERING)  # noqa: SIM115 - the writer owns it
+            self.writer = self._start(f)
+        except BaseException:
+            self._close_secrets()
+            raise
+        if self.secrets:
+            self.writer = SecretsFirst(self.writer, self.secrets)
+
+    def _close_secrets(self) -> None:
+        for source in self.secrets:
+            source.close()
+
+    def command_started(self, pid: int) -> None:
+        for source in self.secrets:
+            source.follow(pid)
 
     def _start(self, f):
         """A capture file's writer on f, its header and interfaces written (each rotated file has them)."""
@@ -111,6 +128,8 @@ class FileSink(Sink):
         return self.stream
 
     def poll(self) -> bool:
+        if self.secrets:   # (also between writes: a source's buffer must not fill while no packet is written)
+            self.writer.write_secrets()
         if self.stream:
             self.writer.flush()
             if reader_gone(self.writer.fileno()):   # (ssh, sshdump, an extcap FIFO: before the next packet)
@@ -127,6 +146,7 @@ class FileSink(Sink):
                          session.detached_ns or session.attached_ns, session.window.disorder())
 
     def close(self, ok: bool = True) -> None:
+        self._close_secrets()
         if ok:
             if self.writer is not None:
                 self.writer.close()
@@ -148,31 +168,34 @@ class FileSink(Sink):
 
 
 class SecretsFirst:
-    """A pcapng writer that writes the key log's new lines (a Decryption Secrets Block) before each write of
-    records: a secret logged before a packet was captured is in the file before that packet, whichever drain
-    writes it (fcap.live.drain's, or FileSink.write). Everything else is the writer's."""
+    """A pcapng writer that writes the new secrets of its sources (key log lines, in one Decryption Secrets Block)
+    before each write of records: a secret logged before a packet was captured is in the file before that packet,
+    whichever drain writes it (fcap.live.drain's, or FileSink.write). Everything else is the writer's. A source has
+    start() (before the capture), new() (its key log lines since the last call, b"" when none), follow(pid) (the
+    command after -- runs as pid) and close()."""
 
-    def __init__(self, writer, keylog):
-        self._writer, self._keylog = writer, keylog
+    def __init__(self, writer, sources):
+        self._writer, self._sources = writer, tuple(sources)
 
     def __getattr__(self, name: str):
         return getattr(self._writer, name)
 
-    def _secrets(self) -> None:
-        data = self._keylog.new()
+    def write_secrets(self) -> None:
+        """The sources' new secrets written now, in one block (none new: nothing written)."""
+        data = b"".join(source.new() for source in self._sources)
         if data:
             self._writer.write_dsb(data)
 
     def write(self, *args, **kw) -> int:
-        self._secrets()
+        self.write_secrets()
         return self._writer.write(*args, **kw)
 
     def writev(self, buffers: list) -> None:
-        self._secrets()
+        self.write_secrets()
         self._writer.writev(buffers)
 
     def write_iov(self, iov) -> None:
-        self._secrets()
+        self.write_secrets()
         self._writer.write_iov(iov)
 
 
