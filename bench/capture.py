@@ -44,6 +44,7 @@ class Tool:
     argv: list[str]
     suffix: str = ".pcap"
     ready: str = "listening on"   # the line that says it captures
+    prints: bool = False          # its lines on stdout, into FILE (argv has no FILE then)
 
     def command(self, path: str) -> list[str]:
         return [path if a == "FILE" else a for a in self.argv]
@@ -61,6 +62,10 @@ def tools(extra_fcap: list[str] | None = None) -> dict[str, Tool]:
         "dumpcap": Tool("dumpcap", ["dumpcap", "-i", "lo", "-s", str(SNAPLEN), "-w", "FILE"], ".pcapng",
                         ready="Capturing on"),
         "fcap pcapng": Tool("fcap pcapng", fc + ["-w", "FILE"], ".pcapng"),
+        # printed lines into a file (stdout), a line per packet, flushed per line as a pipe into grep asks
+        "tcpdump -nn": Tool("tcpdump -nn", ["tcpdump", "-i", "lo", "-s", str(SNAPLEN), "-nn", "-l"], ".txt",
+                            prints=True),
+        "fcap -nn": Tool("fcap -nn", fc + ["-nn", "-l"], ".txt", prints=True),
     }
 
 
@@ -116,15 +121,16 @@ def _proc_cpu_s(pid: int) -> float:
 class _Child:
     """A capture process whose stderr is read by a thread; ready() waits for its `listening on` line."""
 
-    def __init__(self, argv: list[str], ready: str = "listening on", launch: list[str] | None = None):
-        """launch: what runs argv (default: pinned to CAPTURE_CPU, SCHED_FIFO)."""
+    def __init__(self, argv: list[str], ready: str = "listening on", launch: list[str] | None = None,
+                 stdout: str | None = None):
+        """launch: what runs argv (default: pinned to CAPTURE_CPU, SCHED_FIFO); stdout: a file for its output."""
         self.lines: list[str] = []
         self.ready_line = ready
         self.t0 = time.monotonic()
         self.argv = argv
-        self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv) if launch is None else launch + argv,
-                                  stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=OUT_DIR[0])
+        with open(stdout, "wb") if stdout else contextlib.nullcontext(subprocess.DEVNULL) as out:
+            self.p = subprocess.Popen(pinned(CAPTURE_CPU, argv) if launch is None else launch + argv,
+                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, cwd=OUT_DIR[0])
         self.ready_at: float | None = None
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -177,7 +183,7 @@ class _Child:
 def running(tool: Tool, path: str, launch: list[str] | None = None):
     """The tool capturing into `path` for the block, ready (`listening on`): its _Child; killed if still running
     and the file removed after."""
-    child = _Child(tool.command(path), tool.ready, launch=launch)
+    child = _Child(tool.command(path), tool.ready, launch=launch, stdout=path if tool.prints else None)
     try:
         child.ready()
         yield child
@@ -215,9 +221,13 @@ def _summary(lines: list[str], r: Result) -> None:
 
 def count_in_file(path: str, port: int | set) -> int:
     """Distinct sequence numbers of the sender's datagrams (to `port`, or to each port of a set: a datagram is
-    its port and number) in a pcap or pcapng file (EN10MB)."""
+    its port and number) in a pcap or pcapng file (EN10MB); in printed lines (a .txt file), the lines of
+    datagrams to the port(s)."""
     with open(path, "rb") as f:
         data = f.read()
+    if path.endswith(".txt"):
+        ends = tuple(f".{p}: UDP, length".encode() for p in (port if isinstance(port, set) else {port}))
+        return sum(1 for line in data.splitlines() if any(e in line for e in ends))
     seen = set()
     magic_at = 14 + 20 + 8
     dports = {struct.pack(">H", p) for p in (port if isinstance(port, set) else {port})}

@@ -35,12 +35,15 @@ def cmd_capture(args, command: list[str]) -> int:
         _no_comment(args, session.cfg, fmt)
         if fmt is not None:
             session.write_file(fmt, args.perf_buffer)
+        lines = fmt is None and not mirror and _lines_as_records(args, session)
+        if lines:   # (the drains lay the records out as a pcap file's, and the lines are made from them)
+            session.write_file("pcap", args.perf_buffer)
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind
         _filter_note(session, args)
-        out = output.start(session, output.MirrorSink(mirror) if mirror else _sink(args, fmt, rotation, command),
-                           user)
+        sink = output.MirrorSink(mirror) if mirror else _sink(args, fmt, rotation, command, lines)
+        out = output.start(session, sink, user)
     except FcapError as e:
         session.close()
         return fail(str(e))
@@ -208,9 +211,9 @@ def _output_format(args, session) -> str | None:
     return file_format(args.write, args.format, to_stdout, len(session.points))
 
 
-def _sink(args, fmt: str | None, rotation=None, command: list[str] = ()):
+def _sink(args, fmt: str | None, rotation=None, command: list[str] = (), lines: bool = False):
     """The output the flags ask for: a capture file (stdout's, -w FILE's, -C/-G's series; with the sources of its
-    TLS secrets), --path's paths or printed lines."""
+    TLS secrets), --path's paths or printed lines (`lines`: made from the records the drains lay out)."""
     from fcap.text.printer import Printer
     secrets = _secrets(args, fmt, rotation, list(command))
     if fmt is not None:
@@ -219,17 +222,33 @@ def _sink(args, fmt: str | None, rotation=None, command: list[str] = ()):
     if args.live_path:
         from fcap.commands.path_report import PathSink
         return PathSink(Printer(print_options(args), sys.stdout))
-    return text_sink(args)
+    return text_sink(args, lines)
 
 
-def text_sink(args):
-    """The output of packets on stdout, a live capture's and -r's: --json's lines or tcpdump's."""
+def text_sink(args, lines: bool = False):
+    """The output of packets on stdout, a live capture's and -r's: --json's lines or tcpdump's (`lines`: made from
+    the records the drains lay out as a pcap file's, fcap.live.printbatch.LinesWriter)."""
     from fcap.text.printer import Printer
     if args.json:
         from fcap.live.output import JsonSink
         return JsonSink(sys.stdout, args.line_buffered)
     from fcap.live.output import PrintSink
-    return PrintSink(Printer(print_options(args), sys.stdout), stacks=args.stack)
+    return PrintSink(Printer(print_options(args), sys.stdout), stacks=args.stack, lines=lines)
+
+
+def _lines_as_records(args, session) -> bool:
+    """Whether printed lines can be made from records the drains lay out as a pcap file's, at their speed
+    (fcap.live.printbatch.LinesWriter): one point, each packet one line whose time stands alone
+    (Printer.lines_only), nothing the features say of a packet (their units but the metadata none), numpy."""
+    if args.json or args.live_path or args.dump_ebpf or args.dump_filter or len(session.points) != 1:
+        return False
+    import importlib.util
+    from fcap.features.epb import EpbOptions
+    from fcap.features.metadata import Metadata
+    from fcap.text.printer import Printer
+    return Printer(print_options(args), sys.stdout).lines_only() \
+        and all(type(n) is Metadata for n in EpbOptions(session).notes) \
+        and importlib.util.find_spec("numpy") is not None
 
 
 def _run(session, args, out, count: int, command: list[str]) -> int:

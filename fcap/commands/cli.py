@@ -277,11 +277,10 @@ _FAST_FROM = 2 << 20   # bytes of a file from which -r's lines are made a batch 
 
 def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
     """-r's lines of a big pcap file made a batch at a time (fcap.text.fastlines) where each packet is one line
-    (fcap.text.printer.Printer.lines_only) and its time stands alone: (packets printed, whether that was all)."""
+    (fcap.text.printer.Printer.lines_only): (packets printed, whether that was all)."""
     import os
     printer = getattr(sink, "printer", None)
-    if printer is None or args.read == "-" or getattr(sink, "stacks", False) or not printer.lines_only() \
-            or not printer.summarizer.stateless_time():
+    if printer is None or args.read == "-" or getattr(sink, "stacks", False) or not printer.lines_only():
         return 0, False
     try:
         if os.path.getsize(args.read) < _FAST_FROM:

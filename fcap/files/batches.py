@@ -117,17 +117,22 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
             raise _damage("truncated dump file" if len(buf) < _CHUNK else "a packet larger than a batch's chunk",
                           number + 1, pos)
         number += len(offs)
-        b = np.frombuffer(buf[:o] + bytes(_PAD), np.uint8)
-        at = np.array(offs, np.int64)
-        fields = np.zeros(len(at), FIELDS)
-        fields["ts_ns"] = _u32(b, at, e).astype(np.int64) * NS + _u32(b, at + 4, e).astype(np.int64) * scale
-        fields["caplen"], fields["len"] = np.minimum(_u32(b, at + 8, e), snaplen), _u32(b, at + 12, e)
-        fields["linktype"], fields["at"] = linktype, at + 16
-        decode(fields, b)
-        yield Batch(fields, b)
+        yield pcap_batch(buf[:o], np.array(offs, np.int64), e, scale, snaplen, linktype)
         pos += o
         if len(buf) < _CHUNK and o == len(buf):
             return
+
+
+def pcap_batch(records: bytes, at, e: str = "<", scale: int = 1, snaplen: int = SNAPLEN, linktype: int = 1) -> Batch:
+    """The pcap records lying whole in `records` whose headers start at offsets `at` (an int64 array), in byte
+    order `e` (< or >), their fractions `scale` ns each (1: nanoseconds, 1000: microseconds), as a Batch."""
+    b = np.frombuffer(records + bytes(_PAD), np.uint8)
+    fields = np.zeros(len(at), FIELDS)
+    fields["ts_ns"] = _u32(b, at, e).astype(np.int64) * NS + _u32(b, at + 4, e).astype(np.int64) * scale
+    fields["caplen"], fields["len"] = np.minimum(_u32(b, at + 8, e), snaplen), _u32(b, at + 12, e)
+    fields["linktype"], fields["at"] = linktype, at + 16
+    decode(fields, b)
+    return Batch(fields, b)
 
 
 def _pcapng(f, size: int) -> Iterator[Batch]:
@@ -307,4 +312,4 @@ def _ipv6(fields, b, i, l3, l4) -> None:
     fields["dst"][i] = items(b, 16)[s + 24]
 
 
-__all__ = ["BATCH", "Batch", "FIELDS", "address", "batches", "decode"]
+__all__ = ["BATCH", "Batch", "FIELDS", "address", "batches", "decode", "pcap_batch"]

@@ -207,14 +207,20 @@ class PrintSink(Sink):
     pipe = True
     failures = (BrokenPipeError,)
 
-    def __init__(self, printer, stacks: bool = False):
+    def __init__(self, printer, stacks: bool = False, lines: bool = False):
         self.printer = printer
         self.stacks = stacks   # -r: the stacks a file's comments carry printed (live: --stack's unit prints them)
+        self.lines = lines     # the drains lay the records out as a pcap file's, printed by a LinesWriter
 
     def open(self, session) -> None:
         super().open(session)
         points = session.points
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
+        self.pending = _pending(self.printer, self.options, session.linktype.number)
+        if self.lines:
+            from fcap.live.printbatch import LinesWriter
+            self.writer = LinesWriter(self.printer)
+            self.writer.add_interface(points[0].if_name, session.linktype.number, session.cfg.snaplen)
 
     def write(self, rec) -> None:
         session = self.session
@@ -223,9 +229,19 @@ class PrintSink(Sink):
         if why:   # the point's name, then what the features say (--context's names, a drop's reason and location,
             # --nft's rule, a BPF program's verdict)
             name = f"{name or session.points[0].if_name} [{why}]"
+        if self.pending is not None:   # (printed at the next poll, or when a batch is full)
+            self.pending.add(rec.ts_ns + session.clock_offset_ns, rec.data, rec.orig_len, name)
+            if len(self.pending) >= _BATCH:
+                self.printer.write_batch(self.pending.text())
+            return
         self.printer.packet(rec.ts_ns + session.clock_offset_ns, rec.data, session.linktype.number, rec.orig_len,
                             name)
         self.options.below(self.printer, rec)   # (--dump's values, --stack's frames)
+
+    def poll(self) -> bool:
+        if self.pending:
+            self.printer.write_batch(self.pending.text())
+        return False
 
     def replay(self, rec) -> None:
         """-r FILE: a record read from a file (fcap.files.pcapread.FileRecord) printed as tcpdump -r prints it,
@@ -238,7 +254,24 @@ class PrintSink(Sink):
             self.printer.stack(p.stack)
 
     def close(self, ok: bool = True) -> None:
+        if getattr(self, "pending", None):
+            self.printer.write_batch(self.pending.text())
         self.printer.flush()
+
+
+_BATCH = 4096   # live records printed a batch at a time at most (more wait for the next poll)
+
+
+def _pending(printer, options, linktype: int):
+    """Where a live capture's records wait to be printed a batch at a time (fcap.live.printbatch.Pending): where
+    each is one line (Printer.lines_only) with nothing under it; else None."""
+    from fcap.features.unit import Annotator
+    if not printer.lines_only() or any(type(n).below is not Annotator.below for n in options.notes):
+        return None
+    from fcap.live.drain import FAST
+    from fcap.live.printbatch import Pending
+    FAST.load()   # (numpy, while the programs load)
+    return Pending(printer, linktype)
 
 
 class MirrorSink(Sink):

@@ -118,10 +118,11 @@ def _transport(b, t, v4, v6, proto, off, end, length, fragmented) -> Columns:
     return c
 
 
-def batch_text(summarizer, fields, b, data: bytes, slow, odd=None) -> str:
+def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) -> str:
     """The lines of one batch, each ending in a newline: the common packets' made with one %-format over the
     whole batch (a template per kind of line, the values from the arrays), the others' by slow(i) (the Printer's
-    text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's bytes as bytes. The
+    text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's bytes as bytes;
+    points: each line's text after its time (a numpy array of str, each ending in a space), or None. The
     summarizer's time is one without a state (Summarizer.stateless_time())."""
     c = columns(fields, b, odd)
     at = fields["at"]
@@ -129,7 +130,8 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None) -> str:
     texts = _in_order(summarizer.seqs, c, fields, data, slow)
     fast = c.kind != SLOW
     parts = np.empty((len(c.kind), 3), object)
-    parts[:, 0], us = _heads(summarizer, fields["ts_ns"])
+    heads, us = _heads(summarizer, fields["ts_ns"])
+    parts[:, 0] = heads if points is None else heads + points
     parts[:, 1] = _prefix_texts(c, fields, data, fast)
     parts[:, 2], args = _bodies(c, us, options)
     for i, text in texts.items():
@@ -386,7 +388,7 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
     try:
         for batch in batches.batches(path):
             fields = batch.fields if not limit else batch.fields[:limit - printed]
-            printer.out.write(_batch_text(printer, fields, batch.data, order, NS // scale))
+            printer.write_batch(_batch_text(printer, fields, batch.data, order, NS // scale))
             printed += len(fields)
             if printed == limit:
                 break
@@ -414,4 +416,5 @@ def _batch_text(printer, fields, b, order: str, per_second: int) -> str:
         return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]), stamp=stamp)
 
     return batch_text(printer.summarizer, fields, b, data, slow, odd)
+
 

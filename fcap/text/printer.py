@@ -67,10 +67,17 @@ class Printer:
         return "".join(parts)
 
     def lines_only(self) -> bool:
-        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, -e, --count or -l): the case
-        fcap.text.fastlines makes a batch at a time."""
-        return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only or self.line_buffered
-                    or self.summarizer.eflag)
+        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, -e or --count) and its time stands
+        alone (not -ttt, -ttttt): the case fcap.text.fastlines makes a batch at a time (with -l, flushed after
+        each batch)."""
+        return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only
+                    or self.summarizer.eflag) and self.summarizer.stateless_time()
+
+    def write_batch(self, text: str) -> None:
+        """Lines made by fcap.text.fastlines, flushed with -l."""
+        self.out.write(text)
+        if self.line_buffered:
+            self.out.flush()
 
     def _dump(self, data: bytes, hdr: int) -> str:
         """-X, -x or -A (in that order of precedence, as tcpdump): once, what follows the link-level header;
