@@ -41,9 +41,10 @@ def _records(rng: random.Random) -> list[tuple[int, int, bytes, int]]:
     few times a fraction of a second or more (tcpdump prints those as the file holds them)."""
     out = []
     t = 1_780_000_000
-    for frame in _frames():
+    for k, frame in enumerate(_frames()):
         variants = [(frame, len(frame))]
-        for cut in (14, 34, 42, 54, 60, 66, 74):
+        cuts = range(14, min(len(frame), 96)) if k % 16 == 0 else (14, 34, 42, 54, 60, 66, 74)
+        for cut in cuts:   # (every length for some frames: each bound of each header)
             if cut < len(frame):
                 variants += [(frame[:cut], len(frame)), (frame[:cut], cut)]
         for _ in range(3):
@@ -51,6 +52,9 @@ def _records(rng: random.Random) -> list[tuple[int, int, bytes, int]]:
             if b:
                 b[rng.randrange(min(len(b), 80))] = rng.randrange(256)
             variants.append((bytes(b), len(b)))
+        for at in (16, 18, 20, rng.randrange(12, 58)):   # (two bytes zeroed: IPv4's and IPv6's lengths, offsets)
+            if at + 2 < len(frame):
+                variants.append((frame[:at] + bytes(2) + frame[at + 2:], len(frame)))
         for data, orig in variants:
             t += rng.choice((0, 0, 1))
             frac = rng.randrange(1_000_000) if rng.random() > 0.002 else 1_000_000 + rng.randrange(5)
@@ -131,6 +135,15 @@ def test_a_big_file_prints_as_tcpdump_prints_it(tmp_path):
     assert first.stdout.splitlines() == theirs.stdout.splitlines()[:1234]
 
 
+def test_a_big_files_json_is_jsonout_packet_by_packet(tmp_path):
+    from fcap.live.output import file_packet
+    from fcap.text.jsonout import packet_line
+    path = _mixed(tmp_path, 30000)
+    ours = run_fcap(["-r", str(path), "--json"])
+    assert ours.returncode == 0 and ours.stderr == b"", ours.stderr
+    assert ours.stdout.decode() == "".join(packet_line(file_packet(rec)) for rec in read(path))
+
+
 def test_a_damaged_big_file_prints_the_packets_before_and_one_line(tmp_path):
     """A big file cut inside a record, and one with a record's length past the snapshot length: the lines of the
     packets before the damage, then the error packet by packet gives (the reader's, naming the damage)."""
@@ -161,3 +174,24 @@ def _reference_until_damage(path) -> str:
     except Exception:   # noqa: BLE001 - the damage: what came before is the reference
         pass
     return out.getvalue()
+
+
+def test_json_batches_write_what_jsonout_writes(records, tmp_path):
+    """-r --json a batch at a time (fcap.text.fastjson): the same lines as fcap.text.jsonout's packet by packet,
+    over the same frames (whole, cut, changed); -c's limit too."""
+    fastjson = pytest.importorskip("fcap.text.fastjson")
+    from fcap.live.output import file_packet
+    from fcap.text.jsonout import packet_line
+    path = tmp_path / "frames.pcap"
+    _pcap(path, records)
+    want = "".join(packet_line(file_packet(rec)) for rec in read(path))
+    out = io.StringIO()
+    assert fastjson.json_pcap(str(path), out) == (len(records), True)
+    got = out.getvalue()
+    if got != want:
+        for n, (a, b) in enumerate(zip(got.splitlines(), want.splitlines())):
+            assert a == b, f"line {n}"
+    assert got == want
+    first = io.StringIO()
+    assert fastjson.json_pcap(str(path), first, limit=999) == (999, True)
+    assert first.getvalue().splitlines() == want.splitlines()[:999]

@@ -277,14 +277,18 @@ _FAST_FROM = 2 << 20   # bytes of a file from which -r's lines are made a batch 
 
 def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
     """-r's lines of a big pcap file made a batch at a time (fcap.text.fastlines) where each packet is one line
-    (fcap.text.printer.Printer.lines_only): (packets printed, whether that was all)."""
+    (fcap.text.printer.Printer.lines_only), or its --json lines (fcap.text.fastjson): (packets printed, whether that
+    was all)."""
     import os
     printer = getattr(sink, "printer", None)
-    if printer is None or args.read == "-" or getattr(sink, "stacks", False) or not printer.lines_only():
+    if args.read == "-" or getattr(sink, "stacks", False) or printer is not None and not printer.lines_only():
         return 0, False
     try:
         if os.path.getsize(args.read) < _FAST_FROM:
             return 0, False
+        if printer is None:   # (--json)
+            from fcap.text import fastjson
+            return fastjson.json_pcap(args.read, sink.out, limit)
         from fcap.text import fastlines
     except (OSError, ImportError):   # (no numpy: packet by packet; a file that cannot be read: the reader says)
         return 0, False
