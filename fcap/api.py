@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 from fcap.defaults import POLL_MS, SNAPLEN
-from fcap.errors import FcapError, UsageError
+from fcap.errors import FcapError, PcapFormatError, UsageError
 from fcap.features import comments
 from fcap.live.output import PacketSink, file_packet
 from fcap.text.packet import Packet
@@ -183,11 +183,40 @@ def read(path) -> Iterator[Packet]:
     if not isinstance(path, (str, os.PathLike)):
         raise UsageError(f"read: a file name, not {path!r}")
     try:
-        records = read_records(path)
-        for rec in records:
-            yield file_packet(rec)
+        done, finished = 0, False
+        batched = _pcap_batches(path)
+        if batched is not None:   # (a big pcap file: its Packets a batch at a time)
+            from fcap.live.output import batch_packets
+            try:
+                for batch in batched:
+                    yield from batch_packets(batch)
+                    done += len(batch)
+                finished = True
+            except PcapFormatError:   # (the damage: the reader says what it is, after the packets before it)
+                pass
+        for n, rec in enumerate(read_records(path) if not finished else (), 1):
+            if n > done:
+                yield file_packet(rec)
     except OSError as e:
         raise FcapError(f"{path}: {e.strerror or e}") from None
+
+
+_BATCHED_FROM = 2 << 20   # bytes of a pcap file from which fcap.read() reads it a batch at a time (numpy's import)
+
+
+def _pcap_batches(path):
+    """A big pcap file's batches (fcap.files.batches), or None (pcapng: its packets carry more than the batches
+    read; a small file; no numpy)."""
+    try:
+        if os.path.getsize(path) < _BATCHED_FROM:
+            return None
+        from fcap.files import batches
+        with open(path, "rb") as f:
+            if not isinstance(batches._format(f.read(24)), tuple):
+                return None
+    except (OSError, ImportError):
+        return None
+    return batches.batches(path)
 
 
 def batches(path, size: int = 65536):

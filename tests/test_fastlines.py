@@ -195,3 +195,29 @@ def test_json_batches_write_what_jsonout_writes(records, tmp_path):
     first = io.StringIO()
     assert fastjson.json_pcap(str(path), first, limit=999) == (999, True)
     assert first.getvalue().splitlines() == want.splitlines()[:999]
+
+
+def test_read_gives_a_big_pcap_files_packets_a_batch_at_a_time(tmp_path):
+    """fcap.read() of a big pcap file (its Packets made from fcap.files.batches): the Packets, their attributes and
+    dictionaries as file_packet() makes them of the records; a damaged file: the packets before the damage, then
+    the reader's error."""
+    import pickle
+
+    import fcap
+    from fcap.errors import PcapFormatError
+    from fcap.live.output import file_packet
+    path = _mixed(tmp_path, 30000)
+    want = [file_packet(rec) for rec in read(path)]
+    got = list(fcap.read(path))
+    assert got == want and len(got) == 30000
+    assert all(a.__dict__ == b.__dict__ for a, b in zip(got, want))
+    assert type(got[0]) is type(want[0]) and pickle.loads(pickle.dumps(got[9])) == want[9]
+    got[0].dumps["x"] = 1
+    assert got[1].dumps == {}   # (each its own)
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(path.read_bytes()[:-50])
+    seen = []
+    with pytest.raises(PcapFormatError, match="truncated dump file"):
+        for p in fcap.read(cut):
+            seen.append(p)
+    assert seen == want[:-1]

@@ -333,6 +333,24 @@ def file_packet(rec) -> Packet:
     return p
 
 
+def batch_packets(batch):
+    """The Packets of a batch of a pcap file (fcap.files.batches.Batch), the same file_packet() makes of its records
+    (a pcap file has no metadata: nothing to decode), made with as little work per packet as there can be."""
+    cls, blank, none = _file_packet()
+    base = {**blank, "point": None, "packet_id": None, "verdict": None, "comment": None, "direction": None,
+            "queue": None, **none, "skb": None}
+    f = batch.fields
+    data = batch.data.base if isinstance(batch.data.base, bytes) else batch.data.tobytes()
+    new = cls.__new__
+    for ts, at, caplen, length, lt in zip(f["ts_ns"].tolist(), f["at"].tolist(), f["caplen"].tolist(),
+                                          f["len"].tolist(), f["linktype"].tolist()):
+        p = new(cls)
+        d = p.__dict__
+        d.update(base)
+        d["ts_ns"], d["data"], d["orig_len"], d["linktype"], d["dumps"] = ts, data[at:at + caplen], length, lt, {}
+        yield p
+
+
 class _FromComment:
     """A file Packet's attribute taken from fcap's comment on first use: the comment parsed once, every such
     attribute stored on the packet (its own value then hides this descriptor)."""
