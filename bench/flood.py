@@ -9,6 +9,7 @@ and the reader shares them, as on a 2-CPU laptop."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import signal
@@ -98,7 +99,7 @@ def measure(ns: list[int], count: int, rounds: int, names: list[str], extra: lis
         mine, FCAP[:] = list(FCAP), baseline
         for name, tool in tools(extra).items():
             if name.startswith("fcap"):
-                configs[name + " (baseline)"] = Tool(name + " (baseline)", tool.argv, tool.suffix, tool.ready)
+                configs[name + " (baseline)"] = dataclasses.replace(tool, name=name + " (baseline)")
         FCAP[:] = mine
     chosen = [configs[n] for n in names]
     idle = {t.name: sorted(idle_cpu(t, where) for _ in range(2))[0] for t in chosen}
