@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-t", dest="time", action="count", default=0,
                    help="-t no time, -tt seconds since 1970, -ttt since the packet before, -tttt date and time, "
                         "-ttttt since the first packet")
-    p.add_argument("-l", dest="line_buffered", action="store_true", help="flush each printed packet (| grep)")
+    p.add_argument("-l", dest="line_buffered", action="store_true", help="flush the printed lines as they come, at each poll (| grep)")
     p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
     p.add_argument("-K", dest="no_checksums", action="store_true",
                    help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
