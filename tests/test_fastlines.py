@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 from conftest import need_tool
-from corpus import CAPTURES
+from corpus import ethernet_frames
 from netns import run_fcap
 
 from fcap.files import linktypes
@@ -26,14 +26,7 @@ EN10MB = linktypes.EN10MB.number
 
 
 def _frames() -> list[bytes]:
-    frames = []
-    for path in sorted(CAPTURES.glob("*.pcap*")) if CAPTURES.exists() else ():
-        try:
-            frames += [bytes(r.data) for r in read(path) if getattr(r, "linktype", None) == EN10MB]
-        except Exception:   # noqa: BLE001 - damaged captures are the printers' tests, not this one's
-            continue
-    from bench.printing import _packets
-    return frames + _packets()
+    return ethernet_frames()
 
 
 def _records(rng: random.Random) -> list[tuple[int, int, bytes, int]]:

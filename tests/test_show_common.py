@@ -8,23 +8,15 @@ import random
 import pytest
 
 from fcap.files import linktypes
-from fcap.files.pcapread import read
 from fcap.text.dissect import dissect
 from fcap.text.dissect.common import ether_line
-from tests.corpus import CAPTURES
+from tests.corpus import ethernet_frames
 
 EN10MB = linktypes.EN10MB.number
 
 
 def _frames() -> list[bytes]:
-    frames = []
-    for path in sorted(CAPTURES.glob("*.pcap*")) if CAPTURES.exists() else ():
-        try:
-            frames += [bytes(r.data) for r in read(path) if getattr(r, "linktype", None) == EN10MB]
-        except Exception:   # noqa: BLE001 - damaged captures are the printers' tests, not this one's
-            continue
-    from bench.printing import _packets
-    return frames + _packets()
+    return ethernet_frames()
 
 
 def _variants(frame: bytes, rng: random.Random):

@@ -24,23 +24,26 @@ class Columns:
     """One batch's decoded headers, a numpy array per value, a row per packet."""
 
     __slots__ = ("kind", "ver", "flags", "seq", "ack", "win", "urg", "hlen", "length", "extra", "tsval", "tsecr",
-                 "sport", "dport", "mss", "wscale", "b", "at")
+                 "sport", "dport", "mss", "wscale", "head")
 
     def byte(self, offset: int):
-        """Each packet's byte at `offset` (0 past the batch's end)."""
-        return self.b[np.minimum(self.at + offset, len(self.b) - 1)].astype(np.int64)
+        """Each packet's byte at `offset` (< HEAD; past its end: what follows, or 0 past the batch's end)."""
+        return self.head[:, offset].astype(np.int64)
+
+
+HEAD = 96   # the bytes of each packet the common lines show anything of (an IPv6 SYN's options end at 94)
 
 
 def columns(fields, b, odd=None) -> Columns:
     """The kind of each packet of `fields` (SLOW where the Printer must make its line) and the values its line
     shows. b: the batch's bytes (fcap.files.batches.Batch.data, padded after the last packet); odd: packets to
     leave to the Printer whatever they are."""
-    top = len(b) - 1
     at = fields["at"]
     cap = fields["caplen"].astype(np.int64)
+    head = b[np.minimum(at[:, None] + np.arange(HEAD), len(b) - 1)]   # (one gather: each packet's first bytes)
 
     def u8(o):
-        return b[np.minimum(at + o, top)].astype(np.int64)
+        return head[:, o].astype(np.int64)
 
     def u16(o):
         return u8(o) << 8 | u8(o + 1)
@@ -58,8 +61,8 @@ def columns(fields, b, odd=None) -> Columns:
     off = np.where(v4, 34, 54)
     end = np.where(v4, 14 + total, 54 + plen)
     length = np.where(v4, total - 20, plen)
-    c = _transport(b, at + off, v4, v6, proto, off, end, length, fragmented=v4 & (u8(20) & 0x20 != 0))
-    c.b, c.at = b, at
+    c = _transport(head, v4, v6, proto, off, end, length, fragmented=v4 & (u8(20) & 0x20 != 0))
+    c.head = head
     # ARP of Ethernet and IPv4, a request or a reply (fcap.text.dissect.link._arp's common case)
     arp = ok & (etype == 0x0806) & (u16(14) == 1) & (u16(16) == 0x0800) & (u16(18) == 0x0604) \
         & ((u16(20) == 1) | (u16(20) == 2))
@@ -70,11 +73,9 @@ def columns(fields, b, odd=None) -> Columns:
     return c
 
 
-def _transport(b, t, v4, v6, proto, off, end, length, fragmented) -> Columns:
-    top = len(b) - 1
-
-    def u8(o):
-        return b[np.minimum(t + o, top)].astype(np.int64)
+def _transport(head, v4, v6, proto, off, end, length, fragmented) -> Columns:
+    def u8(o):   # (the transport header's byte o: after IPv4's header, or IPv6's)
+        return np.where(v4, head[:, 34 + o], head[:, 54 + o]).astype(np.int64)
 
     def u16(o):
         return u8(o) << 8 | u8(o + 1)
@@ -286,7 +287,7 @@ def _bodies(c: Columns, us, options: dict[int, str]) -> tuple:
         if us is not None:
             names = ("us", *names)
         bodies[rows] = template
-        values[rows, :len(names)] = np.column_stack([(named[m] if isinstance(m, str) else c.byte(m))[rows]
+        values[rows, :len(names)] = np.column_stack([named[m][rows] if isinstance(m, str) else c.head[rows, m]
                                                      for m in names])
         count[rows] = len(names)
     for i, text in options.items():
@@ -361,7 +362,7 @@ def _neighbours(c: Columns, bodies) -> None:
     nd = np.flatnonzero((c.kind == ICMP6) & (c.extra >= 135))
     if not len(nd):
         return
-    target = np.stack([c.byte(62 + k)[nd] for k in range(16)], axis=1).astype(np.uint8)
+    target = np.ascontiguousarray(c.head[nd, 62:78])
     kinds = c.extra[nd]
     words = np.column_stack((target.view(">u8").astype(np.uint64), kinds.astype(np.uint64)))
     ids, first = _ids(words)
