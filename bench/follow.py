@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bpf import features  # noqa: E402
+from bpf import probes  # noqa: E402
 from bpf.btf import BTF  # noqa: E402
 from bpf.sys import enable_stats  # noqa: E402
 from bpf.uapi import AttachType  # noqa: E402
@@ -35,7 +35,7 @@ from fcap.live.session import Config, Session  # noqa: E402
 
 def fentry_allowed() -> bool:
     func = BTF.vmlinux().find("ip_output", "func")
-    return func is not None and features.tracing_program(AttachType.TRACE_FENTRY, func.id) is None
+    return func is not None and probes.tracing_program(AttachType.TRACE_FENTRY, func.id) is None
 
 
 def default_globs() -> list[str]:

@@ -71,7 +71,7 @@ def one(specs: list[str], per_point: bool, phases: Phases | None = None, hold=No
         t0 = time.monotonic()
         s.resolve()
         if per_point:
-            s.plan = lambda: [multi.Unit(None, [p]) for p in s.points]
+            s.plan = lambda: [multi.Group(None, [p]) for p in s.points]
         try:
             s.open()
             s.attach()

@@ -44,7 +44,7 @@ class PacketModel(NamedTuple):
       ANCILLARY: 4 = "pkttype", ...) into register dst as a u32, as Linux's socket filters see it, or jumping
       to label `reject` (no match). It may clobber R0-R5 and nothing else, and raises CBPFError for a field it
       cannot serve (the message names the field and why). Without it, programs with such loads are refused.
-    division_tracked: the verifier tracks ranges through a division (bpf.features.division_ranges() is None):
+    division_tracked: the verifier tracks ranges through a division (bpf.probes.division_ranges() is None):
       loops then make it forget what it knew with an xor rather than a division (see _Emitter.widen).
     """
 

@@ -76,7 +76,7 @@ class AttachType(IntEnum):
     TCX_INGRESS = 46           # tc programs through tcx links (6.6)
     TCX_EGRESS = 47
     # tracing-multi links (one fentry/fexit program on many BTF functions): the values in Debian's 7.2 kernel's
-    # BTF; bpf.features.attach_type reads the running kernel's own from its BTF, and only falls back to these
+    # BTF; bpf.probes.attach_type reads the running kernel's own from its BTF, and only falls back to these
     TRACE_FENTRY_MULTI = 59
     TRACE_FEXIT_MULTI = 60
 

@@ -11,7 +11,7 @@ from fcap.defaults import POLL_MS, SNAPLEN
 from fcap.errors import FcapError, PcapFormatError, UsageError
 from fcap.features import comments
 from fcap.live.output import PacketSink, file_packet
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 
 
 class Capture:

@@ -69,8 +69,8 @@ def skb_ancillary(field: int, dst: int, reject: str) -> list:
 
 def division_tracked() -> bool:
     """The translator's choice for loops on this kernel, as fcap's capture programs make it."""
-    from bpf import features
-    return features.division_ranges() is None
+    from bpf import probes
+    return probes.division_ranges() is None
 
 
 @dataclass

@@ -51,7 +51,7 @@ def tshark():
 def kernel_refusal(kind: str, func: str = "ip_output") -> str | None:
     """Why this kernel will not run a `kind` (fentry, fexit, kprobe) program on `func`, or None if it will.
     The probe loads a minimal program of that kind, as fcap itself does."""
-    from bpf import features
+    from bpf import probes
     from bpf.btf import BTF
     from bpf.uapi import AttachType
 
@@ -60,9 +60,9 @@ def kernel_refusal(kind: str, func: str = "ip_output") -> str | None:
         if f is None:
             return f"{func} is not in this kernel's BTF"
         attach = AttachType.TRACE_FENTRY if kind == "fentry" else AttachType.TRACE_FEXIT
-        err = features.tracing_program(attach, f.id, label=f"{kind} programs")
+        err = probes.tracing_program(attach, f.id, label=f"{kind} programs")
     elif kind == "kprobe":
-        err = features.kprobe_program()
+        err = probes.kprobe_program()
     else:
         raise ValueError(kind)
     return None if err is None else err.reason

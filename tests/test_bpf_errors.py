@@ -5,7 +5,7 @@ import errno
 import pytest
 
 import bpf
-from bpf import features
+from bpf import probes
 from bpf.btf import BTF
 from bpf.cbpf import CBPFError
 from bpf.errors import AsmError, BPFError, BTFError, NotSupported, PointerKindError, SyscallError, VerifierError
@@ -50,7 +50,7 @@ def test_a_refused_probe_keeps_the_errno():
     f = BTF.vmlinux().find("ip_output", "func")
     if f is None:
         pytest.skip("ip_output is not in this kernel's BTF")
-    err = features.tracing_program(AttachType.TRACE_FENTRY, f.id, label="fentry programs")
+    err = probes.tracing_program(AttachType.TRACE_FENTRY, f.id, label="fentry programs")
     if err is None:
         pytest.skip("this kernel loads fentry programs")
     assert isinstance(err, NotSupported) and isinstance(err.errno, int)

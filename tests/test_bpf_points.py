@@ -18,7 +18,7 @@ import pytest
 
 from netns import run_fcap, start_fcap
 
-from bpf import features
+from bpf import probes
 from bpf.errors import BPFError
 from bpf.link import attach_device
 from bpf.uapi import AttachType, ProgType
@@ -55,7 +55,7 @@ def _refusal(prog) -> str | None:
     """Why this kernel will not attach fentry to a BPF program (the probe fcap's kinds run), or None."""
     from bpf.objects import prog_desc
     func = prog_desc(prog.fileno()).funcs[0][1]
-    r = features.tracing_program(AttachType.TRACE_FENTRY, func, prog.fileno(), label="fentry on a BPF program")
+    r = probes.tracing_program(AttachType.TRACE_FENTRY, func, prog.fileno(), label="fentry on a BPF program")
     return None if r is None else r.reason
 
 

@@ -233,7 +233,7 @@ def test_protochain_matches_libpcap_on_crafted_chains(walks, capacity, slow):
 @pytest.mark.parametrize("expr", ["ip6 protochain 0", "protochain 6 or protochain 17 or protochain 58"])
 def test_loops_verify_in_linear_work(expr, monkeypatch):
     """The loop's back edge makes this kernel's verifier forget the ranges (a division it cannot follow, or an
-    xor where it follows divisions: bpf.features.division_ranges): the verifier then walks each loop LOOP_BOUND
+    xor where it follows divisions: bpf.probes.division_ranges): the verifier then walks each loop LOOP_BOUND
     times, not a product of its states. (Linux 7.2 with the division: 94,000 instructions for 'ip6 protochain 0',
     a million for a batch; here a few thousand.)"""
     logs, plain = [], H.load

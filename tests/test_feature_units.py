@@ -18,7 +18,7 @@ from fcap.kernel import program as cprog
 from fcap.kernel.progopts import ProgramOptions
 from fcap.live.planner import Config
 from fcap.text.jsonout import packet_object
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 
 PACKET = {f.name for f in fields(Packet)}
 
@@ -46,7 +46,7 @@ def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
     for f in FLAGGED:
         assert f.flag.startswith("--") and f.help and f.name in Config._fields, f.name
         assert (f.name in ProgramOptions._fields) == f.option, f.name
-        assert all(p in cprog.FEATURES for p in f.program), f"{f.name}: a program part the builder does not run"
+        assert all(p in cprog.PARTS for p in f.program), f"{f.name}: a program part the builder does not run"
         assert f.room or f.annotator is None, f"{f.name}: says something in the comment, so refuses pcap"
     for f in FLAGGED:
         for setting in f.settings:

@@ -1,4 +1,4 @@
-"""The capture program's per-packet features are declared (fcap.kernel.feature): each says when it is on, what it
+"""The capture program's per-packet features are declared (fcap.kernel.parts): each says when it is on, what it
 writes into the record, the maps it uses, what it emits at which stage and what user space reads back; and the
 builder assembles a program from them for every kind of configuration (built only: nothing is loaded)."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from fcap.kernel import builders, context, dumps, feature, layout, predicates
+from fcap.kernel import builders, context, dumps, layout, parts, predicates
 from fcap.kernel import program as cprog
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/sys/kernel/btf/vmlinux"), reason="this kernel has no BTF")
@@ -51,13 +51,13 @@ def _reader(dotted: str):
 
 
 def test_every_feature_declares_its_parts():
-    names = [f.name for f in cprog.FEATURES]
+    names = [f.name for f in cprog.PARTS]
     assert len(names) == len(set(names)) and all(names)
     meta_fields = set(layout.META.Tuple._fields)
-    for f in cprog.FEATURES:
+    for f in cprog.PARTS:
         assert callable(f.on), f.name
         assert f.stages or f.within, f"{f.name}: neither stages nor the feature that emits it"
-        assert set(f.stages) <= set(feature.STAGES), f.name
+        assert set(f.stages) <= set(parts.STAGES), f.name
         assert all(callable(emit) for emit in f.stages.values()), f.name
         if f.within:
             assert f.within in names and not f.stages, f.name
@@ -72,7 +72,7 @@ def test_every_feature_declares_its_parts():
 
 def test_a_stage_name_that_does_not_exist_is_refused():
     with pytest.raises(ValueError):
-        feature.Feature("x", on=feature.always, stages={"nowhere": lambda b: None})
+        parts.Part("x", on=parts.always, stages={"nowhere": lambda b: None})
 
 
 def _maps(point, opts, ring: bool = False, track: bool = False) -> cprog.Maps:
@@ -141,11 +141,11 @@ def test_the_builder_assembles_a_program_from_the_features(name, specs, kw, ring
     for b in _builders(specs, kw, ring):
         point, opts = b.point, b.options
         assert b.items, name
-        on = {f.name for f in b.features}
-        writers = [f for f in b.features if feature.WRITE in f.stages]
+        on = {f.name for f in b.parts}
+        writers = [f for f in b.parts if parts.WRITE in f.stages]
         assert len(writers) == 1, f"{name}: {[f.name for f in writers]} write the record"
         assert ("file ring" in on) == bool(ring and point.typed)
-        skb = feature.has_skb(point)
+        skb = parts.has_skb(point)
         assert ("track" in on) == (opts.ident == "track" and skb)
         assert ("packet ids" in on) == (opts.ident != "none" and skb)
         assert ("filter" in on) == (opts.filter is not None) and ("dumps" in on) == (opts.dumps is not None)
@@ -155,5 +155,21 @@ def test_the_builder_assembles_a_program_from_the_features(name, specs, kw, ring
 
 def test_every_feature_is_on_in_some_configuration():
     """(So the configurations above build every feature's code.)"""
-    seen = {f.name for c in CONFIGURATIONS for b in _builders(*c[1:]) for f in b.features}
-    assert seen == {f.name for f in cprog.FEATURES} - (set() if ROOT_USER else {"verdict"})
+    seen = {f.name for c in CONFIGURATIONS for b in _builders(*c[1:]) for f in b.parts}
+    assert seen == {f.name for f in cprog.PARTS} - (set() if ROOT_USER else {"verdict"})
+
+
+def test_labels_come_from_fresh():
+    """Every label of a built program is a fresh() name (a number no other label has), or made from one (the
+    translated filter's, from its fresh() prefix), or the skeleton's "out": parts written apart cannot clash,
+    whichever configuration builds them together."""
+    import re
+
+    from bpf.asm import Label
+    fresh = re.compile(r"^[a-z][a-z0-9]*(_[a-z][a-z0-9]*)*_\d+(_\w+)?$")
+    for c in CONFIGURATIONS:
+        for b in _builders(*c[1:]):
+            names = [it.name for it in b.items if isinstance(it, Label)]
+            assert len(names) == len(set(names)), c[0]
+            odd = [n for n in names if n != "out" and not fresh.match(n)]
+            assert not odd, f"{c[0]}: {odd}"

@@ -68,12 +68,12 @@ from fcap.kernel import filter
 translated = filter._translated
 
 
-def shared(b, prefix, cap, slow):
-    if prefix == "flti":
+def shared(b, f, prefix, cap, slow):
+    if prefix.startswith("flti"):
         b.emit(asm.ja("flt_shared"))
         return
     b.emit(asm.label("flt_shared"))
-    translated(b, prefix, cap, slow)
+    translated(b, f, prefix, cap, slow)
 
 
 filter._translated = shared

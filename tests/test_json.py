@@ -299,7 +299,7 @@ def test_link_types_print_and_encode_as_tcpdump_reads_them(tmp_path, linktype, h
 def test_absent_fields_are_left_out():
     """A packet read from a pcap (no metadata) and cut short: only what is known."""
     from fcap.text.jsonout import packet_object
-    from fcap.text.packet import Packet
+    from fcap.packet import Packet
     ip = bytes.fromhex("4500003c000040004006") + b"\0\0" + bytes([10, 0, 0, 1, 10, 0, 0, 2])
     p = Packet(ts_ns=5, point=None, data=ip + b"\x00\x50", orig_len=60, linktype=101)
     o = packet_object(p)

@@ -12,7 +12,7 @@ from fcap.files import linktypes
 from fcap.text import jsonout
 from fcap.text.dissect import dissect
 from fcap.text.dissect.common import ether_json, ether_layers
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 from tests.test_show_common import _frames, _variants
 
 EN10MB = linktypes.EN10MB.number

@@ -33,7 +33,7 @@ def report():
         pytest.skip("needs root: the report loads and attaches programs")
     if shutil.which("modprobe"):   # a module with BTF to capture at, where veth is a module (the guests)
         subprocess.run(["modprobe", "-q", "veth"], capture_output=True, timeout=60)
-    r = subprocess.run([sys.executable, "-m", "fcap.commands.feature_report", "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "fcap.commands.probe_report", "--json"], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT))
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
@@ -45,7 +45,7 @@ def report():
 
 
 def test_every_feature_works_or_says_why_in_one_line(report):
-    from fcap.commands.feature_report import ROWS
+    from fcap.commands.probe_report import ROWS
     rows = {r["key"]: r for r in report["rows"]}
     assert list(rows) == [k for k, _t, _n in ROWS]
     for key, row in rows.items():
@@ -87,13 +87,13 @@ def test_filter_on_linear_bytes_says_so(report, tmp_path):
 
 
 def test_helper_probe_tells_unknown_disallowed_and_callable_apart(root):
-    """bpf.features.helper against what this kernel does: a helper id past the last one is unknown, a helper only
+    """bpf.probes.helper against what this kernel does: a helper id past the last one is unknown, a helper only
     for tracing programs is refused to raw_tp programs, a plain one is callable."""
-    from bpf import features
+    from bpf import probes
     from bpf.uapi import Helper
-    unknown = features.helper(100000)
+    unknown = probes.helper(100000)
     assert unknown is not None and "has no helper #100000" in unknown.reason, unknown
-    assert features.helper(Helper.ktime_get_ns) is None
-    refused = features.helper(Helper.get_func_ret)   # (fexit only, since 5.17; unknown before)
+    assert probes.helper(Helper.ktime_get_ns) is None
+    refused = probes.helper(Helper.get_func_ret)   # (fexit only, since 5.17; unknown before)
     assert refused is not None and ("may not call bpf_get_func_ret" in refused.reason
                                     or "has no bpf_get_func_ret helper (Linux 5.17+)" in refused.reason), refused

@@ -97,8 +97,8 @@ def test_every_skb_function_through_one_link_per_group():
     try:
         s.open()
         s.attach()
-        groups = [u for u in s.units if u.kind is m]
-        assert groups, [u.kind for u in s.units]
+        groups = [u for u in s.groups if u.kind is m]
+        assert groups, [u.kind for u in s.groups]
         grouped = sum(len(u.points) for u in groups)
         assert grouped > 500, grouped
         in_kernel = links_in_kernel(os.getpid())
@@ -132,7 +132,7 @@ def _capture(points: list[str], per_point: bool):
     from fcap.live.session import Config, Session
     s = Session(Config(points=points))
     if per_point:
-        s.plan = lambda: [multi.Unit(None, [p]) for p in s.points]
+        s.plan = lambda: [multi.Group(None, [p]) for p in s.points]
     s.open()
     try:
         s.attach()
@@ -154,12 +154,12 @@ def test_records_equal_a_program_per_point():
     try:
         grouped = _capture(points, False)
         alone = _capture(points, True)
-        assert any(u.kind is m for u in grouped.units), grouped.units
+        assert any(u.kind is m for u in grouped.groups), grouped.groups
         # one program for every skb argument position, direction and queue (the cookie says which)
-        positions = {p.skb_index for u in grouped.units if u.kind is m for p in u.points}
-        assert len([u for u in grouped.units if u.kind is m]) == 1 and len(positions) >= 2, grouped.units
-        assert len({p.direction for u in grouped.units if u.kind is m for p in u.points}) >= 2
-        assert all(u.kind is None for u in alone.units)
+        positions = {p.skb_index for u in grouped.groups if u.kind is m for p in u.points}
+        assert len([u for u in grouped.groups if u.kind is m]) == 1 and len(positions) >= 2, grouped.groups
+        assert len({p.direction for u in grouped.groups if u.kind is m for p in u.points}) >= 2
+        assert all(u.kind is None for u in alone.groups)
         payloads = [netns.payload(7, n) for n in (32, 200, 900)]
         peer = netns.Peer(v, 0, 7)
         try:

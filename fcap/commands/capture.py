@@ -166,7 +166,7 @@ def _filter_note(session, args) -> None:
         for note in session.fallbacks.values():
             sys.stderr.write(f"{PROG}: note: {note}\n")
     if not args.quiet and session.cbpf is not None:
-        from fcap.commands.feature_report import filter_note
+        from fcap.commands.probe_report import filter_note
         note = filter_note(session)
         if note:
             sys.stderr.write(f"{PROG}: {note}\n")
@@ -243,11 +243,11 @@ def _lines_as_records(args, session) -> bool:
     if args.json or args.live_path or args.dump_ebpf or args.dump_filter or len(session.points) != 1:
         return False
     import importlib.util
-    from fcap.features.epb import EpbOptions
+    from fcap.features.notes import RecordNotes
     from fcap.features.metadata import Metadata
     from fcap.text.printer import Printer
     return Printer(print_options(args), sys.stdout).lines_only() \
-        and all(type(n) is Metadata for n in EpbOptions(session).notes) \
+        and all(type(n) is Metadata for n in RecordNotes(session).notes) \
         and importlib.util.find_spec("numpy") is not None
 
 

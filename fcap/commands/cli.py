@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-t", dest="time", action="count", default=0,
                    help="-t no time, -tt seconds since 1970, -ttt since the packet before, -tttt date and time, "
                         "-ttttt since the first packet")
-    p.add_argument("-l", dest="line_buffered", action="store_true", help="flush the printed lines as they come, at each poll (| grep)")
+    p.add_argument("-l", dest="line_buffered", action="store_true",
+                   help="flush the printed lines as they come, at each poll (| grep)")
     p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
     p.add_argument("-K", dest="no_checksums", action="store_true",
                    help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
@@ -184,7 +185,7 @@ def cmd_extcap(argv: list[str]) -> int:
 
 
 def cmd_features(argv: list[str]) -> int:
-    from fcap.commands.feature_report import main as features_main
+    from fcap.commands.probe_report import main as features_main
     return features_main(argv)
 
 

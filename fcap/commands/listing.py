@@ -113,7 +113,7 @@ def refused_kinds() -> str:
     """One line naming the kinds this kernel refuses (only when we may probe: root)."""
     if os.geteuid() != 0:
         return ""
-    from bpf import features
+    from bpf import probes
     from bpf.btf import BTF
     from bpf.uapi import AttachType
     try:
@@ -121,10 +121,10 @@ def refused_kinds() -> str:
     except Exception:  # noqa: BLE001 - only a note
         return ""
     refused = []
-    r = features.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs")
+    r = probes.tracing_program(AttachType.TRACE_FENTRY, func.id, label="fentry programs")
     if r is not None:
         refused.append(f"fentry/fexit programs: {r.reason}")
-    r = features.kprobe_program()
+    r = probes.kprobe_program()
     if r is not None:
         refused.append(f"kprobe: {r.reason}")
     if not refused:

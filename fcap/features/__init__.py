@@ -3,7 +3,7 @@ declares what a feature records and says. The lists that name features are loops
 flags (fcap.commands.cli), the capture Config's fields (fcap.live.planner), the API's keywords and what both refuse
 (fcap.features.config), the comment's schema (fcap.features.comments) and so Wireshark's fields and extcap's
 dialog, each record's comment, printed words, lines under it, further pcapng options and Packet attributes
-(fcap.features.epb), whether the programs may write the records themselves (fcap.live.planner) and whether user
+(fcap.features.notes), whether the programs may write the records themselves (fcap.live.planner) and whether user
 space lays out each block from the whole record (fcap.live.session). README's "How it is built" walks through
 one."""
 

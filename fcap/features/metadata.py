@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from fcap.features.unit import Annotator, PacketFeature
 from fcap.kernel.layout import COMMENT, format_comment
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 
 # the Packet attributes the comment shows, taken by name from a capture's record or a file's comment
 METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})

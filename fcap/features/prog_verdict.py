@@ -1,6 +1,6 @@
 """At a BPF program's exit (xdp/PROG:exit, tc/PROG:exit): the verdict the program returned, recorded by the capture
 program (fcap.kernel.verdicts) and named (XDP_DROP, TC_ACT_SHOT) in the comment and the printed line; epb_verdict
-carries its number (fcap.features.epb)."""
+carries its number (fcap.features.notes)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a per-packet feature is, as one unit (fcap.features.FEATURES holds them): the program's half it puts in
-(fcap.kernel.feature.Features), the flag and API keyword that ask for it, what it refuses, its keys in the record's
+(fcap.kernel.parts.Parts), the flag and API keyword that ask for it, what it refuses, its keys in the record's
 comment, and user space's half for each capture (an Annotator: the comment's text, the Packet's attributes, the
 printed line's words and what prints under it)."""
 
@@ -71,7 +71,7 @@ class PacketFeature:
     room: str = ""               # what it writes into pcapng's comment ("the context"): pcap and --no-comment refuse
                                  # it ("": nothing of it is refused)
     option: bool = False         # the capture programs take it as the ProgramOptions field `name`
-    program: tuple = ()          # its fcap.kernel.feature.Features (the program's half), for the reader
+    program: tuple = ()          # its fcap.kernel.parts.Parts (the program's half), for the reader
     annotator: Callable | None = None   # (session) -> Annotator, or None where it has nothing to say in this capture
     refuse: Callable | None = None      # (points) -> why the capture cannot have it (a line), or "" (asked for)
     user_space: Callable | None = None  # (cfg, points) -> the records must be laid out in user space (no file

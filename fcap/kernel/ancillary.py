@@ -14,7 +14,7 @@ from bpf.cbpf import ANCILLARY, CBPFError
 from bpf.cbpf_plan import ancillary_field
 from bpf.uapi import Helper
 
-from fcap.kernel.feature import HEADERS, Feature, has_skb
+from fcap.kernel.parts import HEADERS, Part, has_skb
 from fcap.kernel.layout import FLAG_MAC_SYNTH, META, PKT, PREFIX_MAX, START_MAC, STACK
 from fcap.files.linktypes import PACKET_OUTGOING
 
@@ -127,32 +127,33 @@ def vlan_tag(b) -> None:
     skb's first bytes (transmit: their first 12 become header bytes, and the skb's bytes start 12 later).
     Leaves R8 = hdr_total."""
     off, f = offsets(b.point.btf if b.point.btf.base is None else b.point.btf.base), b.offsets
+    v = b.fresh_names("vlan", "tx", "put", "done")
     if off.vlan_all is None and off.vlan_present is None:
         return
-    b.emit(META.load(R0, R7, "flags"), jmp(asm.JSET, R0, FLAG_MAC_SYNTH, "vlan_done"))
+    b.emit(META.load(R0, R7, "flags"), jmp(asm.JSET, R0, FLAG_MAC_SYNTH, v.done))
     if off.vlan_all is not None:   # 6.2+: vlan_all != 0; before: a one-bit vlan_present
         b.read(W, R8, R6, off.vlan_all)
     else:
         b.read(B, R8, R6, off.vlan_present[0])
         b.emit(rshi(R8, off.vlan_present[1]), andi(R8, 1))
     b.read(H, R9, R6, f.mac)
-    b.emit(jmp(JEQ, R8, 0, "vlan_done"), META.load(R0, R7, "skip"), jmp(JNE, R0, 0, "vlan_done"),
-           META.load(R8, R7, "hdr"), jmp(JEQ, R8, 0, "vlan_tx"), jmp(asm.JLT, R8, 14, "vlan_done"),
-           jmp(JGT, R8, PREFIX_MAX, "vlan_done"),
+    b.emit(jmp(JEQ, R8, 0, v.done), META.load(R0, R7, "skip"), jmp(JNE, R0, 0, v.done),
+           META.load(R8, R7, "hdr"), jmp(JEQ, R8, 0, v.tx), jmp(asm.JLT, R8, 14, v.done),
+           jmp(JGT, R8, PREFIX_MAX, v.done),
            # receive: [mac + 12, data) again, 4 bytes further on
            mov(R2, R8), addi(R2, -12), mov(R1, R7), addi(R1, PKT + 16), ldx(DW, R3, FP, STACK.head),
            alu64(ADD, R3, R9, reg=True), addi(R3, 12), call(Helper.probe_read_kernel),
-           jmp(JNE, R0, 0, "vlan_done"), addi(R8, 4), META.store(R7, "hdr", R8), asm.ja("vlan_put"),
+           jmp(JNE, R0, 0, v.done), addi(R8, 4), META.store(R7, "hdr", R8), asm.ja(v.put),
            # transmit: the MAC header starts the skb's data
-           label("vlan_tx"), ldx(DW, R3, FP, STACK.dataoff), jmp(JNE, R3, R9, "vlan_done", reg=True),
+           label(v.tx), ldx(DW, R3, FP, STACK.dataoff), jmp(JNE, R3, R9, v.done, reg=True),
            mov(R1, R7), addi(R1, PKT), movi(R2, 12), ldx(DW, R0, FP, STACK.head), alu64(ADD, R3, R0, reg=True),
-           call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "vlan_done"),
-           META.store_imm(R7, "skip", 12), META.store_imm(R7, "hdr", 16), label("vlan_put"))
+           call(Helper.probe_read_kernel), jmp(JNE, R0, 0, v.done),
+           META.store_imm(R7, "skip", 12), META.store_imm(R7, "hdr", 16), label(v.put))
     b.read(H, R8, R6, off.skb["vlan_proto"])   # (network order, as it is)
     b.emit(stx(H, R7, PKT + 12, R8))
     b.read(H, R8, R6, off.skb["vlan_tci"])
-    b.emit(be(R8, 16), stx(H, R7, PKT + 14, R8), label("vlan_done"), META.load(R8, R7, "hdr"))
+    b.emit(be(R8, 16), stx(H, R7, PKT + 14, R8), label(v.done), META.load(R8, R7, "hdr"))
 
 
-VLAN_TAG = Feature("vlan tag", on=lambda point, options, maps: options.start == START_MAC and has_skb(point),
+VLAN_TAG = Part("vlan tag", on=lambda point, options, maps: options.start == START_MAC and has_skb(point),
                    stages={HEADERS: vlan_tag}, fields=("hdr", "skip"))

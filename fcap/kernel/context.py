@@ -16,7 +16,7 @@ from bpf.btf import BTF, BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import PredicateError
-from fcap.kernel.feature import RECORD_META, Feature, has_skb
+from fcap.kernel.parts import RECORD_META, Part, has_skb
 from fcap.kernel.layout import META, STACK
 
 ROOT_ID = 1                       # the cgroup2 root's id (its inode number)
@@ -177,7 +177,7 @@ def _records_cgroup(point, options, maps) -> bool:
     return options.meta and options.context and has_skb(point)
 
 
-CGROUP = Feature("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),
+CGROUP = Part("cgroup", on=_records_cgroup, stages={RECORD_META: emit_cgroup}, fields=("cgroup",),
                  reads="fcap.features.packet_context.ContextNames")
 
 

@@ -9,7 +9,7 @@ from bpf.btf import BTF, BTFError, Enum, Enum64, Type
 
 from fcap.host import kallsyms
 from fcap.kernel import pointinfo
-from fcap.kernel.feature import DEVICE, Feature
+from fcap.kernel.parts import DEVICE, Part
 from fcap.kernel.layout import META, STACK
 from fcap.points.kinds import CallerSlots
 from fcap.points.spec import Point
@@ -89,7 +89,7 @@ def _records_drops(point, options, maps) -> bool:
     return point.kind.multi or reason_arg(point) is not None or location_arg(point) is not None
 
 
-DROP_META = Feature("drop reason", on=_records_drops, stages={DEVICE: emit_meta}, fields=("reason", "location"),
+DROP_META = Part("drop reason", on=_records_drops, stages={DEVICE: emit_meta}, fields=("reason", "location"),
                     reads="fcap.features.drop_reason.DropNames")
 
 

@@ -18,7 +18,7 @@ from bpf.btf_dump import decode, dump_type_data, format_node, type_name
 from bpf.uapi import Helper
 
 from fcap.errors import PathError
-from fcap.kernel.feature import BEFORE_COPY, Feature
+from fcap.kernel.parts import BEFORE_COPY, Part
 from fcap.kernel.layout import DUMP, DUMP_MAX, DUMP_NULL, DUMP_OK, DUMPS_MAX, META_SIZE, STACK, parse_record
 from fcap.points.members import PATH, parse_path, root, walk
 from fcap.points.spec import Point
@@ -187,7 +187,7 @@ def emit(b) -> None:
     b.options.dumps.emit(b)
 
 
-DUMPS = Feature("dumps", on=lambda point, options, maps: options.dumps is not None, stages={BEFORE_COPY: emit},
+DUMPS = Part("dumps", on=lambda point, options, maps: options.dumps is not None, stages={BEFORE_COPY: emit},
                 layouts=("DUMP",), reads="fcap.kernel.dumps.Area.parse")
 
 

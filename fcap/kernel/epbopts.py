@@ -2,7 +2,7 @@
 fields: epb_flags (direction: frame.packet_flags_direction), epb_packetid (the packet id, fcap.kernel.track:
 frame.packet_id), epb_queue (the device queue: frame.interface_queue), epb_verdict at drop points (TC_ACT_SHOT:
 frame.verdict.ebpf_tc), and at a BPF program's exit its own verdict (fcap.kernel.verdicts). Which a point gets and
-their values, for the blocks user space lays out (fcap.features.epb.EpbOptions) and for those the capture program
+their values, for the blocks user space lays out (fcap.features.notes.RecordNotes) and for those the capture program
 lays out (fcap.kernel.ringrec), decided here once."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from bpf.asm import H, JEQ, OR, R0, R6, R7, R8, addi, alu64, jmp, label
 
 from fcap.kernel import drops, pointinfo
-from fcap.kernel.feature import RECORD_META, Feature
+from fcap.kernel.parts import RECORD_META, Part
 from fcap.kernel.layout import FLAG_QUEUE, META
 from fcap.files.pcapfile import VERDICT_TC
 from fcap.points.spec import Point, is_device_point
@@ -57,10 +57,10 @@ def emit_queue(b) -> None:
            META.store(R7, "flags", R0), label(done))
 
 
-QUEUE = Feature("queue", on=lambda point, options, maps: options.meta and (point.kind.multi or
+QUEUE = Part("queue", on=lambda point, options, maps: options.meta and (point.kind.multi or
                                                                            queue_source(point) is not None),
                 stages={RECORD_META: emit_queue}, fields=("queue",), flags=(FLAG_QUEUE,),
-                reads="fcap.features.epb.EpbOptions")
+                reads="fcap.features.notes.RecordNotes")
 
 
 def queue_always(point: Point, options, maps) -> bool:

@@ -12,7 +12,7 @@ from bpf.uapi import Helper
 
 from fcap.errors import FilterError
 from fcap.files.linktypes import LinkType, dlt_for_libpcap
-from fcap.kernel.feature import FILTER, Feature
+from fcap.kernel.parts import FILTER, Part
 from fcap.kernel.layout import FILTER_CAP, FLAG_LINEAR_ONLY, HDR_MAX, LINEAR_CAP, META, PKT, STACK
 
 IN_PLACE_MAX = 6000   # cBPF instructions: a filter the program may hold twice (in place and over the copy)
@@ -49,19 +49,21 @@ def run(b) -> None:
     o = b.options
     # R8 = hdr_total. Bytes wanted: min(len - skip, FILTER_CAP or LINEAR_CAP)
     cap = FILTER_CAP if b.point.typed else LINEAR_CAP
+    f = b.fresh_names("flt", "len_ok", "have_len", "cap", "copy", "copy_in", "buf", "done", "lin_pos", "lin_min",
+                      "lin_go")
     b.emit(META.load(R8, R7, "hdr"), META.load(R2, R7, "len"), META.load(R3, R7, "skip"),
-              jmp(JGE, R2, R3, "flt_len_ok", reg=True), movi(R2, 0), asm.ja("flt_have_len"),
-              label("flt_len_ok"), alu64(SUB, R2, R3, reg=True), label("flt_have_len"),
+              jmp(JGE, R2, R3, f.len_ok, reg=True), movi(R2, 0), asm.ja(f.have_len),
+              label(f.len_ok), alu64(SUB, R2, R3, reg=True), label(f.have_len),
               # wirelen (cBPF's len) = hdr + len - skip, kept on the stack
               mov(R0, R2), alu64(ADD, R0, R8, reg=True), stx(DW, FP, STACK.wirelen, R0),
-              jmp(JGT, R2, cap, "flt_cap"), asm.ja("flt_copy"), label("flt_cap"), movi(R2, cap),
-              label("flt_copy"), stx(DW, FP, STACK.scratch, R7))
+              jmp(JGT, R2, cap, f.cap), asm.ja(f.copy), label(f.cap), movi(R2, cap),
+              label(f.copy), stx(DW, FP, STACK.scratch, R7))
     slow = bool(o.dynptr_kfunc and b.point.typed)
     # (in place, the filter is translated twice: not for a filter so long that two would put the program's
     # jumps out of reach)
     in_place = o.head_loads and b.point.typed and len(o.filter) <= IN_PLACE_MAX
     if in_place:
-        _in_place(b)
+        _in_place(b, f)
     if slow:
         # bpf_dynptr_from_skb(skb, 0, &dynptr); bpf_dynptr_read(dst, n, &dynptr, skip, 0): frags included
         b.emit(stx(DW, FP, STACK.n, R2), mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
@@ -76,9 +78,9 @@ def run(b) -> None:
         b.nonlinear_len(R0)
         b.emit(META.load(R3, R7, "len"), alu64(SUB, R3, R0, reg=True), META.load(R4, R7, "skip"),
                   alu64(SUB, R3, R4, reg=True), ldx(DW, R2, FP, STACK.n),
-                  jmp(JSGT, R3, 0, "lin_pos"), movi(R3, 0), label("lin_pos"),
-                  jmp(JGT, R2, R3, "lin_min", reg=True), asm.ja("lin_go"), label("lin_min"), mov(R2, R3),
-                  label("lin_go"), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_LINEAR_ONLY),
+                  jmp(JSGT, R3, 0, f.lin_pos), movi(R3, 0), label(f.lin_pos),
+                  jmp(JGT, R2, R3, f.lin_min, reg=True), asm.ja(f.lin_go), label(f.lin_min), mov(R2, R3),
+                  label(f.lin_go), META.load(R0, R7, "flags"), alu64(OR, R0, FLAG_LINEAR_ONLY),
                   META.store(R7, "flags", R0), stx(DW, FP, STACK.n, R2),
                   jmp(JGT, R8, HDR_MAX, "out"), jmp(JGT, R2, cap, "out"),
                   mov(R1, R7), addi(R1, PKT), alu64(ADD, R1, R8, reg=True),
@@ -86,20 +88,21 @@ def run(b) -> None:
                   META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True),
                   call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"), ldx(DW, R2, FP, STACK.n))
     b.emit(stx(DW, FP, STACK.skb, R6), mov(R6, R7), addi(R6, PKT))
-    _translated(b, "flt", cap, slow)
+    _translated(b, f, b.fresh("flt"), cap, slow)
     if in_place:
         # the same filter again, over the skb's own bytes: each load instruction then reads through one kind
         # of pointer on every path (the copy's map value, or skb->head's untrusted memory), as every verifier
         # asks (6.18.44 builds refuse a load that both reach; bpf.ptrkinds checks it before loading)
-        b.emit(asm.ja("flt_done"), label("flti_buf"))
-        _translated(b, "flti", cap, slow)
-    b.emit(label("flt_done"), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
+        b.emit(asm.ja(f.done), label(f.buf))
+        _translated(b, f, b.fresh("flti"), cap, slow)
+    b.emit(label(f.done), ldx(DW, R7, FP, STACK.scratch), ldx(DW, R6, FP, STACK.skb),
               jmp(JEQ, R0, 0, "out"))
 
-def _translated(b, prefix: str, cap: int, slow: bool) -> None:
-    """The cBPF filter over the buffer at R6 (R2 = bytes wanted, R8 = hdr_total), its verdict in R0 at
-    flt_done. buflen: what cBPF loads are checked against = the captured length, min(wirelen, snaplen) where
-    the slow path reaches every byte (skb dynptr); else only the bytes in the buffer, min(hdr + n, snaplen)."""
+def _translated(b, f, prefix: str, cap: int, slow: bool) -> None:
+    """The cBPF filter over the buffer at R6 (R2 = bytes wanted, R8 = hdr_total), its verdict in R0 at f.done (its
+    own labels named from `prefix`, a fresh() name). buflen: what cBPF loads are checked against = the captured
+    length, min(wirelen, snaplen) where the slow path reaches every byte (skb dynptr); else only the bytes in the
+    buffer, min(hdr + n, snaplen)."""
     from bpf import cbpf  # the translator is optional until a filter is asked for
     o = b.options
     snap, run = f"{prefix}_snap", f"{prefix}_run"
@@ -116,18 +119,17 @@ def _translated(b, prefix: str, cap: int, slow: bool) -> None:
     model = cbpf.PacketModel(buf=R6, buflen=R8, wirelen=R9, capacity=cap if slow else HDR_MAX + cap,
                              slow_load=partial(_slow_load, b) if slow else None, ancillary=b.ancillary_load,
                              division_tracked=o.division_tracked)
-    b.emit(cbpf.translate(o.filter, model, result=R0, done="flt_done", prefix=prefix, stack_off=STACK.cbpf))
+    b.emit(cbpf.translate(o.filter, model, result=R0, done=f.done, prefix=prefix, stack_off=STACK.cbpf))
 
-def _in_place(b) -> None:
+def _in_place(b, f) -> None:
     """When hdr == 0 and the n (R2) wanted bytes are linear: R6 = skb->head + data offset + skip (loads through
-    it are checked by the JIT, not copied), skb saved, on to flti_buf. Else on to the copy. Keeps R2, R8."""
-    f = b.offsets
-    b.emit(jmp(JNE, R8, 0, "flt_copy_in"),
-              META.load(R0, R7, "len"), ldx(W, R1, R6, f.data_len), alu64(SUB, R0, R1, reg=True),
-              META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, "flt_copy_in", reg=True),
+    it are checked by the JIT, not copied), skb saved, on to f.buf. Else on to the copy. Keeps R2, R8."""
+    b.emit(jmp(JNE, R8, 0, f.copy_in),
+              META.load(R0, R7, "len"), ldx(W, R1, R6, b.offsets.data_len), alu64(SUB, R0, R1, reg=True),
+              META.load(R3, R7, "skip"), alu64(SUB, R0, R3, reg=True), jmp(JSLT, R0, R2, f.copy_in, reg=True),
               b.skb_head(R1), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R1, R0, reg=True),
-              alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja("flti_buf"),
-              label("flt_copy_in"))
+              alu64(ADD, R1, R3, reg=True), stx(DW, FP, STACK.skb, R6), mov(R6, R1), asm.ja(f.buf),
+              label(f.copy_in))
 
 def _slow_load(b, size: int, off_reg: int, dst: int, reject: str) -> list:
     """A load past the buffer's bytes: bpf_dynptr_read from the skb (offset relative to the capture start),
@@ -144,5 +146,5 @@ def _slow_load(b, size: int, off_reg: int, dst: int, reject: str) -> list:
             ldx(asm.BYTES_SIZE[nbytes], dst, FP, STACK.slow)]
 
 
-PACKET_FILTER = Feature("filter", on=lambda point, options, maps: options.filter is not None, stages={FILTER: run},
+PACKET_FILTER = Part("filter", on=lambda point, options, maps: options.filter is not None, stages={FILTER: run},
                         flags=(FLAG_LINEAR_ONLY,), turns_away=True)

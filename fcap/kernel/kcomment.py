@@ -18,66 +18,68 @@ def text_offset(scratch_size: int) -> int:
     return scratch_size - CAREA.size + CAREA.off("text")
 
 
-def emit(b, text: int) -> None:
+def emit(b, text: int, fail: str) -> None:
     """The comment's text at scratch + text; its length in STACK.text_len. R9 is the write position. Jumps to
-    "r_fail" when the cached middle's length is out of bounds."""
+    `fail` (the record's failure: fcap.kernel.ringrec) when the cached middle's length is out of bounds."""
     area = text - CAREA.off("text")
-    _cache_check(b, area)
+    c = b.fresh_names("c", "hit", "miss", "skb_miss", "skb_hex", "len_miss", "len_done")
+    c.fail = fail
+    _cache_check(b, c, area)
     b.emit(movi(R9, TEXT_MID))
     (head, _, _), middle, (tail_pre, tail_attr, tail_style) = COMMENT[0], COMMENT[1:-1], COMMENT[-1]
     for pre, attr, style in middle:
         _text(b, text, pre)
         _value(b, text, attr, style)
-    b.emit(addi(R9, -TEXT_MID), CAREA.store(R7, "midlen", R9, area), _put(text, 0, head.encode()), label("c_hit"))
+    b.emit(addi(R9, -TEXT_MID), CAREA.store(R7, "midlen", R9, area), _put(text, 0, head.encode()), label(c.hit))
     # every packet: the skb's address (16 hex digits) and the length after the cached middle
-    b.emit(CAREA.load(R9, R7, "midlen", area), asm.jmp(JGT, R9, MID_MAX, "r_fail"), addi(R9, TEXT_MID))
-    _skb_high(b, area)
+    b.emit(CAREA.load(R9, R7, "midlen", area), asm.jmp(JGT, R9, MID_MAX, c.fail), addi(R9, TEXT_MID))
+    _skb_high(b, c, area)
     b.emit(stx(DW, R7, text + TEXT_SKB, R0), ldx(W, R0, R7, META.off("skb")))
     _hex8(b)
     b.emit(stx(DW, R7, text + TEXT_SKB + 8, R0))
-    _length(b, text, area, tail_pre, tail_attr, tail_style)
+    _length(b, c, text, area, tail_pre, tail_attr, tail_style)
     b.emit(stx(DW, FP, STACK.text_len, R9))
 
 
-def _skb_high(b, area: int) -> None:
+def _skb_high(b, c, area: int) -> None:
     """R0 = the 8 hex digits of the skb address's high half: the last packet's when the half is the same (it
     rarely changes), else made (and remembered). Keeps R9."""
     b.emit(META.load(R3, R7, "skb"), rshi(R3, 32), CAREA.load(R0, R7, "skb_hi", area),
-           asm.jmp(JNE, R0, R3, "c_skb_miss", reg=True), CAREA.load(R0, R7, "skb_hi_hex", area), ja("c_skb_hex"),
-           label("c_skb_miss"), CAREA.store(R7, "skb_hi", R3, area), mov(R0, R3))
+           asm.jmp(JNE, R0, R3, c.skb_miss, reg=True), CAREA.load(R0, R7, "skb_hi_hex", area), ja(c.skb_hex),
+           label(c.skb_miss), CAREA.store(R7, "skb_hi", R3, area), mov(R0, R3))
     _hex8(b)
-    b.emit(CAREA.store(R7, "skb_hi_hex", R0, area), label("c_skb_hex"))
+    b.emit(CAREA.store(R7, "skb_hi_hex", R0, area), label(c.skb_hex))
 
 
-def _length(b, text: int, area: int, pre: str, attr: str, style: str) -> None:
+def _length(b, c, text: int, area: int, pre: str, attr: str, style: str) -> None:
     """The comment's last part (" len=" and the digits) at the write position: the last packet's 16 bytes of
     text when the length is the same (a flood repeats it), else made and remembered."""
     at = area + CAREA.off("len_text")
     b.emit(META.load(R3, R7, "len"), addi(R3, 1), CAREA.load(R0, R7, "len_key", area),
-           asm.jmp(JNE, R0, R3, "c_len_miss", reg=True),
+           asm.jmp(JNE, R0, R3, c.len_miss, reg=True),
            mov(R1, R7), alu64(ADD, R1, R9, reg=True), ldx(DW, R0, R7, at), stx(DW, R1, text, R0),
            ldx(DW, R0, R7, at + 8), stx(DW, R1, text + 8, R0),
-           CAREA.load(R0, R7, "len_n", area), asm.jmp(JGT, R0, 16, "r_fail"), alu64(ADD, R9, R0, reg=True),
-           andi(R9, TEXT_POS_MASK), ja("c_len_done"),
-           label("c_len_miss"), CAREA.store(R7, "len_key", R3, area), stx(DW, FP, STACK.tmp, R9))
+           CAREA.load(R0, R7, "len_n", area), asm.jmp(JGT, R0, 16, c.fail), alu64(ADD, R9, R0, reg=True),
+           andi(R9, TEXT_POS_MASK), ja(c.len_done),
+           label(c.len_miss), CAREA.store(R7, "len_key", R3, area), stx(DW, FP, STACK.tmp, R9))
     _text(b, text, pre)
     _value(b, text, attr, style)
     b.emit(ldx(DW, R1, FP, STACK.tmp), andi(R1, TEXT_POS_MASK), mov(R0, R9), alu64(SUB, R0, R1, reg=True),
            CAREA.store(R7, "len_n", R0, area), alu64(ADD, R1, R7, reg=True),
            ldx(DW, R0, R1, text), stx(DW, R7, at, R0), ldx(DW, R0, R1, text + 8), stx(DW, R7, at + 8, R0),
-           label("c_len_done"))
+           label(c.len_done))
 
 
-def _cache_check(b, area: int) -> None:
-    """Jump to "c_hit" when the META fields the middle shows are those it was made from; else note them."""
+def _cache_check(b, c, area: int) -> None:
+    """Jump to c.hit when the META fields the middle shows are those it was made from; else note them."""
     key = CAREA.off("key") + area
-    b.emit(CAREA.load(R0, R7, "valid", area), asm.jmp(JEQ, R0, 0, "c_miss"))
+    b.emit(CAREA.load(R0, R7, "valid", area), asm.jmp(JEQ, R0, 0, c.miss))
     at = key
     for off, n in KEY_WORDS:
         size = BYTES_SIZE[n]
-        b.emit(ldx(size, R0, R7, off), ldx(size, R1, R7, at), asm.jmp(JNE, R0, R1, "c_miss", reg=True))
+        b.emit(ldx(size, R0, R7, off), ldx(size, R1, R7, at), asm.jmp(JNE, R0, R1, c.miss, reg=True))
         at += n
-    b.emit(ja("c_hit"), label("c_miss"))
+    b.emit(ja(c.hit), label(c.miss))
     at = key
     for off, n in KEY_WORDS:
         b.emit(ldx(BYTES_SIZE[n], R0, R7, off), stx(BYTES_SIZE[n], R7, at, R0))
@@ -123,6 +125,7 @@ def _advance(b, text: int) -> None:
 def _decimal(b, text: int, tag: str) -> None:
     """The u32 in R3 in decimal at the write position. The digit count is worked out without branches (so the
     verifier sees one range of positions, not ten)."""
+    done = b.fresh(f"d_{tag}")
     b.emit(movi(R4, 1))
     for k in range(1, 10):   # + (R3 >= 10**k), as the sign of 10**k - 1 - R3
         b.emit(movi(R0, 10 ** k - 1), alu64(SUB, R0, R3, reg=True), rshi(R0, 63), alu64(ADD, R4, R0, reg=True))
@@ -133,12 +136,13 @@ def _decimal(b, text: int, tag: str) -> None:
                mov(R4, R3), alu64(SUB, R4, R2, reg=True), addi(R4, ord("0")), stx(B, R1, text - 1 - i, R4),
                mov(R3, R0))
         if i < 9:
-            b.emit(asm.jmp(JEQ, R3, 0, f"d_{tag}"))
-    b.emit(label(f"d_{tag}"))
+            b.emit(asm.jmp(JEQ, R3, 0, done))
+    b.emit(label(done))
 
 
 def _hex(b, text: int, tag: str) -> None:
     """The u32 in R3 in hex (lower case, no leading zeros) at the write position."""
+    done = b.fresh(f"h_{tag}")
     b.emit(movi(R4, 1))
     for k in range(1, 8):
         b.emit(movi(R0, (1 << (4 * k)) - 1), alu64(SUB, R0, R3, reg=True), rshi(R0, 63), alu64(ADD, R4, R0, reg=True))
@@ -148,8 +152,8 @@ def _hex(b, text: int, tag: str) -> None:
         _hex_char(b)
         b.emit(stx(B, R1, text - 1 - i, R0), rshi(R3, 4))
         if i < 7:
-            b.emit(asm.jmp(JEQ, R3, 0, f"h_{tag}"))
-    b.emit(label(f"h_{tag}"))
+            b.emit(asm.jmp(JEQ, R3, 0, done))
+    b.emit(label(done))
 
 
 def _hex4(b, text: int, tag: str) -> None:
@@ -184,9 +188,10 @@ def _hex_char(b) -> None:
 def _comm(b, text: int) -> None:
     """comm up to its NUL: 16 bytes copied, the position moved by its length."""
     comm = META.off("comm")
+    end = b.fresh("c_comm_len")
     b.emit(mov(R1, R7), alu64(ADD, R1, R9, reg=True))
     for j in (0, 8):
         b.emit(ldx(DW, R0, R7, comm + j), stx(DW, R1, text + j, R0))
     for k in range(16):
-        b.emit(movi(R4, k), ldx(B, R0, R7, comm + k), asm.jmp(JEQ, R0, 0, "c_comm_len"))
-    b.emit(movi(R4, 16), label("c_comm_len"), alu64(ADD, R9, R4, reg=True), andi(R9, TEXT_POS_MASK))
+        b.emit(movi(R4, k), ldx(B, R0, R7, comm + k), asm.jmp(JEQ, R0, 0, end))
+    b.emit(movi(R4, 16), label(end), alu64(ADD, R9, R4, reg=True), andi(R9, TEXT_POS_MASK))

@@ -16,7 +16,7 @@ from bpf.asm import DW, FP, JSLT, R0, R1, R2, R3, R7, call, ja, jmp, label, ld_m
 from bpf.uapi import Helper
 
 from fcap.host import kallsyms
-from fcap.kernel.feature import RECORD_META, Feature, MapUse
+from fcap.kernel.parts import RECORD_META, Part, MapUse
 from fcap.kernel.layout import META, STACK, STACK_NONE, Record
 from fcap.points import kinds
 
@@ -55,7 +55,7 @@ def emit_stackid(b) -> None:
            label(none), META.store_imm(R7, "stack", STACK_NONE), label(done))
 
 
-STACKS = Feature("stack", on=lambda point, options, maps: options.stack, stages={RECORD_META: emit_stackid},
+STACKS = Part("stack", on=lambda point, options, maps: options.stack, stages={RECORD_META: emit_stackid},
                  fields=("stack",),
                  maps=(MapUse("stack", f"STACK_TRACE, {STACK_MAX} stacks of {DEPTH} frames; the session's"),),
                  reads="fcap.kernel.kstack.Stacks")

@@ -16,7 +16,7 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.defaults import NS
 from fcap.kernel import ringrec
-from fcap.kernel.feature import WRITE, Feature, MapUse
+from fcap.kernel.parts import WRITE, Part, MapUse
 from fcap.kernel.layout import HDR_MAX, LINEAR_CAP, META, META_SIZE, PCAPNG_EPB, PKT, RECORD_PCAPNG, STACK
 from fcap.kernel.progopts import Maps, ProgramOptions, dump_area
 from fcap.points.spec import Point
@@ -104,7 +104,7 @@ def _perf_buffer(point: Point, options: ProgramOptions, maps: Maps) -> bool:
 
 
 # (the builder's own perf_output: XdpBuilder's appends a multi-buffer packet's frags)
-PERF_OUTPUT = Feature("perf buffer", on=_perf_buffer, stages={WRITE: methodcaller("perf_output")},
+PERF_OUTPUT = Part("perf buffer", on=_perf_buffer, stages={WRITE: methodcaller("perf_output")},
                       fields=("copy", "fast", "caplen", "orig", "ts1", "ts2"),
                       maps=(MapUse("events", "PERF_EVENT_ARRAY, a buffer per CPU; the session's"),),
                       reads="fcap.live.drain.FileDrain")

@@ -14,7 +14,7 @@ from bpf.uapi import Helper
 
 from fcap.kernel.drops import close_names, reason_value, short
 from fcap.points.spec import Point
-from fcap.kernel.feature import SELECT, Feature
+from fcap.kernel.parts import SELECT, Part
 from fcap.kernel.layout import STACK
 from fcap.errors import PathError, PredicateError
 from fcap.points.members import parse_path, root, walk
@@ -28,7 +28,7 @@ def emit_all(b) -> None:
         b.emit(pred(b))
 
 
-PREDICATES = Feature("predicates", on=lambda point, options, maps: bool(options.predicates),
+PREDICATES = Part("predicates", on=lambda point, options, maps: bool(options.predicates),
                      stages={SELECT: emit_all}, turns_away=True)
 
 

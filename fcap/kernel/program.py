@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 
 from bpf import asm
 from bpf.asm import (
@@ -14,8 +16,8 @@ from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
 from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, linkhdr, perfrec, pointinfo, predicates,
                          ringrec, stats, track, verdicts)
-from fcap.kernel.feature import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
-                                 SELECT, SELECTED, WRITE, Feature, active)
+from fcap.kernel.parts import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
+                                 SELECT, SELECTED, WRITE, Part, active)
 from fcap.kernel.filter import PACKET_FILTER
 from fcap.kernel.layout import (COPY_MAX, HDR_MAX, META, RING_COPY_MAX, START_DATA, START_MAC, START_NETWORK,
                                 START_SLL2, STACK)
@@ -23,7 +25,7 @@ from fcap.kernel.progopts import KernelOffsets, Maps, ProgramOptions, dump_area,
 from fcap.kernel.snapshot import Snapshot
 from fcap.points.spec import Point
 
-__all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "FEATURES", "Builder", "Maps", "ProgramOptions",
+__all__ = ["START_DATA", "START_MAC", "START_NETWORK", "START_SLL2", "PARTS", "Builder", "Maps", "ProgramOptions",
            "build", "scratch_size"]
 
 
@@ -39,11 +41,22 @@ class Builder:
         self.snap = None if point.typed else Snapshot()   # untyped: the skb's members from one copy of them
         self.items: list = []
         self._labels = 0
+        self._shared: dict[str, SimpleNamespace] = {}
 
     def fresh(self, prefix: str) -> str:
         """A label name not used before in this program."""
         self._labels += 1
         return f"{prefix}_{self._labels}"
+
+    def fresh_names(self, prefix: str, *names: str) -> SimpleNamespace:
+        """fresh() labels for the names one part's code jumps to across its functions, as attributes."""
+        return SimpleNamespace(**{n: self.fresh(f"{prefix}_{n}") for n in names})
+
+    def shared_names(self, prefix: str, *names: str) -> SimpleNamespace:
+        """fresh_names() made once per program: the labels one part's code at several stages jumps across."""
+        if prefix not in self._shared:
+            self._shared[prefix] = self.fresh_names(prefix, *names)
+        return self._shared[prefix]
 
     def emit(self, *items) -> None:
         for it in items:
@@ -96,9 +109,9 @@ class Builder:
         self.read(W, dst, R6, self.offsets.data_len)
 
     def build(self) -> list:
-        """The skeleton, with the features on for this program put in at their stages (fcap.kernel.feature)."""
-        self.features = active(FEATURES, self.point, self.options, self.maps)
-        self.clock_first = not any(f.turns_away for f in self.features)
+        """The skeleton, with the parts on for this program put in at their stages (fcap.kernel.parts)."""
+        self.parts = active(PARTS, self.point, self.options, self.maps)
+        self.clock_first = not any(f.turns_away for f in self.parts)
         self.prologue()
         for stage in (ENTRY, SELECT, SELECTED):
             self.stage(stage)
@@ -120,9 +133,9 @@ class Builder:
         return self.items
 
     def stage(self, stage: str) -> None:
-        """What the program's features emit at `stage`, in their declared order."""
-        for feature in self.features:
-            emit = feature.emitter(stage)
+        """What the program's parts emit at `stage`, in their declared order."""
+        for part in self.parts:
+            emit = part.emitter(stage)
             if emit is not None:
                 emit(self)
 
@@ -186,11 +199,12 @@ class Builder:
         # another link type)
         if not (self.options.meta or self.options.start == START_SLL2):
             return
+        no_dev = self.fresh("no_dev")
         self.read(DW, R8, R6, f.dev)
-        self.emit(jmp(JEQ, R8, 0, "no_dev"))
+        self.emit(jmp(JEQ, R8, 0, no_dev))
         self._read_store(R8, f.ifindex, "ifindex")
         self._read_store(R8, f.hatype, "hatype")
-        self.emit(label("no_dev"))
+        self.emit(label(no_dev))
         self.stage(DEVICE)   # (only where the device is recorded)
 
     def late_metadata(self) -> None:
@@ -220,12 +234,13 @@ class Builder:
         self.read(W, R8, R6, f.mark)
         self.emit(META.store(R7, "mark", R8))
         if f.net_inum is not None:
+            no_netns = self.fresh("no_netns")
             self.read(DW, R8, R6, f.dev)
-            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self.emit(jmp(JEQ, R8, 0, no_netns))
             self.read(DW, R8, R8, f.dev_net)
-            self.emit(jmp(JEQ, R8, 0, "no_netns"))
+            self.emit(jmp(JEQ, R8, 0, no_netns))
             self._read_store(R8, f.net_inum, "netns")
-            self.emit(label("no_netns"))
+            self.emit(label(no_netns))
 
     def _read_store(self, base: int, off: int, field: str) -> None:
         """META's `field` = *(base + off), as wide as META declares it."""
@@ -235,10 +250,10 @@ class Builder:
             self.emit(mov(R1, R7), addi(R1, META.off(field)), movi(R2, META.width(field)), mov(R3, base),
                       addi(R3, off), call(Helper.probe_read_kernel))
 
-    def protocol_from_version(self, tag: str = "") -> None:
+    def protocol_from_version(self) -> None:
         """R8 = skb->protocol, or where it is still 0 (before __ip_local_out sets it: fentry/ip_send_skb,
         udp_send_skb, ...) ETH_P_IP or ETH_P_IPV6 from the version nibble at the network header. Clobbers R9."""
-        f, known, v6 = self.offsets, f"proto_known{tag}", f"proto_v6{tag}"
+        f, known, v6 = self.offsets, self.fresh("proto_known"), self.fresh("proto_v6")
         self.emit(jmp(JNE, R8, 0, known))
         self.read(H, R9, R6, f.network)
         self.emit(jmp(JEQ, R9, 0xFFFF, known))
@@ -287,8 +302,8 @@ class Builder:
         """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""
         return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
 
-# Every per-packet feature of the capture program, in the order the builder runs each stage's
-FEATURES: tuple[Feature, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
+# Every part of the capture program, in the order the builder runs each stage's
+PARTS: tuple[Part, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
                                  PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, verdicts.VERDICT,
                                  kstack.STACKS, dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS,
                                  perfrec.PERF_OUTPUT, stats.COUNTS)

@@ -8,13 +8,13 @@ from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, OR, R0, R1, R2, R3, R4, R5,
                      R6, R7, R8, R9, SUB, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
                      lshi, rshi, st, stx)
-from bpf import features
+from bpf import probes
 from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.kernel import epbopts
 
 from fcap.kernel import kcomment, track
-from fcap.kernel.feature import WRITE, Feature, MapUse
+from fcap.kernel.parts import WRITE, Part, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
@@ -54,15 +54,17 @@ def element_size(ring_size: int) -> int:
 def emit(b) -> None:
     """The record into this CPU's file ring. In: R2 = copy, R8 = hdr_total (<= HDR_MAX), R7 scratch, R6 skb.
     Out: R0 = 0, or -1 when the record was dropped (no room, a nested writer, a failed read)."""
+    r = b.fresh_names("r", "copied", "count", "done", "fail", "frags", "in_order", "link_done", "noq", "opt_noq",
+                      "orig", "pos", "probe", "publish", "sec", "sec_set", "unlock", "words")
     # n = bytes from the skb (from offset skip), caplen = hdr + n
     b.emit(META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
-           asm.jmp(JSGT, R4, 0, "r_pos"), movi(R4, 0), label("r_pos"),
-           asm.jmp(JGT, R4, COPY_MAX, "r_fail"), stx(DW, FP, STACK.n, R4),
+           asm.jmp(JSGT, R4, 0, r.pos), movi(R4, 0), label(r.pos),
+           asm.jmp(JGT, R4, COPY_MAX, r.fail), stx(DW, FP, STACK.n, R4),
            alu64(ADD, R4, R8, reg=True), META.store(R7, "caplen", R4))
     if b.options.record == RECORD_PCAPNG:
-        _pcapng(b)
+        _pcapng(b, r)
     else:
-        _pcap(b)
+        _pcap(b, r)
 
 
 def writes_ring(point, options, maps) -> bool:
@@ -71,7 +73,7 @@ def writes_ring(point, options, maps) -> bool:
     return bool(point.typed and maps.ring)
 
 
-FILE_RING = Feature("file ring", on=writes_ring, stages={WRITE: emit}, fields=("caplen",),
+FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("caplen",),
                     layouts=("RING", "RING_INDEX"),
                     maps=(MapUse("ring", "mmapable ARRAY, an element (RING, the ring, RING_INDEX) per possible CPU; "
                                          "the session's"),
@@ -88,37 +90,37 @@ def _ring_comment(point, options, maps) -> bool:
 
 
 # what the file ring's pcapng blocks carry, laid out by the program itself (user space makes both for the other
-# records: fcap.kernel.layout.format_comment, fcap.features.epb.EpbOptions)
-COMMENT = Feature("comment", on=_ring_comment, layouts=("CAREA", "COMMENT"), within="file ring")
-EPB_OPTIONS = Feature("epb options", on=_ring_pcapng, within="file ring")
+# records: fcap.kernel.layout.format_comment, fcap.features.notes.RecordNotes)
+COMMENT = Part("comment", on=_ring_comment, layouts=("CAREA", "COMMENT"), within="file ring")
+EPB_OPTIONS = Part("epb options", on=_ring_pcapng, within="file ring")
 
 
-def _pcap(b) -> None:
+def _pcap(b, r) -> None:
     b.emit(META.load(R4, R7, "caplen"), addi(R4, PCAP_HDR), stx(DW, FP, STACK.ring_len, R4))
-    _reserve(b, 0)
+    _reserve(b, r, 0)
     # the record header in place (R1 + RING_CTRL), laid out as META's: ts_sec, ts_nsec (wall clock), caplen, len
     # (the second cached in the ring's control words: one division per second, not per packet)
     b.emit(META.load(R0, R7, "ts"), ld_imm64(R3, b.options.clock_offset_ns), alu64(ADD, R0, R3, reg=True),
-           RING.load(R3, R9, "sec_ns"), mov(R5, R0), alu64(SUB, R5, R3, reg=True), asm.jmp(JGE, R5, NS, "r_sec"),
-           RING.load(R3, R9, "sec"), ja("r_sec_set"),
-           label("r_sec"), mov(R3, R0), alu64(DIV, R3, NS), RING.store(R9, "sec", R3), mov(R5, R3),
+           RING.load(R3, R9, "sec_ns"), mov(R5, R0), alu64(SUB, R5, R3, reg=True), asm.jmp(JGE, R5, NS, r.sec),
+           RING.load(R3, R9, "sec"), ja(r.sec_set),
+           label(r.sec), mov(R3, R0), alu64(DIV, R3, NS), RING.store(R9, "sec", R3), mov(R5, R3),
            alu64(MUL, R5, NS), RING.store(R9, "sec_ns", R5), alu64(SUB, R0, R5, reg=True), mov(R5, R0),
-           label("r_sec_set"), META.store(R1, "ts1", R3, PCAP_AT), META.store(R1, "ts2", R5, PCAP_AT),
+           label(r.sec_set), META.store(R1, "ts1", R3, PCAP_AT), META.store(R1, "ts2", R5, PCAP_AT),
            META.load(R0, R7, "caplen"), META.store(R1, "caplen", R0, PCAP_AT))
-    _orig_len(b)
+    _orig_len(b, r)
     b.emit(META.store(R1, "orig", R5, PCAP_AT))
-    _bytes(b, PCAP_HDR)
-    _publish(b)
+    _bytes(b, r, PCAP_HDR)
+    _publish(b, r)
 
 
-def _pcapng(b) -> None:
+def _pcapng(b, r) -> None:
     text = kcomment.text_offset(b.maps.scratch_size)
     flags = EPB_DIRECTION.get(b.point.direction)
     verdict = epbopts.verdict(b.point)
     queue = epbopts.queue_always(b.point, b.options, b.maps)   # (else where FLAG_QUEUE says)
     opts = (8 if flags else 0) + 12 + (QUEUE_OPT if queue else 0) + (VERDICT_OPT if verdict else 0) + 4
     if b.options.comment:
-        kcomment.emit(b, text)
+        kcomment.emit(b, text, r.fail)
     # length: 28 + caplen padded to 4 + flags + packet id (+ queue) (+ verdict) (+ comment header + text padded
     # to 4) + end + trailer
     b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4))
@@ -127,10 +129,10 @@ def _pcapng(b) -> None:
     else:
         b.emit(addi(R4, 4))
     if not queue:
-        b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, "r_noq"), addi(R4, QUEUE_OPT),
-               label("r_noq"))
+        b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, r.noq), addi(R4, QUEUE_OPT),
+               label(r.noq))
     b.emit(stx(DW, FP, STACK.ring_len, R4))
-    _reserve(b, SPILL)
+    _reserve(b, r, SPILL)
     if track.in_ring(b.point, b.options, b.maps):
         _take_id(b)
     # the block's header in place (R1 + RING_CTRL), laid out as META's: two fields a store (fewer stores to fresh
@@ -140,20 +142,20 @@ def _pcapng(b) -> None:
            alu64(ADD, R0, R5, reg=True), mov(R5, R0), rshi(R5, 32), lshi(R5, 32), alu64(OR, R5, R3, reg=True),
            _pair("iface", "ts1", R5), asm.mov32(R0, R0), META.load(R3, R7, "caplen"), lshi(R3, 32),
            alu64(OR, R0, R3, reg=True), _pair("ts2", "caplen", R0))
-    _orig_len(b)
+    _orig_len(b, r)
     b.emit(META.store(R1, "orig", R5, EPB_AT))
-    _bytes(b, EPB_HDR)
-    _options(b, flags, queue, verdict, text)
-    _publish(b)
+    _bytes(b, r, EPB_HDR)
+    _options(b, r, flags, queue, verdict, text)
+    _publish(b, r)
 
 
-def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int) -> None:
+def _options(b, r, flags: int | None, queue: bool, verdict: tuple | None, text: int) -> None:
     """The EPB's options after the bytes padded to 4, in PCAPNG_OPTIONS' order: flags, packet id, queue (`queue`:
     always, else when FLAG_QUEUE), verdict, comment (unless --no-comment); end of options and trailer."""
     c = RING_CTRL
     # R1 = record start + caplen padded (options at R1 + c + 28)
-    b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, "r_unlock"),
-           alu64(ADD, R1, R9, reg=True), META.load(R2, R7, "caplen"), asm.jmp(JGT, R2, CAPLEN_MAX, "r_unlock"),
+    b.emit(ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, b.maps.ring_size - 1, r.unlock),
+           alu64(ADD, R1, R9, reg=True), META.load(R2, R7, "caplen"), asm.jmp(JGT, R2, CAPLEN_MAX, r.unlock),
            mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, c + EPB_HDR, 0),    # the padding's zeros
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True))
     k = c + EPB_HDR
@@ -168,8 +170,8 @@ def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int
         b.emit(value)
         k += QUEUE_OPT
     else:
-        b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, "r_opt_noq"), value,
-               addi(R1, QUEUE_OPT), label("r_opt_noq"))
+        b.emit(META.load(R0, R7, "flags"), andi(R0, FLAG_QUEUE), asm.jmp(JEQ, R0, 0, r.opt_noq), value,
+               addi(R1, QUEUE_OPT), label(r.opt_noq))
     if verdict:   # a constant: its value and padding as 32-bit stores
         value = verdict_value(*verdict)
         padded = value + bytes(VERDICT_OPT - 4 - len(value))
@@ -181,7 +183,7 @@ def _options(b, flags: int | None, queue: bool, verdict: tuple | None, text: int
     if not b.options.comment:   # end of options, trailer
         b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k, R0))
         return
-    b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, "r_unlock"),
+    b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, r.unlock),
            mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
     for j in range(0, TEXT_MAX, 8):
         b.emit(ldx(DW, R0, R7, text + j), stx(DW, R1, k + 4 + j, R0))
@@ -210,75 +212,75 @@ def _take_id(b) -> None:
            META.store(R7, "id", R3))
 
 
-def _orig_len(b) -> None:
+def _orig_len(b, r) -> None:
     """R5 = the original length from the linktype's start: hdr + max(len - skip, 0). Keeps R1."""
     b.emit(META.load(R5, R7, "len"), META.load(R3, R7, "skip"), alu64(SUB, R5, R3, reg=True),
-           asm.jmp(JSGT, R5, 0, "r_orig"), movi(R5, 0), label("r_orig"), alu64(ADD, R5, R8, reg=True))
+           asm.jmp(JSGT, R5, 0, r.orig), movi(R5, 0), label(r.orig), alu64(ADD, R5, R8, reg=True))
 
 
-def _reserve(b, spill: int) -> None:
+def _reserve(b, r, spill: int) -> None:
     """Room for STACK.ring_len bytes (+ spill) in this CPU's ring, taken for this writer. Out: R9 = the ring's
     element, R1 = R9 + the record's offset (the record at R1 + RING_CTRL), STACK.ring_off = the offset."""
     m = b.maps
     ring = m.ring_size
     b.emit(call(Helper.get_smp_processor_id), stx(W, FP, STACK.ring_key, R0),
            ld_map_fd(R1, m.ring), mov(R2, FP), addi(R2, STACK.ring_key), call(Helper.map_lookup_elem),
-           asm.jmp(JEQ, R0, 0, "r_fail"), mov(R9, R0),
+           asm.jmp(JEQ, R0, 0, r.fail), mov(R9, R0),
            # one writer at a time on this CPU (another point's program may interrupt this one)
-           RING.load(R0, R9, "busy"), asm.jmp(JNE, R0, 0, "r_fail"), RING.store_imm(R9, "busy", 1),
+           RING.load(R0, R9, "busy"), asm.jmp(JNE, R0, 0, r.fail), RING.store_imm(R9, "busy", 1),
            # an index entry free: (count - taken) < entries
            RING.load(R1, R9, "head"), mov(R5, R1), rshi(R5, HEAD_BITS), RING.load(R3, R9, "taken"),
-           alu64(SUB, R5, R3, reg=True), andi(R5, HEAD_COUNT), asm.jmp(JGE, R5, index_entries(ring), "r_unlock"),
+           alu64(SUB, R5, R3, reg=True), andi(R5, HEAD_COUNT), asm.jmp(JGE, R5, index_entries(ring), r.unlock),
            # room: (head - tail) + len + spill <= ring
            RING.load(R3, R9, "tail"), ld_imm64(R0, HEAD_POS),
            alu64(AND, R1, R0, reg=True), mov(R5, R1), alu64(SUB, R5, R3, reg=True),
            alu64(AND, R5, R0, reg=True), ldx(DW, R4, FP, STACK.ring_len), alu64(ADD, R5, R4, reg=True),
-           asm.jmp(JGT, R5, ring - spill, "r_unlock"),
+           asm.jmp(JGT, R5, ring - spill, r.unlock),
            andi(R1, ring - 1), stx(DW, FP, STACK.ring_off, R1), alu64(ADD, R1, R9, reg=True))
 
 
-def _bytes(b, hdr: int) -> None:
+def _bytes(b, r, hdr: int) -> None:
     """The link header bytes made in scratch (if any), then the skb's from offset skip, after the `hdr`-byte record
     header: one bpf_probe_read_kernel from skb->head when they are all linear, else (frags) through an skb dynptr.
     Needs R1 = record start, R8 = hdr_total, R9 = the element."""
     m = b.maps
-    b.emit(asm.jmp(JEQ, R8, 0, "r_link_done"), addi(R1, RING_CTRL + hdr), mov(R2, R8),
-           mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
-           label("r_link_done"),
+    b.emit(asm.jmp(JEQ, R8, 0, r.link_done), addi(R1, RING_CTRL + hdr), mov(R2, R8),
+           mov(R3, R7), addi(R3, PKT), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, r.unlock),
+           label(r.link_done),
            # R1 = where the skb's bytes go, R2 = n
-           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, "r_unlock"),
-           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
-           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
+           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, r.unlock),
+           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, r.unlock),
+           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, r.unlock),
            # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
            META.load(R0, R7, "len"), ldx(W, R3, R6, b.offsets.data_len), alu64(SUB, R0, R3, reg=True),
-           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, "r_frags", reg=True))
+           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, r.frags, reg=True))
     if b.options.head_loads:
-        _words(b)
+        _words(b, r)
     b.emit(ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
-           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
-           ja("r_copied"), label("r_frags"),
+           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, r.unlock),
+           ja(r.copied), label(r.frags),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
            mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
-           asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, "r_unlock"),
-           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, "r_unlock"),
-           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, "r_unlock"),
-           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, "r_unlock"),
+           asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, r.unlock),
+           ldx(DW, R1, FP, STACK.ring_off), asm.jmp(JGT, R1, m.ring_size - 1, r.unlock),
+           alu64(ADD, R1, R9, reg=True), addi(R1, RING_CTRL + hdr), asm.jmp(JGT, R8, HDR_MAX, r.unlock),
+           alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, r.unlock),
            mov(R3, FP), addi(R3, STACK.dynptr), META.load(R4, R7, "skip"), movi(R5, 0),
-           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, "r_unlock"), label("r_copied"))
+           call(Helper.dynptr_read), asm.jmp(JNE, R0, 0, r.unlock), label(r.copied))
 
 
-def _words(b) -> None:
+def _words(b, r) -> None:
     """Up to SMALL_COPY linear bytes copied by direct 8-byte loads through skb->head (no helper call), the last
     word's bytes past n cleared again. In: R1 = destination, R2 = n, R4 = skip. On to r_copied, or on when n is
     larger."""
-    b.emit(asm.jmp(JGT, R2, SMALL_COPY, "r_probe"), b.skb_head(R3), ldx(DW, R0, FP, STACK.dataoff),
+    b.emit(asm.jmp(JGT, R2, SMALL_COPY, r.probe), b.skb_head(R3), ldx(DW, R0, FP, STACK.dataoff),
            alu64(ADD, R3, R0, reg=True), alu64(ADD, R3, R4, reg=True))
     for i in range(0, SMALL_COPY, 8):
         if i:
-            b.emit(asm.jmp(JLE, R2, i, "r_words"))
+            b.emit(asm.jmp(JLE, R2, i, r.words))
         b.emit(ldx(DW, R0, R3, i), stx(DW, R1, i, R0))
-    b.emit(label("r_words"), mov(R0, R1), alu64(ADD, R0, R2, reg=True), st(DW, R0, 0, 0), ja("r_copied"),
-           label("r_probe"))
+    b.emit(label(r.words), mov(R0, R1), alu64(ADD, R0, R2, reg=True), st(DW, R0, 0, 0), ja(r.copied),
+           label(r.probe))
 
 
 def _advance_head() -> list:
@@ -287,28 +289,28 @@ def _advance_head() -> list:
     where the verifier takes one (6.15+): on x86 a plain store, where a locked add (the older kernels' way) waits
     for every store of the record to reach the cache first (~20 ns for a pcap record here, ~40 for a pcapng one)."""
     head = RING.off("head")
-    if features.store_release() is not None:
+    if probes.store_release() is not None:
         return [asm.fetch_add(DW, R9, head, R1)]
     return [RING.load(R2, R9, "head"), alu64(ADD, R1, R2, reg=True), asm.store_release(DW, R9, head, R1),
             mov(R1, R2)]
 
 
-def _publish(b) -> None:
+def _publish(b, r) -> None:
     """Copy a record's overflow past the ring's end to its start, publish it (position and count in one store of
     head), ring the doorbell when due, release the ring, and leave (to "out"); a failure sets R0 = -1 and falls
     through to the counting (seen and lost)."""
     m = b.maps
     ring = m.ring_size
     b.emit(ldx(DW, R3, FP, STACK.ring_off), ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R2, R3, reg=True),
-           asm.jmp(JLE, R2, ring, "r_publish"), addi(R2, -ring), asm.jmp(JGT, R2, REC_MAX, "r_unlock"),
+           asm.jmp(JLE, R2, ring, r.publish), addi(R2, -ring), asm.jmp(JGT, R2, REC_MAX, r.unlock),
            mov(R1, R9), addi(R1, RING_CTRL), mov(R3, R9), addi(R3, RING_CTRL + ring),
-           call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, "r_unlock"),
-           label("r_publish"),
+           call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, r.unlock),
+           label(r.publish),
            # a record older than the one before (this program interrupted another point's before it took the
            # ring) is counted: user space then merges this CPU's records one by one
            META.load(R0, R7, "ts"), RING.load(R4, R9, "last"), RING.store(R9, "last", R0),
-           asm.jmp(JGE, R0, R4, "r_in_order", reg=True), RING.load(R4, R9, "disorder"), addi(R4, 1),
-           RING.store(R9, "disorder", R4), label("r_in_order"),
+           asm.jmp(JGE, R0, R4, r.in_order, reg=True), RING.load(R4, R9, "disorder"), addi(R4, 1),
+           RING.store(R9, "disorder", R4), label(r.in_order),
            # the index entry (head's count & (entries - 1)): the timestamp and where the record ends
            RING.load(R2, R9, "head"), mov(R3, R2), rshi(R3, HEAD_BITS), andi(R3, index_entries(ring) - 1),
            lshi(R3, 4), alu64(ADD, R3, R9, reg=True), addi(R3, index_at(ring)),
@@ -320,14 +322,14 @@ def _publish(b) -> None:
            # the doorbell: a quarter of the ring in use after this record, not rung since user space cleared it
            ldx(DW, R2, FP, STACK.ring_len), alu64(ADD, R1, R2, reg=True), RING.load(R3, R9, "tail"),
            alu64(SUB, R1, R3, reg=True), ld_imm64(R0, HEAD_POS), alu64(AND, R1, R0, reg=True),
-           asm.jmp(JLT, R1, ring // 4, "r_done"), RING.load(R0, R9, "bell"), asm.jmp(JNE, R0, 0, "r_done"),
+           asm.jmp(JLT, R1, ring // 4, r.done), RING.load(R0, R9, "bell"), asm.jmp(JNE, R0, 0, r.done),
            RING.store_imm(R9, "bell", 1), st(DW, FP, STACK.bell, 0),
            ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, m.events), ld_imm64(R3, F_CURRENT_CPU),
            mov(R4, FP), addi(R4, STACK.bell), movi(R5, 8), call(Helper.perf_event_output),
            # a published record is counted by the ring's own count (user space adds it to the program's count of
            # failures: received = published + dropped), so success skips the counters (unless count_seen: the
            # per-point counts of a multi-point pcapng file's ISBs)
-           label("r_done"), RING.store_imm(R9, "busy", 0),
-           [movi(R0, 0), ja("r_count")] if b.options.count_seen else ja("out"),
-           label("r_unlock"), RING.store_imm(R9, "busy", 0),
-           label("r_fail"), movi(R0, -1), label("r_count"))
+           label(r.done), RING.store_imm(R9, "busy", 0),
+           [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"),
+           label(r.unlock), RING.store_imm(R9, "busy", 0),
+           label(r.fail), movi(R0, -1), label(r.count))

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from bpf.asm import DW, FP, JEQ, R0, R1, R2, R8, addi, call, jmp, label, ld_map_fd, ldx, mov, stx
 from bpf.uapi import Helper
 
-from fcap.kernel.feature import END, ENTRY, Feature, MapUse, always
+from fcap.kernel.parts import END, ENTRY, Part, MapUse, always
 from fcap.kernel.layout import COUNTER_HITS, COUNTER_LOST, COUNTER_SEEN, STACK
 
 
@@ -38,9 +38,9 @@ def emit_counts(b) -> None:
 
 
 _COUNTERS = MapUse("counters", "PERCPU_ARRAY, a value of COUNTERS u64s per point (key: the point id); the session's")
-HITS = Feature("hits", on=lambda point, options, maps: counts_hits(options), stages={ENTRY: emit_hit},
+HITS = Part("hits", on=lambda point, options, maps: counts_hits(options), stages={ENTRY: emit_hit},
                maps=(_COUNTERS,), reads="fcap.kernel.stats.read")
-COUNTS = Feature("counts", on=always, stages={END: emit_counts}, maps=(_COUNTERS,), reads="fcap.kernel.stats.read")
+COUNTS = Part("counts", on=always, stages={END: emit_counts}, maps=(_COUNTERS,), reads="fcap.kernel.stats.read")
 
 
 class PointStats(NamedTuple):

@@ -27,7 +27,7 @@ give the entries the LRU evicted."""
 
 from __future__ import annotations
 
-from bpf import asm, features
+from bpf import asm, probes
 from bpf.asm import (ADD, AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
                      call, exit_, jmp, label, ld_map_fd, ldx, mov, movi, st, stx)
 from bpf.btf import BTFError
@@ -35,7 +35,7 @@ from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
 from fcap.kernel import pointinfo
-from fcap.kernel.feature import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Feature, MapUse, has_skb
+from fcap.kernel.parts import BEFORE_FILTER, ENTRY, KEPT, SELECTED, Part, MapUse, has_skb
 from fcap.kernel.layout import ID_CPU_BITS, META, RECORD_PCAPNG, STACK, TRACK, TRACK_COUNTERS
 from fcap.points import kinds
 from fcap.points.spec import Point, tracepoint
@@ -143,7 +143,7 @@ def _new_id(b) -> None:
     b.emit(st(W, FP, STACK.track_ckey, 0), ld_map_fd(R1, b.maps.track_counters), mov(R2, FP),
            addi(R2, STACK.track_ckey), call(Helper.map_lookup_elem), jmp(JEQ, R0, 0, "out"), movi(R1, 1))
     off = TRACK_COUNTERS.off("next")
-    if features.atomic_fetch() is None:
+    if probes.atomic_fetch() is None:
         b.emit(asm.fetch_add(DW, R0, off, R1), addi(R1, 1))
     else:   # (5.10: an add, then a load; a program nested on this CPU between them would take the same id)
         b.emit(asm.atomic_add(DW, R0, off, R1), ldx(DW, R1, R0, off))
@@ -242,7 +242,7 @@ def _start(b) -> None:
 def _start_unless_inside_free(b) -> None:
     """An skb the map does not know (R6): a new packet (_start), except at a function inside a free (a multi-attach
     program: its cookie's bit says): there --track turns it away and otherwise it gets an id of its own, not entered.
-    On to "trk_known" either way."""
+    On to the label where the id is known (_shared) either way."""
     if b.options.starts_inside_free:
         _start(b)
         return
@@ -256,7 +256,7 @@ def _start_unless_inside_free(b) -> None:
         b.emit(asm.ja("out"))
     else:
         _new_id(b)
-        b.emit(asm.ja("trk_known"))
+        b.emit(asm.ja(_shared(b).known))
     if b.point.kind.multi:
         b.emit(label(starts))
         _start(b)
@@ -264,21 +264,27 @@ def _start_unless_inside_free(b) -> None:
 
 # ---- in the capture program ------------------------------------------------------------------------------------
 
+def _shared(b):
+    """The labels --track's code at several stages jumps across: where tracked skbs come in past the predicates,
+    past the filter, and where the packet's id is known."""
+    return b.shared_names("trk", "tracked", "filtered", "known")
+
+
 def emit_lookup(b) -> None:
     """--track, before the predicates: is this skb tracked? STACK.track_id = its packet id (0: no); tracked skbs
-    jump past the predicates to "trk_tracked" (emit_tracked_label). R6 skb, R7 scratch; uses R0-R5, R8, R9."""
-    _find(b, "trk_tracked")
+    jump past the predicates to where they come in (emit_tracked_label). R6 skb, R7 scratch; uses R0-R5, R8, R9."""
+    _find(b, _shared(b).tracked)
 
 
 def emit_tracked_label(b) -> None:
     """After the predicates: where tracked skbs come in."""
-    b.emit(label("trk_tracked"))
+    b.emit(label(_shared(b).tracked))
 
 
 def emit_skip_filter(b) -> None:
     """Before the filter (where there is one): tracked skbs go past it (to emit_filter_done's label)."""
     if b.options.filter is not None:
-        b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, "trk_filtered"))
+        b.emit(ldx(DW, R0, FP, STACK.track_id), jmp(JNE, R0, 0, _shared(b).filtered))
 
 
 def in_ring(point: Point, options, maps) -> bool:
@@ -300,14 +306,14 @@ def emit_filter_done(b) -> None:
         _new_id(b)
     else:
         if ident == IDENT_TRACK:
-            b.emit(label("trk_filtered"), ldx(DW, R1, FP, STACK.track_id), jmp(JNE, R1, 0, "trk_known"))
+            b.emit(label(_shared(b).filtered), ldx(DW, R1, FP, STACK.track_id), jmp(JNE, R1, 0, _shared(b).known))
         else:
-            _find(b, "trk_known")
+            _find(b, _shared(b).known)
         if is_free_point(b.point):
             _new_id(b)
         else:
             _start_unless_inside_free(b)
-        b.emit(label("trk_known"))
+        b.emit(label(_shared(b).known))
     b.emit(ldx(DW, R1, FP, STACK.track_id), META.store(R7, "id", R1))
     if uses_map(ident) and is_free_point(b.point):
         emit_untrack(b)
@@ -340,10 +346,10 @@ _MAP = MapUse("track", "the identity map: LRU hash, skb or head address -> TRACK
                       "sized by --track-max")
 _COUNTERS = MapUse("track_counters", "PERCPU_ARRAY, one TRACK_COUNTERS value: the id counters and the map's counts; "
                                      "the session's")
-PACKET_IDS = Feature("packet ids", on=lambda point, options, maps: options.ident != IDENT_NONE and has_skb(point),
+PACKET_IDS = Part("packet ids", on=lambda point, options, maps: options.ident != IDENT_NONE and has_skb(point),
                      stages={KEPT: emit_filter_done}, fields=("id",), maps=(_MAP, _COUNTERS),
                      reads="fcap.kernel.track.read_counters")
-TRACKING = Feature("track", on=lambda point, options, maps: options.ident == IDENT_TRACK and has_skb(point),
+TRACKING = Part("track", on=lambda point, options, maps: options.ident == IDENT_TRACK and has_skb(point),
                    stages={ENTRY: emit_lookup, SELECTED: emit_tracked_label, BEFORE_FILTER: emit_skip_filter},
                    turns_away=True,
                    maps=(_MAP, _COUNTERS), reads="fcap.kernel.track.evicted")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from bpf.asm import DW, FP, R0, R7, ldx
 
 from fcap.files.pcapfile import VERDICT_TC, VERDICT_XDP, verdict_name
-from fcap.kernel.feature import RECORD_META, Feature
+from fcap.kernel.parts import RECORD_META, Part
 from fcap.kernel.layout import META, STACK
 
 
@@ -36,5 +36,5 @@ def emit(b) -> None:
     b.emit(ldx(DW, R0, FP, STACK.ctx), ldx(DW, R0, R0, 8 * len(b.point.params)), META.store(R7, "verdict", R0))
 
 
-VERDICT = Feature("verdict", on=lambda point, options, maps: records_verdict(point), stages={RECORD_META: emit},
+VERDICT = Part("verdict", on=lambda point, options, maps: records_verdict(point), stages={RECORD_META: emit},
                   fields=("verdict",), reads="fcap.features.prog_verdict.VerdictNames")

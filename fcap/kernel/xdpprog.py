@@ -20,7 +20,7 @@ from bpf.uapi import Helper
 
 from fcap.files.linktypes import PACKET_HOST
 from fcap.kernel import perfrec
-from fcap.kernel.feature import DEVICE
+from fcap.kernel.parts import DEVICE
 from fcap.kernel.layout import META, PKT, START_NETWORK, START_SLL2, STACK
 from fcap.kernel.program import Builder
 
@@ -131,19 +131,20 @@ class XdpBuilder(Builder):
         self.emit(META.store(R7, "skb", R6), ldx(DW, R8, R6, x.data), ldx(DW, R9, R6, x.data_end),
                   stx(DW, FP, STACK.head, R8), st(DW, FP, STACK.dataoff, 0), alu64(SUB, R9, R8, reg=True))
         self.frags_len()
-        self.emit(META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, "xdp_proto"),
+        proto, no_dev = self.fresh("xdp_proto"), self.fresh("no_dev")
+        self.emit(META.store(R7, "len", R9), movi(R0, 0), jmp(JLT, R9, ETH_HLEN, proto),
                   mov(R1, FP), addi(R1, STACK.tmp), movi(R2, 2), mov(R3, R8), addi(R3, PROTO_AT),
                   st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(H, R0, FP, STACK.tmp),
-                  label("xdp_proto"), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", PACKET_HOST),
+                  label(proto), META.store(R7, "proto", R0), META.store_imm(R7, "pkt_type", PACKET_HOST),
                   self.store_point_id(R7, "point", R0), META.store_imm(R7, "flags", 0),
                   META.store_imm(R7, "ifindex", 0), META.store_imm(R7, "hatype", 0), META.store_imm(R7, "netns", 0))
         if not (self.options.meta or self.options.start == START_SLL2):
             return
         self.device(R8)
-        self.emit(jmp(JEQ, R8, 0, "no_dev"))
+        self.emit(jmp(JEQ, R8, 0, no_dev))
         self._read_store(R8, f.ifindex, "ifindex")
         self._read_store(R8, f.hatype, "hatype")
-        self.emit(label("no_dev"))
+        self.emit(label(no_dev))
         self.stage(DEVICE)
 
     def headers(self) -> None:
@@ -153,13 +154,14 @@ class XdpBuilder(Builder):
         skip = ETH_HLEN if start in (START_NETWORK, START_SLL2) else 0
         self.emit(META.store_imm(R7, "skip", skip))
         if start == START_SLL2:
+            noaddr = self.fresh("sll2_noaddr")
             self.emit(META.load(R0, R7, "proto"), stx(H, R7, PKT, R0), st(H, R7, PKT + 2, 0),
                       META.load(R0, R7, "ifindex"), be(R0, 32), stx(W, R7, PKT + 4, R0),
                       META.load(R0, R7, "hatype"), be(R0, 16), stx(H, R7, PKT + 8, R0),
                       st(H, R7, PKT + 10, 6 << 8), st(DW, R7, PKT + 12, 0),
-                      META.load(R9, R7, "len"), jmp(JLT, R9, ETH_HLEN, "sll2_noaddr"),
+                      META.load(R9, R7, "len"), jmp(JLT, R9, ETH_HLEN, noaddr),
                       mov(R1, R7), addi(R1, PKT + 12), movi(R2, 6), ldx(DW, R3, FP, STACK.head), addi(R3, ADDR_AT),
-                      call(Helper.probe_read_kernel), label("sll2_noaddr"))
+                      call(Helper.probe_read_kernel), label(noaddr))
         self.emit(movi(R8, 20 if start == START_SLL2 else 0), META.store(R7, "hdr", R8))
 
     def mark_and_netns(self) -> None:
@@ -168,10 +170,11 @@ class XdpBuilder(Builder):
         self.emit(META.store_imm(R7, "mark", 0))
         if f.net_inum is None:
             return
+        no_netns = self.fresh("no_netns")
         self.device(R8)
-        self.emit(jmp(JEQ, R8, 0, "no_netns"), ldx(DW, R8, R8, f.dev_net), jmp(JEQ, R8, 0, "no_netns"))
+        self.emit(jmp(JEQ, R8, 0, no_netns), ldx(DW, R8, R8, f.dev_net), jmp(JEQ, R8, 0, no_netns))
         self._read_store(R8, f.net_inum, "netns")
-        self.emit(label("no_netns"))
+        self.emit(label(no_netns))
 
     def ancillary_load(self, field: int, dst: int, reject: str) -> list:
         """The ancillary fields an XDP packet has: inbound (always), the CPU, a random number, ifindex and the

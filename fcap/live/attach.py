@@ -1,4 +1,4 @@
-"""The kernel half of a capture session: each unit's program loaded, then attached at its points (one link, or a
+"""The kernel half of a capture session: each group's program loaded, then attached at its points (one link, or a
 multi-attach group's); what the kernel refuses skipped where a glob allows it, else explained in one line."""
 
 from __future__ import annotations
@@ -37,40 +37,40 @@ def _explain_refusal(point: Point, e: BPFError) -> str:
 
 
 class Attach:
-    """Loading and attaching, for fcap.live.session.Session (its points, units, programs, links, skipped)."""
+    """Loading and attaching, for fcap.live.session.Session (its points, groups, programs, links, skipped)."""
 
     def _load_all(self, maps: cprog.Maps) -> None:
-        """A program per unit (a point, or a multi-attach group whose program takes the point id from the attach
+        """A program per group (a point, or a multi-attach group whose program takes the point id from the attach
         cookie). A glob's match that the kernel (or a predicate) refuses is skipped and noted in self.skipped; a
         group the kernel refuses falls back to a program per point. The points kept are numbered again in the
         order loaded. A refusal of every match is the error."""
         kept: list[Point] = []
         first_error: CaptureError | None = None
-        todo = list(self.units)
-        loaded: list[tuple[multi.Unit, Program]] = []
+        todo = list(self.groups)
+        loaded: list[tuple[multi.Group, Program]] = []
         while todo:
-            unit = todo.pop(0)
+            group = todo.pop(0)
             start = len(kept)
-            for i, p in enumerate(unit.points):
+            for i, p in enumerate(group.points):
                 p.id = start + i
             try:
-                target = unit.points[0] if unit.kind is None else multi.stand_in(unit.kind, unit.points)
+                target = group.points[0] if group.kind is None else multi.stand_in(group.kind, group.points)
                 prog = self._load_preferred(target, maps)
             except KernelRefusal:
                 raise
             except CaptureError as e:
-                if unit.kind is not None:   # a program per point, then
-                    todo[:0] = [multi.Unit(None, [p]) for p in unit.points]
+                if group.kind is not None:   # a program per point, then
+                    todo[:0] = [multi.Group(None, [p]) for p in group.points]
                     continue
-                p = unit.points[0]
+                p = group.points[0]
                 if not p.origin:
                     raise
                 first_error = first_error or e
                 self.skipped.append((p.spec, str(e)))
                 continue
             self.programs.append(prog)
-            loaded.append((unit, prog))
-            kept += unit.points
+            loaded.append((group, prog))
+            kept += group.points
         if not kept and first_error is not None:
             raise first_error
         self.points = kept
@@ -124,11 +124,11 @@ class Attach:
         refused: dict[str, str] = {}   # glob -> why its first match was refused
         names = multi.traceable() if any(u.kind is not None for u, _p in self.loaded) else None   # (once)
         try:
-            for unit, prog in self.loaded:
-                if unit.kind is not None:
-                    self._attach_group(unit, prog, attached, refused, names)
+            for group, prog in self.loaded:
+                if group.kind is not None:
+                    self._attach_group(group, prog, attached, refused, names)
                     continue
-                p = unit.points[0]
+                p = group.points[0]
                 try:
                     self.links.append(self._attach_one(p, prog))
                     attached.add(p.origin)
@@ -151,17 +151,17 @@ class Attach:
                 raise CaptureError(f"packet ids: {_explain_refusal(p, e)}") from None
         self.attached_ns = time.time_ns()
 
-    def _attach_group(self, unit: multi.Unit, prog: Program, attached: set, refused: dict,
+    def _attach_group(self, group: multi.Group, prog: Program, attached: set, refused: dict,
                       names: set[str] | None) -> None:
         """One program at a group's functions (fcap.live.multi.attach): the functions the kernel refuses are
         skipped, each glob's only where it refuses all of them."""
-        dropped = multi.attach(unit.kind, prog.fileno(), unit.points, self.links, names)
+        dropped = multi.attach(group.kind, prog.fileno(), group.points, self.links, names)
         out = {p.id for p, _why in dropped}
         for p, why in dropped:
             if not p.origin:
                 raise CaptureError(f"{p.spec}: {why}")
             self._refused(p, f"{p.spec}: {why}", refused)
-        attached.update(p.origin for p in unit.points if p.id not in out)
+        attached.update(p.origin for p in group.points if p.id not in out)
 
     def _refused(self, p: Point, why: str, refused: dict) -> None:
         self.skipped.append((p.spec, why))

@@ -41,7 +41,7 @@ EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
 
-# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.epb.EpbOptions)
+# For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.notes.RecordNotes)
 RecordOptions = Callable[[layout.Record], dict]
 
 

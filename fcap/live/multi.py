@@ -21,7 +21,7 @@ MAX_TRAMPOLINE_ARGS = 12   # arguments a trampoline takes at all (the kernel's M
 MAX_STRUCT_ARG = 16        # bytes of a struct a trampoline takes by value (two registers)
 
 
-class Unit(NamedTuple):
+class Group(NamedTuple):
     """Points that share one program: `kind` a multi kind (one link, the attach cookie the point id), or None (one
     point, its own program and link)."""
 
@@ -57,31 +57,31 @@ def cookie(p: Point) -> int:
                             drops.reason_arg(p))
 
 
-def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Unit]:
-    """The points in units, in the order of their first point. `allowed` False (per-point predicates or dumps that
-    read arguments other than the skb): a unit per point. `by_direction`: a program per direction too (the filter
+def plan(points: list[Point], allowed: bool = True, by_direction: bool = False) -> list[Group]:
+    """The points in groups, in the order of their first point. `allowed` False (per-point predicates or dumps that
+    read arguments other than the skb): a group per point. `by_direction`: a program per direction too (the filter
     or a predicate is built for the point's direction)."""
     if not allowed:
-        return [Unit(None, [p]) for p in points]
+        return [Group(None, [p]) for p in points]
     kind_for = {k: multi_kind(k) for k in {p.kind for p in points} if kinds.multi_for(k)}
-    groups: dict[tuple, list[Point]] = {}
+    by_key: dict[tuple, list[Point]] = {}
     order: list[tuple] = []
     for i, p in enumerate(points):
         m = kind_for.get(p.kind)
         key = _key(m, p, by_direction) if m is not None else None
         key = key if key is not None else ("single", i)
-        if key not in groups:
-            groups[key] = []
+        if key not in by_key:
+            by_key[key] = []
             order.append(key)
-        groups[key].append(p)
-    units = []
+        by_key[key].append(p)
+    groups = []
     for key in order:
-        ps = groups[key]
+        ps = by_key[key]
         if key[0] == "single" or len(ps) < MIN_GROUP:
-            units += [Unit(None, [p]) for p in ps]
+            groups += [Group(None, [p]) for p in ps]
         else:
-            units.append(Unit(key[0], ps))
-    return units
+            groups.append(Group(key[0], ps))
+    return groups
 
 
 def stand_in(kind: kinds.Kind, points: list[Point]) -> Point:

@@ -15,7 +15,7 @@ from dataclasses import fields
 
 from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 
 PCAP, PCAPNG = "pcap", "pcapng"
 
@@ -34,9 +34,9 @@ class Sink(ABC):
 
     def open(self, session) -> None:
         """Take the session's points (and, for a file, write its header and interfaces)."""
-        from fcap.features.epb import EpbOptions
+        from fcap.features.notes import RecordNotes
         self.session = session
-        self.options = EpbOptions(session)   # (pcapng options; what the features say of each record)
+        self.options = RecordNotes(session)   # (pcapng options; what the features say of each record)
 
     @abstractmethod
     def write(self, rec) -> None:

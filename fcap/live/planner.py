@@ -9,7 +9,7 @@ import itertools
 import os
 from typing import Callable, NamedTuple
 
-from bpf import features
+from bpf import probes
 from bpf.btf import BTF, BTFError
 from bpf.errors import BPFError
 from bpf.maps import online_cpus
@@ -21,7 +21,7 @@ from fcap.features import FEATURES, FLAGGED, selectors
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
 from fcap.kernel import ancillary, builders, layout, stats, track, variants
 from fcap.kernel import program as cprog
-from fcap.kernel.feature import has_skb
+from fcap.kernel.parts import has_skb
 from fcap.kernel.filter import compile_filter
 from fcap.live import multi
 from fcap.points import kinds, pointcaps, progpoints
@@ -90,7 +90,7 @@ class Planner:
         self.points: list[Point] = []
         self.linktype: LinkType | None = None
         self.cbpf: list | None = None
-        self.units: list[multi.Unit] = []   # the points by program: one each, or a multi-attach group
+        self.groups: list[multi.Group] = []   # the points by program: one each, or a multi-attach group
         self.dump_area = None     # fcap.kernel.dumps.Area when --dump PATHs are copied into the records
         self.parse = layout.parse_record   # a perf sample -> Record
         self.skipped: list[tuple[str, str]] = []   # (point, why) of glob matches the kernel refused
@@ -133,7 +133,7 @@ class Planner:
         """The capture writes a `fmt` file (pcap or pcapng; which one is known once the points are): the programs lay
         out its record headers, write finished records themselves where they can (unless `perf_buffer`), and record
         metadata only where the file keeps it. Once resolved, before anything is planned."""
-        assert self.points and not self.units, "write_file: after resolve(), before map_plan()"
+        assert self.points and not self.groups, "write_file: after resolve(), before map_plan()"
         self.cfg = self.cfg._replace(record=fmt, file=True, file_ring=not perf_buffer, meta=fmt != layout.RECORD_PCAP)
 
     def _points_of(self, spec: str) -> list[Point]:
@@ -187,7 +187,7 @@ class Planner:
                              ident=self.ident(), points=len(self.points),
                              starts_inside_free=track.only_inside_free(self.points), comment=self.cfg.comment,
                              **{f.name: getattr(self.cfg, f.name) for f in FLAGGED if f.option},
-                             division_tracked=self.cbpf is not None and features.division_ranges() is None)
+                             division_tracked=self.cbpf is not None and probes.division_ranges() is None)
 
     def ident(self) -> str:
         """How records get their packet ids (fcap.kernel.track.mode)."""
@@ -226,7 +226,7 @@ class Planner:
             raise CaptureError(self.skipped[0][1])
         self.points = kept
 
-    def plan(self) -> list[multi.Unit]:
+    def plan(self) -> list[multi.Group]:
         """The points by program (fcap.live.multi): many functions of one kind share a program and a link where the
         kernel has a multi-attach link for them and the program does per point only what the attach cookie says."""
         # --stack keeps a program per point too: its frames to skip are known per single kind (fcap.kernel.kstack)
@@ -237,8 +237,8 @@ class Planner:
         return multi.plan(self.points, allowed=not per_point_args, by_direction=by_direction)
 
     def _program_points(self) -> list[Point]:
-        """The points the programs are built for: each unit's point, or a group's stand-in."""
-        return [u.points[0] if u.kind is None else multi.stand_in(u.kind, u.points) for u in self.units]
+        """The points the programs are built for: each one-point group's point, or a group's stand-in."""
+        return [g.points[0] if g.kind is None else multi.stand_in(g.kind, g.points) for g in self.groups]
 
     def _helper_programs(self, maps: cprog.Maps):
         """The identity map's helpers (fcap.kernel.track): programs where the kernel frees that end its entries;
@@ -258,7 +258,7 @@ class Planner:
         skb dynptrs allowed there), else 0."""
         if not (self.cfg.file_ring and not self.cfg.immediate):
             return 0
-        if not all(p.typed for p in self.points) or any(u.kind is not None for u in self.units):
+        if not all(p.typed for p in self.points) or any(g.kind is not None for g in self.groups):
             return 0
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
             return 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames,
@@ -268,7 +268,7 @@ class Planner:
 
     def map_plan(self) -> MapPlan:
         """The maps the programs use, decided once for open() (which makes them) and dump() (which names them)."""
-        self.units = self.units or self.plan()
+        self.groups = self.groups or self.plan()
         cpus = online_cpus()
         pages = self._pages(len(cpus))
         kfunc = self._file_ring_kfunc()
@@ -288,11 +288,11 @@ class Planner:
         if plan.kfunc:   # the programs that write the file rings (map fd -4)
             maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc
         out = []
-        for unit, p in zip(self.units, self._program_points()):
-            if unit.kind is None:
+        for group, p in zip(self.groups, self._program_points()):
+            if group.kind is None:
                 out.append(f"; {p.spec}: {p.prototype()}  (skb: argument {p.skb_index})")
             else:
-                out.append(f"; {unit.kind}: {len(unit.points)} functions ({unit.points[0].name}, ...) in one link, "
+                out.append(f"; {group.kind}: {len(group.points)} functions ({group.points[0].name}, ...) in one link, "
                            f"the attach cookie the point id and its bits (skb: argument {p.skb_index})")
             out.append(asm.disassemble(self.build(p, maps)))
         if track.uses_map(self.ident()):
@@ -323,6 +323,6 @@ def protocol_predicate(ethertype: int) -> Callable:
 
     def emit(b: cprog.Builder) -> list:
         b.read(H, R8, cprog.R6, b.offsets.protocol)
-        b.protocol_from_version("_pred")
+        b.protocol_from_version()
         return [jmp(JNE, R8, loaded16(ethertype), "out")]
     return emit

@@ -7,7 +7,7 @@ import errno
 import time
 from typing import Callable
 
-from bpf import features
+from bpf import probes
 from bpf.errors import BPFError
 from bpf.link import Link
 from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, possible_cpus
@@ -43,7 +43,7 @@ class Session(Planner, Attach):
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         self.programs: list[Program] = []
-        self.loaded: list[tuple[multi.Unit, Program]] = []   # each unit's program, in the order loaded
+        self.loaded: list[tuple[multi.Group, Program]] = []   # each group's program, in the order loaded
         self.links: list[Link] = []
         self.maps: list = []
         self.buffer: PerfBuffer | None = None
@@ -69,7 +69,7 @@ class Session(Planner, Attach):
         """Resolve, compile, create maps, load every program (nothing attached yet)."""
         if not self.points:
             self.resolve()
-        err = features.bpf_syscall()
+        err = probes.bpf_syscall()
         if err is not None:
             raise CaptureError(f"cannot use BPF: {err.reason}")
         # sampled once: the programs add it to their record headers' timestamps, user space to the others

@@ -11,7 +11,7 @@ import errno
 import os
 from typing import NamedTuple, Protocol
 
-from bpf import asm, features
+from bpf import asm, probes
 from bpf.errors import BPFError, NotSupported
 from bpf.link import (Link, attach_kprobe, attach_kprobe_multi, attach_raw_tracepoint, attach_tracing,
                       attach_tracing_multi)
@@ -154,9 +154,9 @@ class Kind:
         return attach_tracing(prog_fd, point.spec)
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
-        """The cached bpf.features probe of whether this kernel loads programs of this kind (at BTF id `btf_id`
+        """The cached bpf.probes probe of whether this kernel loads programs of this kind (at BTF id `btf_id`
         where the kind attaches to one); None when it does. The probe is per kind: its first answer stays."""
-        return features.tracing_program(self.attach_type, btf_id, btf_obj_fd, label=f"{self.name} programs")
+        return probes.tracing_program(self.attach_type, btf_id, btf_obj_fd, label=f"{self.name} programs")
 
     def refusal(self, point: PointLike, alternative: str) -> str | None:
         """One line when the kernel refuses every program of this kind (so every point alike), naming the
@@ -165,7 +165,7 @@ class Kind:
 
     def explain(self, point: PointLike, e: BPFError, alternative: str) -> str:
         """The kernel's refusal `e` to load or attach a program at `point`, in one line."""
-        problem = features.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
+        problem = probes.privilege_problem() if e.errno in (errno.EPERM, errno.EACCES) else None
         if problem:
             return f"{point.spec}: the kernel refused the program ({errno.errorcode[e.errno]}): {problem}"
         if e.errno == errno.EPERM:
@@ -302,7 +302,7 @@ class _Kprobe(Kind):
         return attach_kprobe(prog_fd, point.name)
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
-        return features.kprobe_program()
+        return probes.kprobe_program()
 
     def refusal(self, point: PointLike, alternative: str) -> str | None:
         refused = self.probe()
@@ -344,10 +344,10 @@ class _TracingMulti(Kind):
 
     def load_attach_type(self) -> int:
         """The attach type as this kernel numbers it (read from its BTF)."""
-        return features.attach_type(self.attach_type.name)
+        return probes.attach_type(self.attach_type.name)
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
-        return features.tracing_multi(self.attach_type.name)
+        return probes.tracing_multi(self.attach_type.name)
 
     def attach_many(self, prog_fd: int, points: list[PointLike], cookies: list[int]) -> Link:
         """One link running the program at every point, bpf_get_attach_cookie() giving the cookie at the same
@@ -385,7 +385,7 @@ class _KprobeMulti(_Kprobe):
     single = KPROBE
 
     def probe(self, btf_id: int = 0, btf_obj_fd: int = 0) -> NotSupported | None:
-        return features.kprobe_multi()
+        return probes.kprobe_multi()
 
     def attach_many(self, prog_fd: int, points: list[PointLike], cookies: list[int]) -> Link:
         return attach_kprobe_multi(prog_fd, [p.name for p in points], cookies,
@@ -424,7 +424,7 @@ class _OnProgram(_Trampoline):
     alternative = ""          # what sees the same packets where the kernel refuses fentry/fexit
 
     def refusal(self, point: PointLike, alternative: str) -> str | None:
-        refused = features.tracing_program(self.attach_type, point.btf_id, point.target.fd,
+        refused = probes.tracing_program(self.attach_type, point.btf_id, point.target.fd,
                                            label=f"{self.name} programs")
         if refused is not None and refused.errno == errno.EPERM:
             return self.explain(point, refused, alternative)

@@ -1,11 +1,11 @@
-"""What this kernel lets the program at one capture point do, tried for real once per kind of point (bpf.features
+"""What this kernel lets the program at one capture point do, tried for real once per kind of point (bpf.probes
 caches each answer): read frags through skb dynptrs, load through skb->head, call bpf_get_current_task_btf."""
 
 from __future__ import annotations
 
 import contextlib
 
-from bpf import asm, features
+from bpf import asm, probes
 from bpf.btf import BTF
 from bpf.errors import BPFError
 from bpf.maps import ArrayMap
@@ -30,7 +30,7 @@ def dynptr_kfunc(point: Point) -> int:
                  asm.kfunc_call(f.id), asm.movi(asm.R0, 0), asm.exit_()]
         load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
              attach_btf_id=point.btf_id, what="probe skb dynptr").close()
-    return f.id if features.probe(f"skb dynptr in {point.kind}", fn) is None else 0
+    return f.id if probes.probe(f"skb dynptr in {point.kind}", fn) is None else 0
 
 
 def head_loads(point: Point) -> bool:
@@ -59,7 +59,7 @@ def head_loads(point: Point) -> bool:
                 load(ProgType.TRACING, items, name="probe", expected_attach_type=point.kind.attach_type,
                      attach_btf_id=point.btf_id, attach_btf_obj_fd=obj_fd,
                      what="probe loads through skb->head beside a copy's").close()
-    return features.probe(f"loads through skb->head in {point.kind}", fn) is None
+    return probes.probe(f"loads through skb->head in {point.kind}", fn) is None
 
 
 def task_btf(point: Point) -> bool:
@@ -68,7 +68,7 @@ def task_btf(point: Point) -> bool:
         return False
     try:
         with btf_obj_fd(point) as obj_fd:
-            return features.helper(Helper.get_current_task_btf, ProgType.TRACING, point.kind.attach_type,
+            return probes.helper(Helper.get_current_task_btf, ProgType.TRACING, point.kind.attach_type,
                                    point.btf_id, obj_fd, label=f"{point.kind} programs") is None
     except BPFError:
         return False

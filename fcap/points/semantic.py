@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 from typing import NamedTuple
 
-from bpf import features
+from bpf import probes
 from bpf.btf import BTFError
 from bpf.errors import BPFError
 
@@ -143,7 +143,7 @@ def _probe(p: Point) -> str:
             policy = p.kind.probe(p.btf_id, fd)
             if policy is not None and policy.errno == errno.EPERM:   # the kind is refused here altogether
                 return f"this kernel refuses {p.kind} programs (EPERM)"
-            r = features.tracing_program(p.kind.attach_type, p.btf_id, fd, label=p.spec)
+            r = probes.tracing_program(p.kind.attach_type, p.btf_id, fd, label=p.spec)
         return f"the kernel will not load a program there ({r.reason})" if r is not None else ""
     except (BPFError, BTFError) as e:
         return str(e)

@@ -14,7 +14,7 @@ from fcap.files import linktypes
 from fcap.files.pcapfile import verdict_name
 from fcap.text.dissect import dissect
 from fcap.text.dissect.common import ether_json, ether_layers
-from fcap.text.packet import Packet
+from fcap.packet import Packet
 
 # the Packet attributes written as they are, in its order, when known: all but those written otherwise (a feature's
 # new Packet attribute is a JSON key with no more said)

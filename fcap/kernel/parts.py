@@ -1,8 +1,8 @@
-"""Per-packet features of the capture program, each declared once.
+"""The parts of the capture program, each declared once (a part: what the program does for one per-packet matter).
 
 A capture program (fcap.kernel.program.Builder) is a fixed skeleton (the skb from the context, the scratch value, the
-metadata the link headers need, the link header bytes, the timestamp and task, the copy length) with the features
-a capture asks for put in at named stages. A Feature says:
+metadata the link headers need, the link header bytes, the timestamp and task, the copy length) with the parts
+a capture asks for put in at named stages. A Part says:
 - on: whether it is on for this program (from the point, the program's ProgramOptions and its Maps);
 - fields, flags, layouts: what it writes into the record (META's fields and flags, other declared layouts such as
   the dump area; the layouts themselves are declared once, in fcap.kernel.layout);
@@ -11,8 +11,8 @@ a capture asks for put in at named stages. A Feature says:
 - reads: what user space reads back of it, if anything (a dotted name: fcap.kernel does not import the floors that
   read);
 - turns_away: whether it may leave for "out" before the record is made (predicates, filter, tracking).
-The builder runs each stage's features in program.FEATURES' order, so the order of a stage's features is declared
-there too. A feature whose code another feature's stage emits (the pcapng comment, inside the file ring's record)
+The builder runs each stage's parts in program.PARTS' order, so the order of a stage's parts is declared
+there too. A part whose code another part's stage emits (the pcapng comment, inside the file ring's record)
 names that one in `within` instead of having stages of its own."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ When = Callable[["object", "object", "object"], bool]   # (point, options, maps)
 
 
 class MapUse(NamedTuple):
-    """A map a feature's code uses: the Maps attribute holding its fd, and what it is (type, value, who makes it)."""
+    """A map a part's code uses: the Maps attribute holding its fd, and what it is (type, value, who makes it)."""
 
     attr: str
     what: str
@@ -59,8 +59,8 @@ def has_skb(point) -> bool:
 
 
 @dataclass(frozen=True, eq=False)
-class Feature:
-    """One per-packet feature of the capture program (see the module's docstring)."""
+class Part:
+    """One part of the capture program (see the module's docstring)."""
 
     name: str
     on: When
@@ -70,19 +70,19 @@ class Feature:
     maps: tuple = ()                                 # MapUse
     layouts: tuple = ()                              # other fcap.kernel.layout declarations it writes (by name)
     reads: str = ""                                  # user space's reader (dotted name), "" for none
-    within: str = ""                                 # the feature whose stage emits this one's code
+    within: str = ""                                 # the part whose stage emits this one's code
     turns_away: bool = False                         # may leave for "out" before the record (the clock is read
                                                      # after it; else first: fcap.kernel.program.Builder.clock_first)
 
     def __post_init__(self):
         unknown = set(self.stages) - set(STAGES)
         if unknown:
-            raise ValueError(f"feature {self.name}: no such stage {sorted(unknown)}")
+            raise ValueError(f"part {self.name}: no such stage {sorted(unknown)}")
 
     def emitter(self, stage: str) -> Emit | None:
         return self.stages.get(stage)
 
 
-def active(features: tuple, point, options, maps) -> list:
-    """The features on for one program, in their declared order."""
-    return [f for f in features if f.on(point, options, maps)]
+def active(parts: tuple, point, options, maps) -> list:
+    """The parts on for one program, in their declared order."""
+    return [f for f in parts if f.on(point, options, maps)]

@@ -1,4 +1,5 @@
-"""What fcap can do on this kernel: each feature tried for real (load, attach) and reported as one line."""
+"""`fcap features`: what fcap can do on this kernel, each capability probed for real (load, attach: bpf.probes) and
+reported as one line."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def check_module() -> Result:
 
 
 def check_pidcomm() -> Result:
-    from bpf import features
+    from bpf import probes
     from bpf.uapi import Helper
 
     from fcap.live.session import Config, Session
@@ -110,7 +111,7 @@ def check_pidcomm() -> Result:
     r = _try("pidcomm", lambda: _capture("tp_btf/net_dev_queue"))
     if not r.ok:
         return r
-    why = features.helper(Helper.get_current_task_btf, p.kind.prog_type, p.kind.attach_type, p.btf_id,
+    why = probes.helper(Helper.get_current_task_btf, p.kind.prog_type, p.kind.attach_type, p.btf_id,
                           label=f"{p.kind} programs")   # (what pointcaps.task_btf asked: cached)
     reason = why.reason if why is not None else "not callable from tp_btf programs"
     return Result("pidcomm", True, f"yes, through get_current_pid_tgid + get_current_comm: {reason}")
@@ -177,9 +178,9 @@ def filter_note(session) -> str:
 
 
 def check_ringbuf() -> Result:
-    from bpf import features
+    from bpf import probes
     from bpf.uapi import MapType
-    err = features.map_type(MapType.RINGBUF)
+    err = probes.map_type(MapType.RINGBUF)
     if err is None:
         return Result("ringbuf", True, "yes")
     return Result("ringbuf", False, f"no BPF_MAP_TYPE_RINGBUF: {err.reason} (Linux 5.8+)")
@@ -205,7 +206,7 @@ def check_multi(key: str, single) -> Result:
         try:
             s.open()
             s.attach()
-            groups = [u for u in s.units if u.kind is m]
+            groups = [u for u in s.groups if u.kind is m]
             # (the other links: --track's ends of a packet's life, which several points attach)
             if not groups or len([link for link in s.links if link.what.startswith(m.name)]) != 1:
                 raise CaptureError(f"{m.name}: the points were not attached through one link")

@@ -12,7 +12,7 @@ from fcap.kernel.epbopts import verdict
 from fcap.kernel.layout import EPB_DIRECTION
 
 
-class EpbOptions:
+class RecordNotes:
     """Made once per output (session: the capture, its points resolved). Called with a record: its block's options
     (keyword arguments of PcapngWriter.write and epb_parts): direction, comment (None with --no-comment), packet
     id, queue, verdict."""
