@@ -282,7 +282,9 @@ def _lives(trace: str) -> tuple[dict[tuple[str, int], list[tuple[int, int]]], di
     return out, iplen
 
 
-PACE = 0.02 * SLOW   # the oracle's datagrams this far apart: a record matches its passage of the trace unmistakably
+# the oracle's datagrams this far apart: a record matches its passage of the trace unmistakably, within half of it
+# (an emulated CPU stalls for up to ~0.1 s between the trace's probe and fcap's: 102 ms seen on 6.1 under TCG)
+PACE = 0.05 * SLOW
 
 
 def test_track_ids_stay_in_one_life(tmp_path, veth_ns):
