@@ -216,11 +216,13 @@ class PrintSink(Sink):
         super().open(session)
         points = session.points
         self.names = {p.id: p.alias or p.spec for p in points} if len(points) > 1 else {}
-        self.pending = _pending(self.printer, self.options, session.linktype.number)
+        self.pending = None
         if self.lines:
             from fcap.live.printbatch import LinesWriter
             self.writer = LinesWriter(self.printer)
             self.writer.add_interface(points[0].if_name, session.linktype.number, session.cfg.snaplen)
+        else:
+            self.pending = _pending(self.printer, self.options, session.linktype.number)
 
     def write(self, rec) -> None:
         session = self.session

@@ -13,6 +13,7 @@ import socket
 from fcap.defaults import NS, SNAPLEN
 from fcap.live.fastmerge import np
 from fcap.text.dissect import common
+from fcap.text.dissect.transport import conversation, relative
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
 _TS_OPTION = 0x0101080A   # nop, nop, TS of length 10: the options of nearly every segment after the handshake
@@ -173,15 +174,7 @@ def _in_order(seqs: dict | None, c: Columns, fields, data: bytes, slow) -> dict[
             continue
         if len(seqs) > 100_000:
             seqs.clear()
-        key = keys[cid]
-        base = seqs.get(key)
-        s, a = seq[i], ack[i]
-        if base is None or f & 0x02:
-            seqs[key] = ((a - 1) & M32, s) if r else (s, (a - 1) & M32)
-        elif r:
-            seq[i], ack[i] = (s - base[1]) & M32, (a - base[0]) & M32
-        else:
-            seq[i], ack[i] = (s - base[0]) & M32, (a - base[1]) & M32
+        seq[i], ack[i], _ = relative(seqs, keys[cid], r, seq[i], ack[i], f)
     c.seq, c.ack = np.array(seq, np.int64), np.array(ack, np.int64)
     return texts
 
@@ -198,12 +191,11 @@ def _tcp_flows(c: Columns, fields, data: bytes, rows) -> tuple:
     words = np.column_stack((lo, hi, ports | c.ver.astype(np.uint64) << np.uint64(32)))
     flow, first = _ids(np.where(rows[:, None], words, 0))
     keys = []
-    for row, r in zip(first.tolist(), rev[first].tolist()):
+    for row in first.tolist():   # (each connection's key as the printers make it, from its first segment here)
         a, ver = int(fields["at"][row]), int(c.ver[row])
         srcb, dstb = (data[a + 26:a + 30], data[a + 30:a + 34]) if ver == 4 else \
             (data[a + 22:a + 38], data[a + 38:a + 54])
-        sp, dp = int(c.sport[row]), int(c.dport[row])
-        keys.append((dstb, srcb, dp << 16 | sp) if r else (srcb, dstb, sp << 16 | dp))
+        keys.append(conversation(srcb, dstb, int(c.sport[row]), int(c.dport[row]))[0])
     return flow, rev, keys
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from fcap.files.linktypes import VLAN_TPIDS
-from fcap.text.dissect.transport import TCP_FLAG_NAMES
+from fcap.text.dissect.transport import TCP_FLAG_NAMES, conversation, relative
 
 M32 = 0xFFFFFFFF
 _FLAGS = tuple("".join(c for bit, c in ((0x01, "F"), (0x02, "S"), (0x04, "R"), (0x08, "P"), (0x10, "."),
@@ -127,15 +127,8 @@ def _tcp(data: bytes, off: int, length: int, hlen: int, seqs: dict | None, ver: 
             srcb, dstb = data[26:30], data[30:34]
         else:
             srcb, dstb = data[22:38], data[38:54]
-        rev = sport > dport or (sport == dport and srcb > dstb)
-        key = (dstb, srcb, dport << 16 | sport) if rev else (srcb, dstb, sport << 16 | dport)
-        base = seqs.get(key)
-        if base is None or flags & 0x02:
-            seqs[key] = ((ack - 1) & M32, seq) if rev else (seq, (ack - 1) & M32)
-        elif rev:
-            seq, ack = (seq - base[1]) & M32, (ack - base[0]) & M32
-        else:
-            seq, ack = (seq - base[0]) & M32, (ack - base[1]) & M32
+        key, rev = conversation(srcb, dstb, sport, dport)
+        seq, ack, _ = relative(seqs, key, rev, seq, ack, flags)
     parts = ["Flags [", _FLAGS[flags], "]"]
     if length > 0:
         parts.append(f", seq {seq}:{(seq + length) & M32}")

@@ -30,6 +30,25 @@ def addresses(p: PrintState, ip_off: int, ver: int) -> tuple[str, str, bytes, by
 
 # ------------------------------------------------------------------------------------------ TCP
 
+
+def conversation(srcb: bytes, dstb: bytes, sport: int, dport: int) -> tuple[tuple, bool]:
+    """A TCP segment's key in the table of relative sequence numbers (either direction the same) and whether it
+    goes the reverse way (the greater port, or address, first), as tcpdump keys its table."""
+    rev = sport > dport or (sport == dport and srcb > dstb)
+    return ((dstb, srcb, dport << 16 | sport) if rev else (srcb, dstb, sport << 16 | dport)), rev
+
+
+def relative(seqs: dict, key: tuple, rev: bool, seq: int, ack: int, flags: int) -> tuple[int, int, tuple]:
+    """tcpdump's relative sequence numbers of a segment with an ACK: (seq, ack, the conversation's base). A SYN,
+    or the first segment seen, sets the base and keeps its own numbers."""
+    base = seqs.get(key)
+    if base is None or flags & 0x02:
+        seqs[key] = base = ((ack - 1) & M32, seq) if rev else (seq, (ack - 1) & M32)
+        return seq, ack, base
+    if rev:
+        return (seq - base[1]) & M32, (ack - base[0]) & M32, base
+    return (seq - base[0]) & M32, (ack - base[1]) & M32, base
+
 def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     p.proto = "tcp"
     src, dst, srcb, dstb, first_nh = addresses(p, ip_off, ver)
@@ -49,16 +68,8 @@ def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     p.add("Flags [%s]" % ("".join(c for bit, c in _TCP_FLAGS if flags & bit) or "none"))
     rev, thseq, thack = False, 0, 0
     if p.seqs is not None and flags & 0x10:  # tcpdump's relative sequence numbers, one entry per conversation
-        rev = sport > dport or (sport == dport and srcb > dstb)
-        key = (dstb, srcb, dport << 16 | sport) if rev else (srcb, dstb, sport << 16 | dport)
-        base = p.seqs.get(key)
-        if base is None or flags & 0x02:
-            p.seqs[key] = base = ((ack - 1) & M32, seq) if rev else (seq, (ack - 1) & M32)
-        elif rev:
-            seq, ack = (seq - base[1]) & M32, (ack - base[0]) & M32
-        else:
-            seq, ack = (seq - base[0]) & M32, (ack - base[1]) & M32
-        thseq, thack = base
+        key, rev = conversation(srcb, dstb, sport, dport)
+        seq, ack, (thseq, thack) = relative(p.seqs, key, rev, seq, ack, flags)
     if hlen > length:
         p.add(f" [bad hdr length {hlen} - too long, > {length}]")
         return
