@@ -308,7 +308,8 @@ def test_records_by_field_name():
     from fcap.api import Packet
     from fcap.features.metadata import METADATA as _METADATA
     from fcap.kernel.layout import COMMENT, Record
-    assert _METADATA == ("skb", "pid", "tid", "comm", "ifindex", "netns", "mark")
+    assert set(_METADATA) == {"skb", "pid", "tid", "comm", "ifindex", "netns", "mark"}
+    assert _METADATA == tuple(attr for _p, attr, _s in COMMENT if attr in _METADATA)   # (the comment's order)
     assert set(_METADATA) <= set(Record._fields) & {attr for _p, attr, _s in COMMENT}
     assert all(hasattr(Packet(ts_ns=0, point=None, data=b"", orig_len=0, linktype=1), n) for n in _METADATA)
 

@@ -86,11 +86,14 @@ def test_a_drop_record_matches_its_packets_headers():
 
 
 def test_names_with_spaces_stay_one_word_of_the_comment():
+    from fcap.features.nft_rule import COMMENT
+    from fcap.features.unit import keyed_text
     d = nftrace.Decision("inet", "my table", "in put", None, IP, b"", 0, 0)
-    assert nftrace.text(d.values()) == " nft_family=inet nft_table=my\\x20table nft_chain=in\\x20put nft_policy=drop"
+    assert keyed_text(COMMENT, d.values()) == \
+        " nft_family=inet nft_table=my\\x20table nft_chain=in\\x20put nft_policy=drop"
     from fcap.api import parse_comment
     base = "skb=0x" + "0" * 16 + " pid=1 tid=1 comm=x ifindex=1 mark=0x0 netns=1 proto=0x0800 pkt_type=0 len=1"
-    assert parse_comment(base + " reason=NETFILTER_DROP at=nf_hook_slow+0x1" + nftrace.text(d.values()))[
+    assert parse_comment(base + " reason=NETFILTER_DROP at=nf_hook_slow+0x1" + keyed_text(COMMENT, d.values()))[
         "nft_table"] == "my\\x20table"
 
 

@@ -80,17 +80,17 @@ def capture(root, tmp_path) -> tuple:
 
 
 def test_field_table_is_the_comments_declaration():
-    """Every key the comment declares (fcap.features.comments: layout.COMMENT, ctxnames.CONTEXT_COMMENT,
-    drops.DROP_COMMENT, nftrace.NFT_COMMENT, verdicts.VERDICT_COMMENT, kstack.STACK_COMMENT) has its field, named as
-    fcap reads it."""
+    """Every key the comment declares (fcap.features.comments: layout.COMMENT, made from fcap.kernel.record, and the
+    COMMENT of packet_context, drop_reason, nft_rule, prog_verdict and kernel_stack) has its field, named as fcap
+    reads it."""
     from fcap.commands.wireshark import comment_fields, dissector_text, field_names
     from fcap.features.comments import SECTIONS
-    from fcap.host.ctxnames import CONTEXT_COMMENT
-    from fcap.kernel.drops import DROP_COMMENT
-    from fcap.kernel.kstack import STACK_COMMENT
+    from fcap.features.packet_context import COMMENT as CONTEXT_COMMENT
+    from fcap.features.drop_reason import COMMENT as DROP_COMMENT
+    from fcap.features.kernel_stack import COMMENT as STACK_COMMENT
     from fcap.kernel.layout import COMMENT
-    from fcap.host.nftrace import NFT_COMMENT
-    from fcap.kernel.verdicts import VERDICT_COMMENT
+    from fcap.features.nft_rule import COMMENT as NFT_COMMENT
+    from fcap.features.prog_verdict import COMMENT as VERDICT_COMMENT
     assert SECTIONS == (COMMENT, CONTEXT_COMMENT, DROP_COMMENT, NFT_COMMENT, VERDICT_COMMENT, STACK_COMMENT)
     assert [f for _k, f, _s in comment_fields()] == [attr for section in SECTIONS for _p, attr, _s in section]
     assert ("at", "location", "str") in comment_fields() and ("skb", "skb", "hex16") in comment_fields()

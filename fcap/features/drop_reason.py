@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
-from fcap.features.unit import Annotator, PacketFeature
+from fcap.features.unit import Annotator, PacketFeature, keyed_text
 from fcap.kernel import drops
+
+# What a drop point's comment adds after the metadata's: (text before, attribute, style); the reason and the location
+# as names, ' reason=NO_SOCKET at=FUNC+0xOFF' (no reason where the kernel's drop point has none)
+COMMENT = ((" reason=", "reason", "str"), (" at=", "location", "str"))
 
 
 class DropNames(Annotator):
@@ -15,7 +19,7 @@ class DropNames(Annotator):
         self.names = drops.Names()
 
     def text(self, rec) -> str:
-        return self.names.text(rec, self.has_reason[rec.point]) if rec.point in self.has_reason else ""
+        return keyed_text(COMMENT, self.values(rec))
 
     def values(self, rec) -> dict:
         reason, location = self.drop(rec)
@@ -40,6 +44,6 @@ def drop_names(points) -> DropNames | None:
 
 
 FEATURE = PacketFeature(
-    "drop", comment=drops.DROP_COMMENT, program=(drops.DROP_META,),
+    "drop", comment=COMMENT, program=(drops.DROP_META,),
     annotator=lambda session: drop_names(session.points),
     user_space=lambda cfg, points: any(drops.is_drop_point(p) for p in points))   # (names: user space's)

@@ -3,13 +3,16 @@ stack ids (fcap.kernel.kstack) named from /proc/kallsyms; the comment ends with 
 
 from __future__ import annotations
 
-from fcap.features.unit import Annotator, PacketFeature
+from fcap.features.unit import Annotator, PacketFeature, keyed_text
 from fcap.kernel import kstack
+
+# What a record's comment ends with: ' stack=FUNC+0xOFF<CALLER+0xOFF<...' (fcap.kernel.kstack.text: '?' unknown)
+COMMENT = ((" stack=", "stack", "str"),)
 
 
 class StackFrames(Annotator):
     def text(self, rec) -> str:
-        return kstack.text(rec.stack)
+        return keyed_text(COMMENT, {"stack": kstack.text(rec.stack)}) if rec.stack is not None else ""
 
     def values(self, rec) -> dict:
         return {"stack": rec.stack}
@@ -25,7 +28,7 @@ class StackFrames(Annotator):
 # (the frames are user space's: no file rings; into a file, the perf buffer's blocks, each comment made once per stack
 # id and metadata: fcap.live.drain.FileDrain's options cache)
 FEATURE = PacketFeature(
-    "stack", comment=kstack.STACK_COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
+    "stack", comment=COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
     help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
     annotator=lambda session: StackFrames() if session.cfg.stack else None,
     user_space=lambda cfg, points: cfg.stack)

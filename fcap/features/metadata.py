@@ -1,5 +1,6 @@
-"""The packet's metadata (skb, pid, tid, comm, device, mark, netns, protocol, length): the comment's first part, on
-every record that has a comment; the programs write it (fcap.kernel.layout: META, COMMENT)."""
+"""The packet's metadata (skb, pid, tid, comm, device, mark, netns, protocol, length: the record's fields with a
+comment key, declared in fcap.kernel.record): the comment's first part, on every record that has a comment; the
+programs write it (fcap.kernel.layout: META, COMMENT)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,17 @@ network namespace, --nft-netns)."""
 from __future__ import annotations
 
 from fcap.features.drop_reason import drop_names
-from fcap.features.unit import Annotator, PacketFeature, Setting
+from fcap.features.unit import Annotator, PacketFeature, Setting, keyed_text
 from fcap.files import linktypes
 from fcap.host import nftrace
 from fcap.kernel.drops import is_drop_point
+
+# What a netfilter drop's comment adds after the drop's reason and location: (text before, Packet attribute, style).
+# A rule decided: its handle (`nft -a list ruleset`); the base chain's policy decided: nft_policy=drop, no rule.
+# nft_netns: the table's network namespace (its inode number, as the record's netns) when it is not fcap's own.
+COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "str"),
+           (" nft_chain=", "nft_chain", "str"), (" nft_rule=", "nft_rule", "dec64"),
+           (" nft_policy=", "nft_policy", "str"), (" nft_netns=", "nft_netns", "dec64"))
 
 
 class NftRules(Annotator):
@@ -33,7 +40,7 @@ class NftRules(Annotator):
         return values
 
     def text(self, rec) -> str:
-        return nftrace.text(self.values(rec))
+        return keyed_text(COMMENT, self.values(rec))
 
 
 def _annotator(session) -> NftRules | None:
@@ -50,7 +57,7 @@ def _refuse(points) -> str:
 
 
 FEATURE = PacketFeature(
-    "nft", comment=nftrace.NFT_COMMENT, flag="--nft", room="nftables rules",
+    "nft", comment=COMMENT, flag="--nft", room="nftables rules",
     help="at drop points, the nftables table, chain and rule handle that dropped each packet netfilter dropped (fcap "
          "adds table inet fcap_nftrace_PID to this netns while it runs)",
     settings=(Setting("--nft-netns", "nft_netns", "NETNS",

@@ -3,9 +3,14 @@ named in user space (fcap.host.ctxnames): cgroup path, container, pod and the ne
 
 from __future__ import annotations
 
-from fcap.features.unit import Annotator, PacketFeature
-from fcap.host.ctxnames import CONTEXT_COMMENT, Context
+from fcap.features.unit import Annotator, PacketFeature, keyed_text
+from fcap.host.ctxnames import Context
 from fcap.kernel.context import CGROUP
+
+# What the comment of a --context capture adds after the metadata's: (text before, Packet attribute, style); a key
+# whose value is unknown is left out
+COMMENT = ((" cgroup=", "cgroup", "dec64"), (" cgroup_path=", "cgroup_path", "str"),
+           (" container=", "container", "str"), (" pod=", "pod", "str"), (" netns_name=", "netns_name", "str"))
 
 
 class ContextNames(Annotator):
@@ -13,14 +18,14 @@ class ContextNames(Annotator):
         self.context = Context()
 
     def text(self, rec) -> str:
-        return self.context.text(rec)
+        return keyed_text(COMMENT, self.context.values(rec))
 
     def values(self, rec) -> dict:
         return self.context.values(rec)
 
 
 FEATURE = PacketFeature(
-    "context", comment=CONTEXT_COMMENT, flag="--context", room="context", option=True, program=(CGROUP,),
+    "context", comment=COMMENT, flag="--context", room="context", option=True, program=(CGROUP,),
     help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, container, pod and "
          "network namespace name in the comment, --json and the API",
     annotator=lambda session: ContextNames() if session.cfg.context else None,

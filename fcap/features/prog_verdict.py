@@ -4,8 +4,11 @@ carries its number (fcap.features.notes)."""
 
 from __future__ import annotations
 
-from fcap.features.unit import Annotator, PacketFeature
+from fcap.features.unit import Annotator, PacketFeature, keyed_text
 from fcap.kernel import verdicts
+
+# What the comment adds at a BPF program's exit: the verdict's name (' verdict=XDP_DROP')
+COMMENT = ((" verdict=", "verdict_name", "str"),)
 
 
 class VerdictNames(Annotator):
@@ -16,7 +19,7 @@ class VerdictNames(Annotator):
 
     def text(self, rec) -> str:
         p = self.decided.get(rec.point)
-        return f"{verdicts.VERDICT_COMMENT[0][0]}{verdicts.name(p, rec.retval)}" if p is not None else ""
+        return keyed_text(COMMENT, {"verdict_name": verdicts.name(p, rec.retval)}) if p is not None else ""
 
 
 def decided(points) -> dict:
@@ -29,5 +32,5 @@ def _annotator(session) -> VerdictNames | None:
     return VerdictNames(found) if found else None
 
 
-FEATURE = PacketFeature("verdict", comment=verdicts.VERDICT_COMMENT, program=(verdicts.VERDICT,),
+FEATURE = PacketFeature("verdict", comment=COMMENT, program=(verdicts.VERDICT,),
                         annotator=_annotator)

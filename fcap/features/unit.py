@@ -32,6 +32,12 @@ class Annotator:
         return {}
 
 
+def keyed_text(keys: tuple, values: dict) -> str:
+    """A unit's part of the comment: each of its keys (text before, attribute, style) whose value is known, as
+    f"{text before}{value}" (the values as the comment writes them)."""
+    return "".join(f"{pre}{values[attr]}" for pre, attr, _s in keys if values.get(attr) is not None)
+
+
 @dataclass(frozen=True)
 class Setting:
     """A further flag of a flagged feature (repeatable: its values a tuple), the Config field and API keyword

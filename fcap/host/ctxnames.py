@@ -1,7 +1,7 @@
 """Names for the context --context records (user space): a cgroup id's path in the cgroup2 hierarchy (the id is its
 directory's inode number: the tree walked once, cached, walked again on a miss), the container and pod the path
 names (fcap.host.containers), a network namespace inode's name (`ip netns` bind mounts in /run/netns, docker's in
-/run/docker/netns); the comment's text of them (CONTEXT_COMMENT) and --cgroup/--container's target cgroup."""
+/run/docker/netns); their values for the comment and --cgroup/--container's target cgroup."""
 
 from __future__ import annotations
 
@@ -17,11 +17,6 @@ PODMAN_CONTAINERS = "/var/lib/containers/storage/overlay-containers/containers.j
 DOCKER_CONTAINERS = "/var/lib/docker/containers"
 NETNS_DIRS = (("/run/netns", ""), ("/run/docker/netns", "docker:"))
 REFRESH_NS = 1_000_000_000      # an id a walk did not find makes the next walk no sooner than this
-# What the comment of a --context capture adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text
-# before, Packet attribute, style); a key whose value is unknown is left out. Read back by Wireshark's fcap fields.
-CONTEXT_COMMENT = ((" cgroup=", "cgroup", "dec64"), (" cgroup_path=", "cgroup_path", "str"),
-                   (" container=", "container", "str"), (" pod=", "pod", "str"),
-                   (" netns_name=", "netns_name", "str"))
 
 
 def cgroup2_mount(mountinfo: str = MOUNTINFO) -> str | None:
@@ -170,16 +165,9 @@ class Context:
         self.cgroups, self.netns = CgroupNames(), NetnsNames()
 
     def values(self, rec) -> dict:
-        """{Packet attribute: value} for CONTEXT_COMMENT's keys (None: unknown)."""
+        """{Packet attribute: value}: cgroup, cgroup_path, container, pod, netns_name (None: unknown)."""
         path = self.cgroups.path(rec.cgroup)
         c = containers.parse(path) if path else None
         return {"cgroup": rec.cgroup or None, "cgroup_path": path, "container": (c.text() or None) if c else None,
                 "pod": (c.pod or None) if c else None, "netns_name": self.netns.name(rec.netns)}
 
-    def text(self, rec) -> str:
-        return text(self.values(rec))
-
-
-def text(values: dict) -> str:
-    """The comment's context part of these values (the keys whose value is known)."""
-    return "".join(f"{pre}{values[attr]}" for pre, attr, _s in CONTEXT_COMMENT if values.get(attr) is not None)

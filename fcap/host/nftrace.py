@@ -25,13 +25,6 @@ EXPIRE_NS = 1_000_000_000   # a drop verdict read this long before a drop record
 HEADERS_MAX = 8192          # trace ids whose packet headers are kept (the events after the first carry none)
 VERDICTS_MAX = 65536        # drop verdicts waiting for their record
 NETFILTER_DROP = "NETFILTER_DROP"
-# What a netfilter drop's comment adds after the drop's reason and location (fcap.kernel.drops.DROP_COMMENT), declared
-# as it is: (text before, Packet attribute, style). A rule decided: its handle (`nft -a list ruleset`); the base
-# chain's policy decided: nft_policy=drop, no rule. Read back by Wireshark's fcap fields.
-# nft_netns: the table's network namespace (its inode number, as the record's netns) when it is not fcap's own.
-NFT_COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "str"),
-               (" nft_chain=", "nft_chain", "str"), (" nft_rule=", "nft_rule", "dec64"),
-               (" nft_policy=", "nft_policy", "str"), (" nft_netns=", "nft_netns", "dec64"))
 
 
 class Decision(NamedTuple):
@@ -48,7 +41,7 @@ class Decision(NamedTuple):
     netns: int = 0            # the table's network namespace (inode number) when not fcap's own, else 0
 
     def values(self) -> dict:
-        """{Packet attribute: value} of NFT_COMMENT's keys."""
+        """{Packet attribute: value}: nft_family, nft_table, nft_chain, nft_rule, nft_policy, nft_netns."""
         return {"nft_family": self.family, "nft_table": word(self.table), "nft_chain": word(self.chain),
                 "nft_rule": self.rule, "nft_policy": "drop" if self.rule is None else None,
                 "nft_netns": self.netns or None}
@@ -90,11 +83,6 @@ def is_netfilter_drop(reason: str | None, location: str | None) -> bool:
     if reason is not None:
         return reason == NETFILTER_DROP
     return bool(location) and location.split("+", 1)[0] == "nf_hook_slow"
-
-
-def text(values: dict) -> str:
-    """The comment's nft part of these values (the keys whose value is known)."""
-    return "".join(f"{pre}{values[attr]}" for pre, attr, _s in NFT_COMMENT if values.get(attr) is not None)
 
 
 class Tracer:

@@ -20,9 +20,6 @@ DROP_POINTS = frozenset(("kfree_skb", "kfree_skb_reason", "sk_skb_reason_drop", 
 DROP_ALIAS = "skb:drop"   # the semantic point (fcap.points.semantic) over them
 REASON_ENUM = "skb_drop_reason"
 PREFIXES = ("SKB_DROP_REASON_", "SKB_")   # stripped from the names users see: NO_SOCKET, CONSUMED
-# What a drop point's comment adds after fcap.kernel.layout.COMMENT's text, declared as it is: (text before, Record
-# attribute, style); the reason and the location as names (Names.text), read back by Wireshark's fcap fields.
-DROP_COMMENT = ((" reason=", "reason", "str"), (" at=", "location", "str"))
 
 
 def _arg(point: Point, name: str, enum: bool) -> int | None:
@@ -145,12 +142,6 @@ class Names:
         if not addr:
             return "?"
         return kallsyms.shared().name(addr, module=False)
-
-    def text(self, rec, has_reason: bool = True) -> str:
-        """What a drop record's comment ends with: ' reason=NO_SOCKET at=FUNC+0xOFF' (DROP_COMMENT)."""
-        (reason_pre, _r, _s), (at_pre, _l, _s2) = DROP_COMMENT
-        out = f"{reason_pre}{self.reason(rec.reason)}" if has_reason else ""
-        return out + f"{at_pre}{self.location(rec.location)}"
 
     def describe(self, rec, has_reason: bool = True) -> str:
         """'NO_SOCKET at FUNC+0xOFF' (as fcap path says it)."""

@@ -8,7 +8,9 @@ from bpf import asm
 from bpf.asm import (ADD, AND, BYTES_SIZE, DW, FP, JEQ, JGT, JNE, MUL, R0, R1, R2, R3, R4, R5, R7, R9, SUB, B, W,
                      addi, alu64, andi, ja, label, ld_imm64, ldx, mov, movi, rshi, st, stx)
 
-from fcap.kernel.layout import CAREA, COMMENT, KEY_WORDS, META, MID_MAX, STACK, TEXT_MID, TEXT_POS_MASK, TEXT_SKB
+from fcap.errors import ProgramError
+from fcap.kernel.layout import (CAREA, COMMENT, KEY_WORDS, META, MID_MAX, READ, STACK, TEXT_MID, TEXT_POS_MASK,
+                                TEXT_SKB)
 
 DIV10 = 0xCCCCCCCD       # (v * DIV10) >> 35 == v // 10 for every u32 v
 
@@ -92,14 +94,17 @@ def _value(b, text: int, attr: str, style: str) -> None:
     if style == "str":
         _comm(b, text)
         return
-    if attr == "pid":
-        b.emit(META.load(R3, R7, "pidtgid"), rshi(R3, 32))
-    elif attr == "tid":
-        b.emit(ldx(W, R3, R7, META.off("pidtgid")))
-    elif attr == "protocol":
-        b.emit(META.load(R3, R7, "proto"), asm.be(R3, 16))
+    field, how = READ[attr]   # (as fcap.kernel.record.READS reads it in user space)
+    if how == "hi32":
+        b.emit(META.load(R3, R7, field), rshi(R3, 32))
+    elif how == "lo32":
+        b.emit(ldx(W, R3, R7, META.off(field)))
+    elif how == "be16":
+        b.emit(META.load(R3, R7, field), asm.be(R3, 16))
+    elif how == "":
+        b.emit(META.load(R3, R7, field))
     else:
-        b.emit(META.load(R3, R7, attr))
+        raise ProgramError(f"the comment cannot show {attr} (read as {how!r}) in the kernel")
     {"dec": _decimal, "hex": _hex, "hex4": _hex4}[style](b, text, attr)
 
 

@@ -35,9 +35,8 @@ SKIP = {kinds.TP_BTF: 2, kinds.RAW_TP: 2, kinds.FENTRY: 2, kinds.FEXIT: 2}
 # probes share the tracepoint): left out in user space while they lead the stack
 MACHINERY = ("bpf_prog_", "bpf_trampoline_", "__bpf_trace_", "bpf_trace_run", "__traceiter_", "__bpf_prog_enter",
              "kprobe_ftrace_handler", "kprobe_perf_func", "kprobe_dispatcher")
-# What a record's comment ends with: ' stack=FUNC+0xOFF<CALLER+0xOFF<...' (innermost first, '<': called from;
-# '?' for a stack the kernel did not keep), read back by Wireshark's field fcap.stack
-STACK_COMMENT = ((" stack=", "stack", "str"),)
+# The comment's stack: 'FUNC+0xOFF<CALLER+0xOFF<...' (innermost first, '<': called from; '?' for a stack the kernel
+# did not keep): written by fcap.features.kernel_stack, read back by frames()
 SEPARATOR = "<"
 UNKNOWN = "?"
 
@@ -118,11 +117,9 @@ def trim(names: list[str]) -> tuple[str, ...]:
     return tuple(names[i:])
 
 
-def text(stack: tuple | None) -> str:
-    """What a record's comment ends with: ' stack=...' (STACK_COMMENT), '' for a record without --stack."""
-    if stack is None:
-        return ""
-    return STACK_COMMENT[0][0] + (SEPARATOR.join(stack) if stack else UNKNOWN)
+def text(stack: tuple) -> str:
+    """The comment's value of a stack's frames (() unknown)."""
+    return SEPARATOR.join(stack) if stack else UNKNOWN
 
 
 def frames(value: str) -> tuple:

@@ -13,6 +13,8 @@ from bpf import asm
 from bpf.asm import BYTES_SIZE
 
 from fcap.defaults import SNAPLEN
+from fcap.errors import ProgramError
+from fcap.kernel import record
 from fcap.files.pcapfile import (BT_EPB, EPB_FLAGS, EPB_OPTION_ORDER, EPB_PACKETID, EPB_QUEUE, EPB_VERDICT,
                                  FLAG_INBOUND, FLAG_OUTBOUND, OPT_COMMENT)
 
@@ -77,47 +79,41 @@ class Layout:
 
 
 # ---- the metadata record: META bytes, then the made-up link header and header bytes, then the skb's bytes -------
-# It ends with the capture file's own record header, laid out by the program so that, when the skb's bytes follow
-# the link header bytes without a gap (skip == 0), user space writes the sample's tail as it is:
-#   pcap:   ts1 ts2 caplen orig                          (ts_sec ts_nsec caplen len: the last 16 bytes)
-#   pcapng: btype total iface ts1 ts2 caplen orig        (an EPB's header without options: the last 28 bytes)
-META = Layout("Meta", (
-    ("ts", "Q"),           # monotonic ns (ktime_get_ns)
-    ("id", "Q"),           # the packet id (pcapng epb_packetid): fcap.kernel.track
-    ("skb", "Q"),          # the skb's address (the comment's skb=0x...)
-    ("pidtgid", "Q"),      # tgid << 32 | pid of the task the program ran in
-    ("location", "Q"),     # drop points: where the skb was freed (the tracepoint's location argument)
-    ("cgroup", "Q"),       # --context: the cgroup id of the skb's socket, else of the task (fcap.kernel.context)
-    ("verdict", "Q"),      # at a BPF program's exit: its return value (fcap.kernel.verdicts)
-    ("comm", "16s"),
-    ("len", "I"),          # skb->len
-    ("copy", "I"),         # bytes handed to the perf sample from the skb (from offset skip)
-    ("ifindex", "I"),
-    ("mark", "I"),
-    ("netns", "I"),        # the device's network namespace inode number
-    ("reason", "I"),       # drop points: enum skb_drop_reason
-    ("proto", "H"),        # skb->protocol, network order
-    ("hdr", "H"),          # made-up link header + header bytes before skb->data, in the scratch after META
-    ("skip", "H"),         # skb bytes before the linktype's start (the start lies past skb->data)
-    ("pkt_type", "B"),
-    ("flags", "B"),        # FLAG_*
-    ("point", "H"),        # the point's id (the pcapng interface)
-    ("hatype", "H"),       # the device's ARPHRD type
-    ("queue", "H"),        # FLAG_QUEUE: the device queue the packet was given (transmit) or came from (receive)
-    ("stack", "H"),        # --stack: the kernel stack's id in the stack map (fcap.kernel.kstack), STACK_NONE: none
-    ("fast", "I"),         # caplen when the record's bytes are contiguous, else 0 (user space assembles them)
-    ("btype", "I"),
-    ("total", "I"),
-    ("iface", "I"),
-    ("ts1", "I"),
-    ("ts2", "I"),
-    ("caplen", "I"),
-    ("orig", "I"),
-))
+def meta_fields(fields: tuple = record.FIELDS, header: tuple = record.FILE_HEADER) -> tuple:
+    """META's (name, struct format) pairs from the fields' declarations (fcap.kernel.record): each field at its
+    natural alignment (padding put in before it; fast at 8 bytes'), the file's record header last, the whole a
+    multiple of 8 bytes.
+    A layout that breaks the rules the program and the drains rely on is refused (ProgramError): ts first, then id,
+    then skb, fast last, so that every other field lies from skb to fast (fcap.live.drain caches a block's options
+    by those bytes); the header pcap's 16 bytes and an EPB's 28 (asserted below)."""
+    out, pos = [], 0
+
+    def put(name: str, fmt: str, align: int) -> None:
+        nonlocal pos
+        if pos % align:
+            out.append(("", f"{align - pos % align}x"))
+            pos += align - pos % align
+        out.append((name, fmt))
+        pos += struct.calcsize("<" + fmt)
+
+    for f in fields:   # (fast on a word: the options' key from skb to fast is whole u64s, fcap.live.perfwalk's hash)
+        size = struct.calcsize("<" + f.fmt)
+        put(f.name, f.fmt, 8 if f.name == "fast" else min(8, size & -size))
+    names = [f.name for f in fields]
+    if names[:3] != ["ts", "id", "skb"] or names[-1] != "fast":   # (so every other field lies from skb to fast)
+        raise ProgramError("fcap.kernel.record.FIELDS: ts, id and skb come first, fast last")
+    tail = struct.calcsize("<" + "".join(f.fmt for f in header))
+    if pos + tail & 7:
+        out.append(("", f"{-(pos + tail) & 7}x"))
+    out.extend((f.name, f.fmt) for f in header)
+    return tuple(out)
+
+
+META = Layout("Meta", meta_fields())
 META_SIZE = META.size
 PCAP_REC, EPB_REC = META.off("ts1"), META.off("btype")   # where each format's record header starts
 PCAP_HDR, EPB_HDR = META_SIZE - PCAP_REC, META_SIZE - EPB_REC
-assert META_SIZE == 144 and PCAP_HDR == 16 and EPB_HDR == 28
+assert PCAP_HDR == 16 and EPB_HDR == 28, "fcap.kernel.record.FILE_HEADER: pcap's and an EPB's"
 
 RECORD_PCAP, RECORD_PCAPNG = "pcap", "pcapng"   # which file record header the program lays out
 # where a linktype's bytes start in the skb (the program's ProgramOptions.start)
@@ -273,22 +269,15 @@ RING_INDEX_BYTES = 32
 RING_MAX = 64 << 20      # per CPU (kernels before 6.x cap a map value at 4 MiB: then 2 MiB, see Session)
 
 # ---- the pcapng comment --------------------------------------------------------------------------------------------
-# (text before, Record attribute, style). The capture program formats it into the file rings (fcap.kernel.ringrec): the
-# first (the skb) and the last (the length) every packet, the middle once per change of the META fields it shows;
-# user space formats the same text for the records it lays out itself (format_comment).
-COMMENT = (
-    ("skb=0x", "skb", "hex16"),
-    (" pid=", "pid", "dec"),
-    (" tid=", "tid", "dec"),
-    (" comm=", "comm", "str"),
-    (" ifindex=", "ifindex", "dec"),
-    (" mark=0x", "mark", "hex"),
-    (" netns=", "netns", "dec"),
-    (" proto=0x", "protocol", "hex4"),
-    (" pkt_type=", "pkt_type", "dec"),
-    (" len=", "len", "dec"),
-)
-COMMENT_SOURCE = {"pid": "pidtgid", "tid": "pidtgid", "protocol": "proto"}   # Record attribute -> META field
+# (text before, Record attribute, style) of each field's attribute with a key (fcap.kernel.record), in META's order but
+# for the length, last. The capture program formats it into the file rings (fcap.kernel.ringrec): the first (the skb)
+# and the last (the length) every packet, the middle once per change of the META fields it shows; user space formats
+# the same text for the records it lays out itself (format_comment).
+_KEYED = [(a.key, a.name, a.style) for f in record.FIELDS for a in f.attrs if a.key]
+COMMENT = tuple([k for k in _KEYED if k[1] != "len"] + [k for k in _KEYED if k[1] == "len"])
+assert COMMENT[0][1] == "skb" and COMMENT[-1][1] == "len", "fcap.kernel.kcomment writes these every packet"
+READ = {a.name: (f.name, a.read) for f in record.FIELDS + record.FILE_HEADER for a in f.attrs}   # attr -> (field, how)
+COMMENT_SOURCE = {attr: READ[attr][0] for _pre, attr, _s in COMMENT}   # Record attribute -> META field
 _STYLE = {"dec": "%d", "hex": "%x", "hex4": "%04x", "hex16": "%016x", "str": "%s"}   # style -> printf's conversion
 # (the whole comment as one printf format over the attributes in order: a record's text in two C calls, ~1 us, where
 # user space lays out each block)
@@ -301,14 +290,24 @@ def format_comment(rec) -> str:
     return _COMMENT_FORMAT % _COMMENT_VALUES(rec)
 
 
+def _widest(attr: str, style: str) -> int:
+    """The most characters a value of the attribute takes in its style (as the program writes it)."""
+    size = META.width(COMMENT_SOURCE[attr])
+    read = READ[attr][1]
+    size = 4 if read in ("hi32", "lo32") else 2 if read == "be16" else size
+    return {"dec": len(str(256 ** size - 1)), "hex": 2 * size, "hex4": 4, "hex16": 16}.get(style, size)
+
+
 # Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
 # they are valid, the middle's length, the last packet's skb high half and length with their text, and the text
 # (written at positions masked to TEXT_POS_MASK, and up to 16 bytes past them).
 COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
 KEY_WORDS = META.words(COMMENT_KEY)
 TEXT_POS_MASK = 255
-TEXT_MAX = 168           # "skb=0x" + 16 + the middle (<= MID_MAX) + " len=" + 10 = 164 bytes at most
-MID_MAX = 127
+MID_MAX = sum(len(pre) + _widest(attr, style) for pre, attr, style in COMMENT[1:-1])
+# "skb=0x" + 16 + the middle + " len=" + 10, rounded up to 8: the bytes the program copies
+TEXT_MAX = len(COMMENT[0][0]) + 16 + MID_MAX + len(COMMENT[-1][0]) + 10 + 7 & ~7
+assert TEXT_MAX + 16 <= TEXT_POS_MASK + 1, "the comment's text is written at positions masked to TEXT_POS_MASK"
 CAREA = Layout("CommentArea", (
     ("key", f"{sum(n for _o, n in KEY_WORDS)}s"),
     ("valid", "B"),
@@ -332,46 +331,29 @@ assert CAREA.off("text") % 8 == 0
 
 
 # ---- user space: a record read back by name ---------------------------------------------------------------------
-class Record(NamedTuple):
-    """A capture record as user space reads it back (parse_record fills it by field name from META's)."""
-
-    ts_ns: int          # monotonic
-    skb: int            # the skb's address
-    pid: int
-    tid: int
-    comm: str
-    len: int            # skb->len
-    ifindex: int
-    mark: int
-    netns: int
-    protocol: int       # host order
-    pkt_type: int
-    point: int
-    hatype: int
-    flags: int
-    data: bytes         # the captured bytes, from the linktype's start
-    orig_len: int       # the packet's length from the linktype's start
-    dumps: tuple = ()   # fcap.kernel.dumps.Dump per --dump PATH
-    queue: int | None = None   # the device queue (FLAG_QUEUE), else None
-    reason: int = 0     # drop points: enum skb_drop_reason
-    location: int = 0   # drop points: where the skb was freed
-    id: int = 0         # the packet id (fcap.kernel.track)
-    stack: tuple | None = None   # --stack: the kernel stack's frames, innermost first (() unknown; fcap.kernel.kstack)
-    cgroup: int = 0     # --context: the cgroup id (fcap.kernel.context), 0: not recorded
-    retval: int = 0     # at a BPF program's exit: its return value, as an int (fcap.kernel.verdicts)
+# A capture record as user space reads it back: the attributes of META's fields (fcap.kernel.record), then the
+# captured bytes from the linktype's start, --dump's fcap.kernel.dumps.Dump per PATH, and --stack's frames (innermost
+# first, () unknown: fcap.kernel.kstack; None without --stack).
+Record = namedtuple("Record", [a for a in READ] + ["data", "dumps", "stack"], defaults=((), None))
 
 
-def parse_record(raw) -> Record:
-    """A perf sample's bytes (META, header bytes, skb bytes) as a Record."""
-    m = META.unpack(raw)
-    body = META_SIZE + m.hdr
-    if m.fast:
-        data = bytes(raw[META_SIZE:META_SIZE + m.fast])
-    else:
-        data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])
-    return Record(ts_ns=m.ts, skb=m.skb, pid=m.pidtgid >> 32, tid=m.pidtgid & 0xFFFFFFFF,
-                  comm=m.comm.split(b"\0", 1)[0].decode(errors="replace"), len=m.len, ifindex=m.ifindex, mark=m.mark,
-                  netns=m.netns, protocol=int.from_bytes(m.proto.to_bytes(2, "little"), "big"),
-                  pkt_type=m.pkt_type, point=m.point, hatype=m.hatype, flags=m.flags, data=data, orig_len=m.orig,
-                  queue=m.queue if m.flags & FLAG_QUEUE else None, reason=m.reason, location=m.location, id=m.id,
-                  cgroup=m.cgroup, retval=(m.verdict & 0xFFFFFFFF ^ 0x80000000) - 0x80000000)
+def _parser():
+    """parse_record's body, made once from the fields' READS (as namedtuple makes its class): one unpack and one
+    expression per attribute, as a hand-written parser would do it."""
+    values = ", ".join(f"{attr}=" + record.READS[how].format(v=f"m.{field}") for attr, (field, how) in READ.items())
+    src = ("def parse_record(raw):\n"
+           "    m = unpack(raw)\n"
+           "    body = META_SIZE + m.hdr\n"
+           "    if m.fast:\n"
+           "        data = bytes(raw[META_SIZE:META_SIZE + m.fast])\n"
+           "    else:\n"
+           "        data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])\n"
+           f"    return Record({values}, data=data)\n")
+    scope = {"unpack": META.unpack, "META_SIZE": META_SIZE, "FLAG_QUEUE": FLAG_QUEUE, "Record": Record}
+    exec(src, scope)   # noqa: S102 - the source is made above from the declarations, nothing from outside
+    fn = scope["parse_record"]
+    fn.__doc__ = "A perf sample's bytes (META, header bytes, skb bytes) as a Record."
+    return fn
+
+
+parse_record = _parser()

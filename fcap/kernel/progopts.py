@@ -9,6 +9,7 @@ from bpf.btf import BTF
 from fcap.errors import ProgramError
 from fcap.kernel.layout import (CAREA, FILTER_CAP, HDR_MAX, LINEAR_CAP, PKT, RECORD_PCAP, RECORD_PCAPNG, SKB_SNAP,
                                 SKB_SNAP_MAX)
+from fcap.kernel.record import FIELDS
 from fcap.points.spec import Point
 
 
@@ -100,6 +101,8 @@ class KernelOffsets:
         m, bits = skb.member("pkt_type")
         self.pkt_type_byte, self.pkt_type_shift = bits // 8, bits % 8
         self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1
+        # the sk_buff members the program copies into META's fields (fcap.kernel.record's Field.skb): (offset, bytes)
+        self.copied = {f.name: _whole_member(skb, f.skb) for f in FIELDS if f.skb}
         self.ifindex = off(dev, "ifindex")
         self.hatype = off(dev, "type")
         self.dev_name = off(dev, "name")
@@ -117,3 +120,12 @@ class KernelOffsets:
                 self.task = (off(task, "pid"), off(task, "tgid"), off(task, "comm"))
             except Exception:  # noqa: BLE001 - the helpers do it otherwise
                 self.task = None
+
+
+def _whole_member(struct_type, name: str) -> tuple[int, int]:
+    """(offset, bytes) of a member the program loads whole: 1, 2, 4 or 8 bytes, not a bitfield."""
+    m, bits = struct_type.member(name)
+    size = m.type.strip().size
+    if m.bitfield_size or bits % 8 or size not in (1, 2, 4, 8):
+        raise ProgramError(f"sk_buff's {name} is not a member of 1, 2, 4 or 8 bytes on this kernel")
+    return bits // 8, size

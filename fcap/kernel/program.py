@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from bpf import asm
 from bpf.asm import (
-    ADD, DW, FP, JEQ, JGE, JGT, JNE, OR, R0, R1, R2, R3, R6, R7, R8, R9, SUB, B, H, W, addi,
+    BYTES_SIZE, ADD, DW, FP, JEQ, JGE, JGT, JNE, OR, R0, R1, R2, R3, R6, R7, R8, R9, SUB, B, H, W, addi,
     alu64, andi, call, exit_, jmp, label, ld_imm64, ld_map_fd, ldx, lshi, mov, movi, rshi, st, stx)
 from bpf.btf import BTFError
 from bpf.uapi import Helper
@@ -229,10 +229,14 @@ class Builder:
             self.mark_and_netns()
 
     def mark_and_netns(self) -> None:
-        """META's mark and the device's network namespace."""
+        """META's fields copied from the sk_buff (mark, ...: fcap.kernel.record's Field.skb) and the device's network
+        namespace."""
         f = self.offsets
-        self.read(W, R8, R6, f.mark)
-        self.emit(META.store(R7, "mark", R8))
+        for field, (off, size) in f.copied.items():
+            if size > META.width(field):
+                raise ProgramError(f"sk_buff's member for META's {field} is wider than it ({size} bytes)")
+            self.read(BYTES_SIZE[size], R8, R6, off)
+            self.emit(META.store(R7, field, R8))
         if f.net_inum is not None:
             no_netns = self.fresh("no_netns")
             self.read(DW, R8, R6, f.dev)

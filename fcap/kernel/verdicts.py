@@ -13,7 +13,6 @@ from fcap.kernel.layout import META, STACK
 
 # What the comment of a record at a BPF program's exit adds (after a drop's keys), declared as it is: (text before,
 # attribute, style); Wireshark's field fcap.verdict_name
-VERDICT_COMMENT = ((" verdict=", "verdict_name", "str"),)
 
 
 def records_verdict(point) -> bool:

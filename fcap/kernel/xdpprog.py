@@ -165,9 +165,9 @@ class XdpBuilder(Builder):
         self.emit(movi(R8, 20 if start == START_SLL2 else 0), META.store(R7, "hdr", R8))
 
     def mark_and_netns(self) -> None:
-        """No mark at XDP; the network namespace of xdp->rxq->dev."""
+        """No sk_buff at XDP (its copied fields are 0: mark, ...); the network namespace of xdp->rxq->dev."""
         f = self.offsets
-        self.emit(META.store_imm(R7, "mark", 0))
+        self.emit([META.store_imm(R7, field, 0) for field in f.copied])
         if f.net_inum is None:
             return
         no_netns = self.fresh("no_netns")

@@ -27,13 +27,12 @@ _IFACE = META.off("iface")        # an EPB's header after its type and length (e
 _TS_END = META.end("ts")
 assert META.off("ts") == 0
 _PCAP = struct.Struct(f"<I2xH4xQ{_FAST - _TS_END}xI")
-# the blocks' options are cached by the metadata they show, from skb to fast (--stack's id among them: a stack's
-# frames never change, fcap.kernel.kstack); the packet id (before them) is each record's own, written into the cached
-# options at ID_MARK's place
+# the blocks' options are cached by the metadata they show, from skb to fast (every field user space reads but ts
+# and id lies there: fcap.kernel.layout.meta_fields refuses a layout where one does not; --stack's id among them: a
+# stack's frames never change, fcap.kernel.kstack); the packet id (before them) is each record's own, written into
+# the cached options at ID_MARK's place
 _KEY_AT, _KEY_END = META.off("skb"), _FAST
-assert _KEY_AT <= META.off("stack") < _KEY_END
 _ID_AT = META.off("id")
-assert _TS_END <= _ID_AT and _ID_AT + 8 <= _KEY_AT
 ID_MARK = 0xFCA1D0FCA1D0FCA1
 _ID_MARK = ID_MARK.to_bytes(8, "little")
 _PCAPNG = struct.Struct(f"<I2xH4xQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI")

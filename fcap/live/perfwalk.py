@@ -19,9 +19,9 @@ RAW = 12                        # perf_event_header + the raw sample's u32 size:
 _TS = RAW + META.off("ts")
 _FAST = RAW + META.off("fast")
 assert _TS % 4 == 0 and _FAST % 4 == 0 and META.end("ts") - META.off("ts") == 8
-_KEY_AT, _KEY_LEN = RAW + META.off("skb"), META.off("fast") - META.off("skb")   # pcapng's cache key
+# pcapng's cache key: whole u64s, every field user space reads but ts and id among them (fcap.kernel.layout.meta_fields)
+_KEY_AT, _KEY_LEN = RAW + META.off("skb"), META.off("fast") - META.off("skb")
 _IFACE, _ID = RAW + META.off("iface"), RAW + META.off("id")   # an EPB's header after its first 8 bytes; packet id
-assert _KEY_LEN % 8 == 0 and META.off("stack") < META.off("fast")
 _MUL = U64(0x100000001B3)
 CACHE_MAX = 1 << 14   # block parts kept (Blocks), as the per-record walk's cache
 RUN_MIN = 16      # a uniform run shorter than this: the next LOOP records are found one at a time
