@@ -74,6 +74,11 @@ class BTF:
         self._proto_hits: tuple[frozenset, dict[int, list[int]]] = (frozenset(), {})
         self.decl_cache: dict[int, tuple[str, bool] | None] = {}
 
+    @property
+    def root(self) -> BTF:
+        """The blob the kernel's own types are in: the base of a split BTF (a module's), else this one."""
+        return self if self.base is None else self.base
+
     @classmethod
     def load(cls, data: bytes, base: BTF | None = None, name: str = "", index: tuple | None = None) -> BTF:
         """Parse a raw .BTF blob; `base` for split BTF. Only record offsets are computed here, or taken from

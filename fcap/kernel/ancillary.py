@@ -72,7 +72,7 @@ def load(point, field: int, dst: int, reject: str, skb_slot: int, tmp_slot: int,
     without_skb = _without_skb(point, field, dst, name)
     if without_skb is not None:
         return without_skb
-    off = offsets(point.btf if point.btf.base is None else point.btf.base)
+    off = offsets(point.btf.root)
 
     def read(size: int, off_: int, to: int = dst) -> list:   # the skb's member at off_
         if snap is not None and snap.covers(size, off_):
@@ -126,7 +126,7 @@ def vlan_tag(b) -> None:
     tcpdump shows. The MAC header is then either in the header bytes (receive: 4 bytes more of them) or the
     skb's first bytes (transmit: their first 12 become header bytes, and the skb's bytes start 12 later).
     Leaves R8 = hdr_total."""
-    off, f = offsets(b.point.btf if b.point.btf.base is None else b.point.btf.base), b.offsets
+    off, f = offsets(b.point.btf.root), b.offsets
     v = b.fresh_names("vlan", "tx", "put", "done")
     if off.vlan_all is None and off.vlan_present is None:
         return

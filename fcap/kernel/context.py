@@ -54,7 +54,7 @@ def offsets(vm: BTF) -> Offsets:
 
 
 def _offsets(b) -> Offsets:
-    vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
+    vm = b.point.btf.root
     try:
         return offsets(vm)
     except BTFError as e:

@@ -61,7 +61,7 @@ CT_MODULE = "nf_conntrack"   # where struct nf_conn is when conntrack is a modul
 def ct_plan(point: Point) -> DumpPlan:
     """--ct: the struct nf_conn at skb->_nfct & ~7 (state, zone, mark, original and reply tuples: NAT shows), typed
     from vmlinux's BTF or, where conntrack is a module, from the loaded module's."""
-    vm = point.btf if point.btf.base is None else point.btf.base
+    vm = point.btf.root
     skb = vm.find("sk_buff", "struct")
     try:
         off = skb.member("_nfct")[1] // 8

@@ -42,12 +42,10 @@ def emit_queue(b) -> None:
     multi-attach program: where the point's bits say so, fcap.kernel.pointinfo). Uses R0, R8."""
     multi = b.point.kind.multi
     source = None if multi else queue_source(b.point)
-    vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
-    _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
     done = b.fresh("queue_done")
     if multi:
         b.emit(pointinfo.unless(R0, pointinfo.QUEUE, done))
-    b.read(H, R8, R6, bits // 8)          # R6: the skb, R7: META
+    b.read(H, R8, R6, b.offsets.queue_mapping)          # R6: the skb, R7: META
     if multi:   # rx as below, where the bits say so
         tx = b.fresh("queue_tx")
         b.emit(pointinfo.unless(R0, pointinfo.QUEUE_RX, tx), jmp(JEQ, R8, 0, done), addi(R8, -1), label(tx))

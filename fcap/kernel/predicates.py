@@ -130,9 +130,7 @@ def queue(value: int) -> Predicate:
         if source is None:
             raise PredicateError(f"--queue: {b.point.spec} has no device queue (device-layer points have one: "
                                  "tp_btf/net_dev_start_xmit, tp_btf/netif_receive_skb, ...)")
-        vm = b.point.btf if b.point.btf.base is None else b.point.btf.base
-        _m, bits = vm.find("sk_buff", "struct").member("queue_mapping")
-        b.read(H, R8, R6, bits // 8)
+        b.read(H, R8, R6, b.offsets.queue_mapping)
         return _drop_unless_equal(R8, value + (source == "rx"))
     return emit
 

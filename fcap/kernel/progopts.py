@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from bpf.btf import BTF
+from bpf.btf import BTF, BTFError
 
 from fcap.errors import ProgramError
 from fcap.kernel.layout import (CAREA, FILTER_CAP, HDR_MAX, LINEAR_CAP, PKT, RECORD_PCAP, RECORD_PCAPNG, SKB_SNAP,
@@ -78,7 +78,7 @@ class KernelOffsets:
     """Offsets of the kernel structures the program reads, from BTF."""
 
     def __init__(self, btf: BTF):
-        vm = btf if btf.base is None else btf.base
+        vm = btf.root
         skb = vm.find("sk_buff", "struct")
         dev = vm.find("net_device", "struct")
         net = vm.find("net", "struct")
@@ -98,6 +98,12 @@ class KernelOffsets:
         self.dev = off(skb, "dev")
         self.mark = off(skb, "mark")
         self.data_len = off(skb, "data_len")
+        self.queue_mapping = off(skb, "queue_mapping")
+        try:   # (--track's: the byte and bit of the clone flag)
+            _m, bits = skb.member("cloned")
+            self.cloned: tuple[int, int] | None = (bits // 8, bits % 8)
+        except (BTFError, AttributeError):
+            self.cloned = None
         m, bits = skb.member("pkt_type")
         self.pkt_type_byte, self.pkt_type_shift = bits // 8, bits % 8
         self.pkt_type_mask = (1 << (m.bitfield_size or 3)) - 1

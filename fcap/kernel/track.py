@@ -30,7 +30,6 @@ from __future__ import annotations
 from bpf import asm, probes
 from bpf.asm import (ADD, AND, DW, FP, JEQ, JNE, LSH, OR, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, addi, alu64, andi,
                      call, exit_, jmp, label, ld_map_fd, ldx, mov, movi, st, stx)
-from bpf.btf import BTFError
 from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
@@ -334,12 +333,9 @@ def emit_untrack(b) -> None:
 
 
 def _cloned_bit(b) -> tuple[int, int]:
-    btf = b.point.btf if b.point.btf.base is None else b.point.btf.base
-    try:
-        _m, bits = btf.find("sk_buff", "struct").member("cloned")
-    except (BTFError, AttributeError):
-        raise ProgramError("--track: this kernel's struct sk_buff has no 'cloned' bit") from None
-    return bits // 8, bits % 8
+    if b.offsets.cloned is None:
+        raise ProgramError("--track: this kernel's struct sk_buff has no 'cloned' bit")
+    return b.offsets.cloned
 
 
 _MAP = MapUse("track", "the identity map: LRU hash, skb or head address -> TRACK (fcap.kernel.layout); the session's, "

@@ -80,7 +80,7 @@ class XdpBuilder(Builder):
 
     def __init__(self, point, opts, maps):
         super().__init__(point, opts, maps)
-        self.xdp = xdp_offsets(point.btf if point.btf.base is None else point.btf.base)
+        self.xdp = xdp_offsets(point.btf.root)
 
     def device(self, dst: int) -> None:
         """dst = xdp->rxq->dev (NULL loads give 0: the pointers are BTF-typed)."""

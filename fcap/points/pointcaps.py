@@ -42,7 +42,7 @@ def head_loads(point: Point) -> bool:
         return False
 
     def fn():
-        vm = point.btf if point.btf.base is None else point.btf.base
+        vm = point.btf.root
         skb = vm.find("sk_buff", "struct")
         mac, head = skb.member("mac_header")[1] // 8, skb.member("head")[1] // 8
         with ArrayMap(64, 1, name="fcap_probe") as copy:
