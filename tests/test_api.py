@@ -18,15 +18,16 @@ from conftest import need_root, need_tool
 from netns import ROOT, bpf_ids_of, send_udp, start_fcap, subprocess_env
 
 POINT = "tp_btf/net_dev_queue"
-SO_MARK = 36
+SO_MARK, SO_PRIORITY = 36, 12
 
 
-def _send_later(port: int, sizes: list[int], mark: int = 0, delay: float = 0.3) -> threading.Thread:
+def _send_later(port: int, sizes: list[int], mark: int = 0, delay: float = 0.3, priority: int = 0) -> threading.Thread:
     def run():
         time.sleep(delay)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             if mark:
                 s.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
+            s.setsockopt(socket.SOL_SOCKET, SO_PRIORITY, priority)
             for n in sizes:
                 s.sendto(b"a" * n, ("127.0.0.1", port))
                 time.sleep(0.02)
@@ -61,7 +62,7 @@ def test_count_metadata_and_views(sink):
     mark = 0x5A5
     with fcap.capture(POINT, filter=f"udp and dst port {sink.port}", count=4, timeout=30) as cap:
         assert not cap.closed
-        t = _send_later(sink.port, [10, 20, 30, 40, 50, 60], mark=mark)
+        t = _send_later(sink.port, [10, 20, 30, 40, 50, 60], mark=mark, priority=5)
         pkts = list(cap)
         assert cap.closed            # the count reached: detached at once
     t.join()
@@ -69,7 +70,8 @@ def test_count_metadata_and_views(sink):
     comm = open("/proc/self/comm").read().strip()
     for p in pkts:
         assert isinstance(p, fcap.Packet) and p.point == POINT and p.linktype == 1
-        assert (p.pid, p.comm, p.mark, p.ifindex) == (os.getpid(), comm, mark, socket.if_nametoindex("lo"))
+        assert (p.pid, p.comm, p.mark, p.ifindex, p.priority) == (os.getpid(), comm, mark,
+                                                                  socket.if_nametoindex("lo"), 5)
         assert p.tid != p.pid and p.netns == os.stat("/proc/self/ns/net").st_ino and p.skb > 0xFFFF000000000000
         assert abs(p.ts_ns - time.time_ns()) < 60 * 10**9 and p.orig_len == len(p.data)
         sp = p.scapy()
@@ -308,7 +310,7 @@ def test_records_by_field_name():
     from fcap.api import Packet
     from fcap.features.metadata import METADATA as _METADATA
     from fcap.kernel.layout import COMMENT, Record
-    assert set(_METADATA) == {"skb", "pid", "tid", "comm", "ifindex", "netns", "mark"}
+    assert set(_METADATA) == {"skb", "pid", "tid", "comm", "ifindex", "netns", "mark", "priority"}
     assert _METADATA == tuple(attr for _p, attr, _s in COMMENT if attr in _METADATA)   # (the comment's order)
     assert set(_METADATA) <= set(Record._fields) & {attr for _p, attr, _s in COMMENT}
     assert all(hasattr(Packet(ts_ns=0, point=None, data=b"", orig_len=0, linktype=1), n) for n in _METADATA)

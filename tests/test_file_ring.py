@@ -39,6 +39,7 @@ def _traffic(tag: bytes) -> int:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             if mark:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, 6)
             libc = ctypes.CDLL(None, use_errno=True)
             old = ctypes.create_string_buffer(16)
             libc.prctl(16, old)   # PR_GET_NAME
@@ -92,7 +93,7 @@ def test_ring_matches_perf_path(tmp_path, fmt, snaplen):
         assert r.queue == 0 and r.verdict is None     # lo's one transmit queue; not a drop point
         assert abs(r.ts_ns - t.ts_ns) < 50_000_000
     comments = {r.comment.split(" len=")[0].split(" comm=")[1] for r in ours.values()}
-    assert {"fcap-ring-test1 ifindex=1 mark=0x1f3", "x ifindex=1 mark=0x7"} <= {
+    assert {"fcap-ring-test1 ifindex=1 mark=0x1f3 priority=6", "x ifindex=1 mark=0x7 priority=6"} <= {
         c.split(" netns=")[0] for c in comments}
 
 

@@ -77,6 +77,8 @@ FIELDS = (
     Field("ifindex", "I", "the device's index", (
         _a("ifindex", " ifindex=", "dec", packet=True, doc="the device's index"),)),
     Field("mark", "I", "skb->mark", (_a("mark", " mark=0x", "hex", packet=True, doc="skb->mark"),), skb="mark"),
+    Field("priority", "I", "skb->priority", (_a("priority", " priority=", "dec", packet=True,
+                                                 doc="skb->priority: SO_PRIORITY's, or a tc class"),), skb="priority"),
     Field("netns", "I", "the device's network namespace inode number", (
         _a("netns", " netns=", "dec", packet=True, doc="the device's network namespace inode number"),)),
     Field("reason", "I", "drop points: enum skb_drop_reason", (_a("reason"),)),
