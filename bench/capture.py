@@ -66,6 +66,7 @@ def tools(extra_fcap: list[str] | None = None) -> dict[str, Tool]:
         "tcpdump -nn": Tool("tcpdump -nn", ["tcpdump", "-i", "lo", "-s", str(SNAPLEN), "-nn", "-l"], ".txt",
                             prints=True),
         "fcap -nn": Tool("fcap -nn", fc + ["-nn", "-l"], ".txt", prints=True),
+        "fcap --json": Tool("fcap --json", fc + ["--json", "-l"], ".json", prints=True),   # (a JSON object a line)
     }
 
 
@@ -222,11 +223,12 @@ def _summary(lines: list[str], r: Result) -> None:
 def count_in_file(path: str, port: int | set) -> int:
     """Distinct sequence numbers of the sender's datagrams (to `port`, or to each port of a set: a datagram is
     its port and number) in a pcap or pcapng file (EN10MB); in printed lines (a .txt file), the lines of
-    datagrams to the port(s)."""
+    datagrams to the port(s); in JSON lines (a .json file), the objects of datagrams to the port(s)."""
     with open(path, "rb") as f:
         data = f.read()
-    if path.endswith(".txt"):
-        ends = tuple(f".{p}: UDP, length".encode() for p in (port if isinstance(port, set) else {port}))
+    if path.endswith((".txt", ".json")):
+        form = '"dport":{}}}' if path.endswith(".json") else ".{}: UDP, length"
+        ends = tuple(form.format(p).encode() for p in (port if isinstance(port, set) else {port}))
         return sum(1 for line in data.splitlines() if any(e in line for e in ends))
     seen = set()
     magic_at = 14 + 20 + 8

@@ -110,6 +110,42 @@ def test_live_json_equals_the_file_written_at_the_same_time_and_tshark(root, tsh
         assert row == want + [str(o["len"]), str(o["caplen"])], (o, row)
 
 
+def test_live_lines_without_a_packet_are_the_packets_lines(root, sink):
+    """Live --json writes the common records' lines without a fcap.Packet (fcap.live.jsonlines): on the kernel's
+    own records (UDP of three sizes, a TCP connection, pings; out at dev:queue with its queue, in at dev:receive),
+    each such line is the text, byte for byte, that the Packet's encoder writes; a record of another link type has
+    no such line."""
+    import io
+    from netns import ping
+    from fcap.live.output import JsonSink
+    from fcap.live.session import Config, Session
+    from fcap.text.jsonout import packet_line
+    lines = {}
+    for linktype in ("EN10MB", "LINUX_SLL2"):
+        s = Session(Config(points=["dev:queue", "dev:receive"], linktype=linktype, filter="udp or tcp or icmp"))
+        s.resolve()
+        s.open()
+        try:
+            s.attach()
+            send_udp("127.0.0.1", sink.port, [b"q" * n for n in (0, 300, 1400)])
+            tcp_bulk("127.0.0.1", 3000)
+            ping("127.0.0.1", count=2, interval=0.05)
+            time.sleep(SETTLE)
+            recs: list = []
+            s.run(lambda r: recs.append(r) or True, stop=lambda: True)
+            js = JsonSink(io.StringIO())
+            js.open(s)
+            lines[linktype] = [(js.fast(r) if js.fast else None, packet_line(js.packet(r))) for r in recs]
+        finally:
+            s.close()
+    fast = lines["EN10MB"]
+    assert len(fast) > 12 and all(a == b for a, b in fast), [(a, b) for a, b in fast if a != b][:2]
+    objs = [json.loads(b) for _a, b in fast]
+    assert {o["point"] for o in objs} == {"dev:queue", "dev:receive"} and any("queue" in o for o in objs)
+    assert {p for o in objs for p in ("udp", "tcp", "icmp") if p in o} == {"udp", "tcp", "icmp"}
+    assert all(a is None for a, _b in lines["LINUX_SLL2"]) and lines["LINUX_SLL2"]
+
+
 def _flag_bits(names: list[str]) -> int:
     from fcap.text.dissect.transport import TCP_FLAG_NAMES
     return sum(1 << TCP_FLAG_NAMES.index(n) for n in names)

@@ -425,16 +425,24 @@ class JsonSink(PacketSink):
         self.line_buffered = line_buffered
         self.path = "stdout"
 
+    def open(self, session) -> None:
+        super().open(session)
+        from fcap.live.jsonlines import record_lines
+        self.fast = record_lines(self)   # (the common records' lines without a Packet, where this capture has them)
+
     def write(self, rec) -> None:
-        self._line(self.packet(rec))
+        line = self.fast(rec) if self.fast is not None else None
+        if line is None:
+            from fcap.text.jsonout import packet_line
+            line = packet_line(self.packet(rec))
+        self.out.write(line)
+        if self.line_buffered:
+            self.out.flush()
 
     def replay(self, rec) -> None:
         """-r FILE --json: a record read from a file, as its fcap.Packet (as fcap.read gives it)."""
-        self._line(file_packet(rec))
-
-    def _line(self, packet: Packet) -> None:
         from fcap.text.jsonout import packet_line
-        self.out.write(packet_line(packet))
+        self.out.write(packet_line(file_packet(rec)))
         if self.line_buffered:
             self.out.flush()
 

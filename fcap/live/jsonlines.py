@@ -1,0 +1,78 @@
+"""Live --json's lines of the common records without a Packet: where a capture's records say nothing but their
+metadata (no feature asked for, no verdict, Ethernet), each line is one %-format over the record's attributes and
+the headers' text (fcap.text.dissect.common.ether_json), the same text fcap.text.jsonout.packet_line writes of the
+record's fcap.Packet (tests/test_json.py holds the two to each other); any other record goes through the Packet."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fcap.features.metadata import METADATA, Metadata
+from fcap.files import linktypes
+from fcap.text.dissect.common import ether_json
+from fcap.text.jsonout import _ENCODER, _META
+
+# how a metadata attribute is written: all numbers but the skb's address, a hex string (jq's doubles would round it)
+_FORMS = {"skb": '"0x%016x"', "comm": "%s"}
+
+
+def record_lines(sink) -> Callable | None:
+    """rec -> its line, or None where it needs the Packet; None where no record of this capture can do without
+    (sink: an open JsonSink, its options the session's RecordNotes)."""
+    notes = sink.options
+    if sink.linktype != linktypes.EN10MB.number or [type(n) for n in notes.notes] != [Metadata]:
+        return None
+    if notes.decided or any(v is not None for v in notes.verdicts.values()):
+        return None
+    shown = [name for name in _META if name in METADATA or name in ("point", "packet_id", "queue", "direction")]
+    if set(_META) - set(shown) - {"cgroup", "netns_name", "cgroup_path", "container", "pod", "reason", "location",
+                                  "nft_family", "nft_table", "nft_chain", "nft_rule", "nft_policy", "nft_netns",
+                                  "stack"}:
+        return None   # (a Packet attribute this writer does not know: the Packet's way)
+    formats = {}
+    for point, name in sink.names.items():
+        for queued in (False, True):
+            formats[point, queued] = _format(shown, _ENCODER.encode(name), sink.directions.get(point), queued)
+    return _Lines(formats, [n for n in shown if n not in ("point", "direction")], sink.session.clock_offset_ns).line
+
+
+def _format(shown: list, point: str, direction: str | None, queued: bool) -> str:
+    """The line's %-format up to the headers' text: ts_ns, then the shown attributes in _META's order."""
+    out = ['{"ts_ns":%d']
+    for name in shown:
+        if name == "point":
+            out.append(',"point":' + point.replace("%", "%%"))
+        elif name == "direction":
+            if direction is not None:
+                out.append(f',"direction":"{direction}"')
+        elif name == "queue":
+            if queued:
+                out.append(',"queue":%d')
+        else:
+            out.append(f',"{name}":' + _FORMS.get(name, "%d"))
+    return "".join(out) + ',"len":%d,"caplen":%d,"linktype":1,%s}\n'
+
+
+class _Lines:
+    def __init__(self, formats: dict, values: list, offset_ns: int):
+        self.formats, self.values, self.offset = formats, values, offset_ns   # (values: the formats' order)
+        self.comms: dict[str, str] = {}
+
+    def line(self, rec) -> str | None:
+        data = rec.data
+        text = ether_json(data, rec.orig_len)
+        fmt = self.formats.get((rec.point, rec.queue is not None))
+        if text is None or fmt is None:
+            return None
+        comm = self.comms.get(rec.comm)
+        if comm is None:
+            comm = self.comms[rec.comm] = _ENCODER.encode(rec.comm)
+        values = [rec.ts_ns + self.offset]
+        for name in self.values:
+            if name == "queue":
+                if rec.queue is not None:
+                    values.append(rec.queue)
+            else:
+                values.append(rec.id if name == "packet_id" else comm if name == "comm" else getattr(rec, name))
+        values += (rec.orig_len, len(data), text)
+        return fmt % tuple(values)
