@@ -340,7 +340,7 @@ Record = namedtuple("Record", [a for a in READ] + ["data", "dumps", "stack"], de
 def _parser():
     """parse_record's body, made once from the fields' READS (as namedtuple makes its class): one unpack and one
     expression per attribute, as a hand-written parser would do it."""
-    values = ", ".join(f"{attr}=" + record.READS[how].format(v=f"m.{field}") for attr, (field, how) in READ.items())
+    values = ", ".join(record.READS[how].format(v=f"m.{field}") for field, how in READ.values())   # (Record's order)
     src = ("def parse_record(raw):\n"
            "    m = unpack(raw)\n"
            "    body = META_SIZE + m.hdr\n"
@@ -348,8 +348,9 @@ def _parser():
            "        data = bytes(raw[META_SIZE:META_SIZE + m.fast])\n"
            "    else:\n"
            "        data = bytes(raw[META_SIZE:body]) + bytes(raw[body + m.skip:body + m.copy])\n"
-           f"    return Record({values}, data=data)\n")
-    scope = {"unpack": META.unpack, "META_SIZE": META_SIZE, "FLAG_QUEUE": FLAG_QUEUE, "Record": Record}
+           f"    return new(Record, ({values}, data, (), None))\n")
+    scope = {"unpack": META.unpack, "META_SIZE": META_SIZE, "FLAG_QUEUE": FLAG_QUEUE, "Record": Record,
+             "new": tuple.__new__}   # (positional: a namedtuple's keywords cost ~1 us a record more)
     exec(src, scope)   # noqa: S102 - the source is made above from the declarations, nothing from outside
     fn = scope["parse_record"]
     fn.__doc__ = "A perf sample's bytes (META, header bytes, skb bytes) as a Record."

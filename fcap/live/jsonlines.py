@@ -5,6 +5,7 @@ record's fcap.Packet (tests/test_json.py holds the two to each other); any other
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Callable
 
 from fcap.features.metadata import METADATA, Metadata
@@ -55,8 +56,15 @@ def _format(shown: list, point: str, direction: str | None, queued: bool) -> str
 
 class _Lines:
     def __init__(self, formats: dict, values: list, offset_ns: int):
-        self.formats, self.values, self.offset = formats, values, offset_ns   # (values: the formats' order)
+        self.formats, self.offset = formats, offset_ns
         self.comms: dict[str, str] = {}
+        # the record's attributes in the formats' order (packet_id is the record's id; queue where it has one), and
+        # where comm stands among them (written as JSON: the encoded text of each name, made once)
+        names = ["id" if n == "packet_id" else n for n in values]
+        self.get = {}
+        for queued in (False, True):
+            got = [n for n in names if queued or n != "queue"]
+            self.get[queued] = (attrgetter(*got), got.index("comm"))
 
     def line(self, rec) -> str | None:
         data = rec.data
@@ -67,12 +75,6 @@ class _Lines:
         comm = self.comms.get(rec.comm)
         if comm is None:
             comm = self.comms[rec.comm] = _ENCODER.encode(rec.comm)
-        values = [rec.ts_ns + self.offset]
-        for name in self.values:
-            if name == "queue":
-                if rec.queue is not None:
-                    values.append(rec.queue)
-            else:
-                values.append(rec.id if name == "packet_id" else comm if name == "comm" else getattr(rec, name))
-        values += (rec.orig_len, len(data), text)
-        return fmt % tuple(values)
+        get, at = self.get[rec.queue is not None]
+        values = get(rec)
+        return fmt % (rec.ts_ns + self.offset, *values[:at], comm, *values[at + 1:], rec.orig_len, len(data), text)
