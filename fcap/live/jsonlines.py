@@ -10,6 +10,7 @@ from typing import Callable
 
 from fcap.features.metadata import METADATA, Metadata
 from fcap.files import linktypes
+from fcap.kernel.layout import COMMENT
 from fcap.text.dissect.common import ether_json
 from fcap.text.jsonout import _ENCODER, _META
 
@@ -26,6 +27,8 @@ def record_lines(sink) -> Callable | None:
     if notes.decided or any(v is not None for v in notes.verdicts.values()):
         return None
     shown = [name for name in _META if name in METADATA or name in ("point", "packet_id", "queue", "direction")]
+    if any(style == "str" and attr != "comm" for _pre, attr, style in COMMENT if attr in METADATA):
+        return None   # (a text attribute but comm: this writer writes numbers and comm)
     if set(_META) - set(shown) - {"cgroup", "netns_name", "cgroup_path", "container", "pod", "reason", "location",
                                   "nft_family", "nft_table", "nft_chain", "nft_rule", "nft_policy", "nft_netns",
                                   "stack"}:
