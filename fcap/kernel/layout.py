@@ -81,7 +81,7 @@ class Layout:
 # ---- the metadata record: META bytes, then the made-up link header and header bytes, then the skb's bytes -------
 def meta_fields(fields: tuple = record.FIELDS, header: tuple = record.FILE_HEADER) -> tuple:
     """META's (name, struct format) pairs from the fields' declarations (fcap.kernel.record): each field at its
-    natural alignment (padding put in before it; fast at 8 bytes'), the file's record header last, the whole a
+    natural alignment (padding put in before it; fast on 8 bytes), the file's record header last, the whole a
     multiple of 8 bytes.
     A layout that breaks the rules the program and the drains rely on is refused (ProgramError): ts first, then id,
     then skb, fast last, so that every other field lies from skb to fast (fcap.live.drain caches a block's options
@@ -301,7 +301,7 @@ def _widest(attr: str, style: str) -> int:
 # Its area at the end of the scratch value: the META bytes the middle was made from (packed as in META), whether
 # they are valid, the middle's length, the last packet's skb high half and length with their text, and the text
 # (written at positions masked to TEXT_POS_MASK, and up to 16 bytes past them).
-COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE.get(attr, attr) for _pre, attr, _s in COMMENT[1:-1]))
+COMMENT_KEY = tuple(dict.fromkeys(COMMENT_SOURCE[attr] for _pre, attr, _s in COMMENT[1:-1]))
 KEY_WORDS = META.words(COMMENT_KEY)
 TEXT_POS_MASK = 255
 MID_MAX = sum(len(pre) + _widest(attr, style) for pre, attr, style in COMMENT[1:-1])

@@ -26,13 +26,10 @@ def record_lines(sink) -> Callable | None:
         return None
     if notes.decided or any(v is not None for v in notes.verdicts.values()):
         return None
-    shown = [name for name in _META if name in METADATA or name in ("point", "packet_id", "queue", "direction")]
     if any(style == "str" and attr != "comm" for _pre, attr, style in COMMENT if attr in METADATA):
         return None   # (a text attribute but comm: this writer writes numbers and comm)
-    if set(_META) - set(shown) - {"cgroup", "netns_name", "cgroup_path", "container", "pod", "reason", "location",
-                                  "nft_family", "nft_table", "nft_chain", "nft_rule", "nft_policy", "nft_netns",
-                                  "stack"}:
-        return None   # (a Packet attribute this writer does not know: the Packet's way)
+    # the attributes PacketSink.packet gives besides the notes' (Metadata's alone here: the others are None, left out)
+    shown = [name for name in _META if name in METADATA or name in ("point", "packet_id", "queue", "direction")]
     formats = {}
     for point, name in sink.names.items():
         for queued in (False, True):
