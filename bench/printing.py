@@ -1,4 +1,5 @@
-"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json), fcap.read(), fcap.batches() beside tcpdump -r -nn.
+"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json, --decode), fcap.read(), fcap.batches() beside tcpdump
+-r -nn (and -nn -v).
 
     python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR]
 
@@ -7,8 +8,9 @@ neighbour discovery, ARP; a few hundred distinct packets over 40 conversations, 
 to a temporary directory. Each round runs every case once, in the same order (interleaved, so that a busy machine
 weighs on all alike): the tools as users run them with stdout to /dev/null, and a child iterating fcap.read(FILE)
 that touches each Packet's common attributes. The CPU of a case is its child's user + sys time (os.wait4); the
-table gives the median over the rounds in µs per packet and the ratio to tcpdump -nn's. The file is printed whole
-(no -c; -v its first --v-packets): start-up (Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets."""
+table gives the median over the rounds in µs per packet and the ratio to tcpdump's with the same flags (-nn, or
+-nn -v; --decode, scapy's, to -nn's). The file is printed whole (no -c; --decode its first --v-packets): start-up
+(Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets."""
 
 from __future__ import annotations
 
@@ -129,13 +131,21 @@ def cpu_of(argv: list[str]) -> float:
 
 
 def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
+    """(name, argv): tcpdump's two cases first (each fcap case is compared with the tcpdump case of its flags)."""
     tcpdump = shutil.which("tcpdump")
-    out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"])] if tcpdump else []
+    out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"]),
+           ("tcpdump -r F -nn -v", [tcpdump, "-r", path, "-nn", "-v"])] if tcpdump else []
     return out + [("fcap -r F -nn", FCAP + ["-r", path, "-nn"]),
-                  ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v", "-c", str(v_packets)]),
+                  ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v"]),
                   ("fcap -r F --json", FCAP + ["-r", path, "--json"]),
                   ("fcap.read(F)", [sys.executable, "-c", API % path]),
-                  ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path])]
+                  ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path]),
+                  ("fcap -r F --decode", FCAP + ["-r", path, "--decode", "-c", str(v_packets)])]
+
+
+def _baseline(name: str) -> str:
+    """The tcpdump case a case is compared with: -v with tcpdump -nn -v, every other with tcpdump -nn."""
+    return "tcpdump -r F -nn -v" if name.endswith("-v") else "tcpdump -r F -nn"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packets", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--v-packets", type=int, default=20_000,
-                    help="-v prints only the first N (-c N; scapy's decode: ~0.7 ms a packet)")
+                    help="--decode prints only the first N (-c N; scapy's decode: ~0.7 ms a packet)")
     ap.add_argument("--keep", metavar="DIR", help="write the pcap into DIR and leave it there")
     ap.add_argument("--only", action="append", help="only the cases whose name contains this (repeatable)")
     a = ap.parse_args(argv)
@@ -157,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.rounds):
             for name, cmd in todo:
                 times[name].append(cpu_of(cmd))
-        base = statistics.median(times[todo[0][0]]) if todo[0][0].startswith("tcpdump") else None
         print(f"{a.packets} packets ({distinct} distinct, Ethernet), median CPU of {a.rounds} rounds\n")
-        print("| case | µs/packet | × tcpdump -nn |\n|---|---:|---:|")
+        print("| case | µs/packet | × tcpdump (-nn, or -nn -v for -v) |\n|---|---:|---:|")
         for name, _ in todo:
             med = statistics.median(times[name])
-            n = min(a.v_packets, a.packets) if name.endswith("-v") else a.packets
-            ratio = f"{med / n / (base / a.packets):.1f}" if base else "-"
+            n = min(a.v_packets, a.packets) if name.endswith("--decode") else a.packets
+            base = times.get(_baseline(name))
+            ratio = f"{med / n / (statistics.median(base) / a.packets):.1f}" if base else "-"
             print(f"| `{name}` | {med / n * 1e6:.2f} | {ratio} |")
     finally:
         if not a.keep:

@@ -400,9 +400,11 @@ def test_corpus_never_raises():
             recs = list(read(path))
         except PcapFormatError:
             continue
-        s = Summarizer()
+        s, v = Summarizer(), Summarizer(verbose=2)
         for rec in recs:
             assert isinstance(s(rec.ts_ns, rec.data, rec.linktype, rec.orig_len), str)
+            shown = v.line(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+            assert "undecodable" not in shown.line + shown.more, (path.name, shown)
             n += 1
     assert n > 10000
 
@@ -421,9 +423,12 @@ def test_garbage_never_raises(linktype, data):
         if blob:
             blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
     blob = blob[:data.draw(st.integers(0, len(blob)))] + data.draw(st.binary(max_size=8))
-    line = Summarizer()(0, bytes(blob), linktype, len(blob) + data.draw(st.integers(0, 3)))
+    orig = len(blob) + data.draw(st.integers(0, 3))
+    line = Summarizer()(0, bytes(blob), linktype, orig)
     assert isinstance(line, str) and "\n" not in line
     assert "undecodable" not in line  # the catch-all in describe() is for bugs; garbage is not one
+    verbose = Summarizer(verbose=2).line(0, bytes(blob), linktype, orig)   # (-vv: options, checksums, quotes)
+    assert "undecodable" not in verbose.line + verbose.more
 
 
 def test_describe_examples():
@@ -524,7 +529,7 @@ def test_printer_says_once_that_scapy_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "scapy", None)
     monkeypatch.setitem(sys.modules, "scapy.all", None)
     udp = bytes(eth(UDP4))
-    lines = printed([(T0 + i, udp, len(udp)) for i in range(3)], verbose=1)
+    lines = printed([(T0 + i, udp, len(udp)) for i in range(3)], decode=True)
     assert len(lines) == 4 and sum("pip install 'fcap[decode]'" in line for line in lines) == 1, lines
     assert lines[1].startswith("  (decoding with scapy needs scapy")
 
@@ -535,5 +540,5 @@ def test_printer_hex_and_decode():
     assert printed([(T0, udp, len(udp))], hex=2)[1:] == hexdump(udp).splitlines()        # -xx: all of it
     assert printed([(T0, udp, len(udp))], hexascii=1)[1:] == hexdump(udp[14:], True).splitlines()
     assert printed([(T0, udp, len(udp))], hexascii=1, hex=1, ascii=1) == printed([(T0, udp, len(udp))], hexascii=1)
-    text = "\n".join(printed([(T0, udp, len(udp))] * 2, verbose=1))
+    text = "\n".join(printed([(T0, udp, len(udp))] * 2, decode=True))
     assert text.count("###[ Ethernet ]###") == 2

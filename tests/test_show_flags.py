@@ -23,7 +23,9 @@ from test_show import (CORPUS, LO4, LO6, SYN, T0, TCPDUMP, UDP4, arp_packets, co
                        ipv6_packets, need_tcpdump, printed_packets, tcp_conversation, tcpdump_packets, write_pcap)
 
 from scapy.all import (ARP, ICMP, IP, TCP, UDP, CookedLinux, CookedLinuxV2, Dot1Q, ICMPv6DestUnreach,  # noqa: E402
-                       ICMPv6EchoRequest, IPv6, IPv6ExtHdrFragment, IPv6ExtHdrRouting, Raw)
+                       ICMPv6EchoReply, ICMPv6EchoRequest, IPOption_LSRR, IPOption_Router_Alert, IPOption_RR,
+                       IPOption_Timestamp, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop,
+                       IPv6ExtHdrRouting, PadN, Raw, RouterAlert)
 
 
 # ------------------------------------------------------------------------------------------ tcpdump's flags
@@ -77,6 +79,7 @@ def test_dumps_and_link_headers_of_every_truncation_like_tcpdump(tmp_path, linkt
     packets = every_prefix(packets)
     compare_printed(tmp_path, linktype, packets, "-x")
     compare_printed(tmp_path, linktype, packets, "-e")
+    compare_printed(tmp_path, linktype, packets, "-vv", "-x")
 
 
 @need_tcpdump
@@ -154,11 +157,12 @@ _IN_SCOPE = re.compile(r"^(IP6? (\S+ > \S+: (UDP, (bad )?length \d+|Flags \[[^]]
 
 @need_tcpdump
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"no corpus at {CORPUS}")
-@pytest.mark.parametrize("flags", [("-e", "-X"), ("-A", "-ttt")])
+@pytest.mark.parametrize("flags", [("-e", "-X"), ("-A", "-ttt"), ("-v",), ("-vv", "-e", "-x"), ("-v", "-K")])
 def test_corpus_with_flags_like_tcpdump(flags):
     """Over tcpdump's own captures, every packet whose line this printer decodes: everything printed with these
-    flags (the link-level header, the dumps, the times since the packet before) is tcpdump's."""
-    out_of_scope = re.compile(r"mptcp|md5|tcp-ao|node information|RPL")
+    flags (the link-level header, the dumps, the times since the packet before, -v's header fields, checksums
+    and quoted packets) is tcpdump's."""
+    out_of_scope = re.compile(r"mptcp|md5|tcp-ao|node information|RPL|mobile router")
     files = [f for f in sorted(CORPUS.iterdir()) if not re.search(r"macsec|timestamp_invalid", f.name)]
 
     def run(path: Path):
@@ -178,12 +182,83 @@ def test_corpus_with_flags_like_tcpdump(flags):
             ours = printed_packets([r[:3] for r in recs], recs[0][3], "--nano", *flags)
             for i, (line, t, o) in enumerate(zip(plain, theirs, ours)):
                 body = line.split("\n", 1)[0].split(" ", 1)[-1]
-                if _IN_SCOPE.match(body) and not out_of_scope.search(body):
+                if _IN_SCOPE.match(body) and not out_of_scope.search(body) and _quotes_in_scope(t):
                     checked += 1
                     if t != o:
                         diffs.append(f"{path.name} #{i + 1}\n  tcpdump: {t!r}\n  fcap:    {o!r}")
     assert checked > 2500
     assert not diffs, "\n".join(diffs[:10])
+
+
+def verbose_packets() -> list[bytes]:
+    """What tcpdump -v shows more of: the IP headers' fields (ECN, DF and MF, a fragment's offset, options of
+    either version), checksums right and wrong (over a source route's final destination too), a reset's text, an
+    ICMP error's quoted packet and its MPLS extension."""
+    ip = IP(src=LO4, dst="10.9.9.9", tos=0x13, id=77, flags="DF", ttl=9)
+    bad = {"chksum": 0x1234}
+    mpls = bytes.fromhex("20000000") + struct.pack(">HBB", 8, 1, 1) + struct.pack(">I", 16005 << 12 | 0x1FF)
+    mpls = mpls[:2] + struct.pack(">H", ~sum(struct.unpack(">6H", mpls)) % 0xFFFF) + mpls[4:]
+    quoted = bytes(IP(src="10.9.9.9", dst=LO4, ttl=1) / UDP(sport=4000, dport=33434) / Raw(b"t" * 100))[:128]
+    packets = [
+        ip / TCP(sport=1, dport=2, flags="S", seq=9), ip / TCP(sport=1, dport=2, flags="S", seq=9, **bad),
+        ip / TCP(sport=1, dport=2, flags="RA", seq=9, ack=3) / Raw(b"reset: no such\x01\xff port, and more than 30"),
+        ip / UDP(sport=1, dport=2) / Raw(b"x" * 5), ip / UDP(sport=1, dport=2, **bad) / Raw(b"x" * 5),
+        ip / UDP(sport=1, dport=2, chksum=0), IP(src=LO4, dst=LO4, **bad) / UDP(sport=1, dport=2),
+        IP(src=LO4, dst=LO4, flags="MF", frag=0) / UDP(sport=1, dport=2) / Raw(b"y" * 16),
+        IP(src=LO4, dst=LO4, frag=3, proto=17) / Raw(b"y" * 16), IP(src=LO4, dst=LO4, tos=3, ttl=0) / ICMP(),
+        IP(src=LO4, dst=LO4) / ICMP(**bad),
+        IP(src=LO4, dst=LO4, options=[IPOption_RR(routers=["1.2.3.4"] * 2)]) / ICMP(),
+        IP(src=LO4, dst=LO4, options=[IPOption_LSRR(routers=["1.2.3.4", "5.6.7.8"], pointer=4)])
+        / TCP(sport=1, dport=2),
+        IP(src=LO4, dst=LO4, options=[IPOption_Timestamp(flg=1, timestamp=5, internet_address="1.1.1.1",
+                                                         length=12, pointer=5), IPOption_Router_Alert()]) / ICMP(),
+        IP(src=LO4, dst=LO4) / ICMP(type=3, code=3) / IP(src=LO4, dst="10.9.9.9", **bad) / TCP(sport=5, dport=6),
+        IP(src=LO4, dst=LO4) / ICMP(type=11, code=0, length=32) / Raw(quoted + mpls),
+        IPv6(src=LO6, dst=LO6, tc=0x22, fl=0x12345) / TCP(sport=1, dport=2, flags="S"),
+        IPv6(src=LO6, dst=LO6) / UDP(sport=1, dport=2, **bad) / Raw(b"z"),
+        IPv6(src=LO6, dst=LO6) / IPv6ExtHdrRouting(addresses=["2001:db8::1"], segleft=1) / UDP(sport=1, dport=2),
+        IPv6(src=LO6, dst=LO6) / IPv6ExtHdrHopByHop(options=[RouterAlert(), PadN(optdata=b"\0\0")])
+        / ICMPv6EchoRequest(id=3, seq=4),
+        IPv6(src=LO6, dst=LO6) / IPv6ExtHdrDestOpt(options=[PadN(optdata=b"\0" * 4)]) / ICMPv6EchoReply(**{"cksum": 7}),
+        IPv6(src=LO6, dst=LO6) / IPv6ExtHdrFragment(m=1, id=0x1234) / UDP(sport=1, dport=2) / Raw(b"q" * 8),
+    ]
+    return [bytes(eth(p)) for p in packets] + [bytes(p) for p in arp_packets()]
+
+
+@need_tcpdump
+@pytest.mark.parametrize("flags", [("-v",), ("-vv",), ("-v", "-K"), ("-vvv", "-e", "-X")])
+def test_verbose_like_tcpdump(tmp_path, flags):
+    """tcpdump's -v (-vv, -K): each kind of packet it shows more of, and every truncation of them, printed as
+    tcpdump prints it."""
+    packets = verbose_packets()
+    compare_printed(tmp_path, 1, packets, *flags)
+    compare_printed(tmp_path, 1, every_prefix(packets[:3] + packets[13:16] + packets[20:21]), *flags)
+
+
+def test_checksums():
+    """The one's complement sum (by the remainder modulo 0xFFFF) against the word-by-word one, RFC 1071's example,
+    and tcpdump's "should be" value."""
+    from fcap.text.dissect.cksum import in_cksum, ones_sum, shouldbe
+
+    def by_words(data: bytes) -> int:
+        data += b"\0" * (len(data) % 2)
+        s = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+        while s >> 16:
+            s = (s & 0xFFFF) + (s >> 16)
+        return s
+    assert ones_sum(bytes.fromhex("0001f203f4f5f6f7")) == 0xDDF2   # RFC 1071, 3.
+    for data in (b"", b"\0\0", b"\xff\xff", b"\xff\xff\xff\xff", b"\x01", bytes(range(256)) * 3, b"\xff\xfe\x00\x01"):
+        assert ones_sum(data) == by_words(data), data
+    header = bytes(IP(src=LO4, dst="10.9.9.9"))[:20]
+    assert in_cksum(header) == 0
+    broken = header[:10] + b"\x12\x34" + header[12:]
+    assert shouldbe(0x1234, in_cksum(broken)) == int.from_bytes(header[10:12], "big")
+
+
+def _quotes_in_scope(text: str) -> bool:
+    """Whether the packet an ICMP error quotes, as tcpdump -v prints it, is one this printer decodes (not DNS...)."""
+    quoted = re.search(r"\n\t(?:IP )?\(.*\)\n    (.*)", text)
+    return not quoted or bool(_IN_SCOPE.match("IP " + quoted.group(1)))
 
 
 @need_tcpdump

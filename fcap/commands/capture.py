@@ -190,7 +190,7 @@ def _dump(session, args) -> int:
 
 # flags that only change printed lines: given one, a user wants lines even on a pipe (as tcpdump prints them)
 _TEXT_FLAGS = ("line_buffered", "numeric", "count_only", "link_header", "ascii", "hex", "hexascii", "verbose", "time",
-               "absolute_seq", "nano")
+               "absolute_seq", "nano", "decode")
 
 
 def _to_stdout(args) -> bool:

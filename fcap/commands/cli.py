@@ -63,7 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-x", dest="hex", action="count", default=0, help="print each packet in hex")
     p.add_argument("-X", dest="hexascii", action="count", default=0, help="print each packet in hex and ASCII")
     p.add_argument("-q", dest="quiet", action="store_true", help="no 'listening on' / summary lines")
-    p.add_argument("-v", dest="verbose", action="count", default=0, help="decode each packet with scapy")
+    p.add_argument("-v", dest="verbose", action="count", default=0,
+                   help="verbose lines, as tcpdump -v: the IP headers' fields, checksums checked, an ICMP error's "
+                        "quoted packet (-vv: UDP's checksum over IPv4 too, every TCP sequence number)")
+    p.add_argument("--decode", action="store_true", help="decode each packet with scapy under its line")
     p.add_argument("--nano", action="store_true", help="nanosecond timestamps in printed lines")
     p.add_argument("-e", dest="link_header", action="count", default=0, help="print the link-level header")
     p.add_argument("-A", dest="ascii", action="count", default=0,
@@ -75,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="flush the printed lines as they come, at each poll (| grep)")
     p.add_argument("-S", dest="absolute_seq", action="store_true", help="absolute TCP sequence numbers")
     p.add_argument("-K", dest="no_checksums", action="store_true",
-                   help="do not verify checksums (fcap never does: accepted for tcpdump's sake)")
+                   help="with -v, do not verify the IP, TCP and UDP checksums")
     p.add_argument("--json", action="store_true",
                    help="print each packet as one line of JSON (time, point, metadata, drop reason, dumps, headers) "
                         "for jq; live or with -r")
@@ -298,7 +301,8 @@ def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
 
 # flags that make no sense with --json (its lines have one shape): what they ask for instead, for the error line
 _NOT_WITH_JSON = (("write", "-w"), ("hex", "-x"), ("hexascii", "-X"), ("ascii", "-A"), ("link_header", "-e"),
-                  ("verbose", "-v"), ("count_only", "--count"), ("live_path", "--path"), ("format", "--format"),
+                  ("verbose", "-v"), ("decode", "--decode"),
+                  ("count_only", "--count"), ("live_path", "--path"), ("format", "--format"),
                   ("file_size", "-C"), ("seconds", "-G"), ("files", "-W"))
 
 

@@ -1,5 +1,5 @@
-"""Text output of the command line: one tcpdump line per packet with tcpdump's flags for it (-e -t... -S --nano),
-then -x/-X/-A dumps or scapy's decode; --count counts instead; -l flushes each packet's lines."""
+"""Text output of the command line: one tcpdump line per packet with tcpdump's flags for it (-e -v -t... -S --nano),
+then -x/-X/-A dumps or scapy's decode (--decode); --count counts instead; -l flushes each packet's lines."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ class PrintOptions(NamedTuple):
     hex: int = 0                 # -x (twice: -xx)
     hexascii: int = 0            # -X
     ascii: int = 0               # -A
-    verbose: int = 0             # -v: scapy's decode under each line
+    verbose: int = 0             # -v (-vv...): tcpdump's verbose lines
+    no_checksums: bool = False   # -K: -v checks no IP, TCP or UDP checksum
+    decode: bool = False         # --decode: scapy's decode under each line
     count_only: bool = False     # --count
     line_buffered: bool = False  # -l
     nano: bool = False           # --time-stamp-precision=nano
@@ -30,14 +32,15 @@ class Printer:
         from fcap.text import show
         self.out = out
         self.hex, self.hexascii, self.ascii = options.hex, options.hexascii, options.ascii
-        self.decode = options.verbose > 0
+        self.decode = options.decode
         self.count_only = options.count_only
         self.line_buffered = options.line_buffered
         self.counted = 0
         self.summarizer = show.Summarizer(precision="nano" if options.nano else "micro",
                                           time_style=show.time_style(options.time),
                                           relative_seq=not options.absolute_seq, eflag=options.link_header > 0,
-                                          suppress=bool(self.hex or self.hexascii))
+                                          suppress=bool(self.hex or self.hexascii), verbose=options.verbose,
+                                          checksums=not options.no_checksums)
         self.dump_compact = options.dump_style == "compact"
         self.dump_zeroes = options.dump_zeroes
 
@@ -67,11 +70,11 @@ class Printer:
         return "".join(parts)
 
     def lines_only(self) -> bool:
-        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, -e or --count) and its time stands
-        alone (not -ttt, -ttttt): the case fcap.text.fastlines makes a batch at a time (with -l, flushed after
-        each batch)."""
+        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, --decode, -e or --count) and its
+        time stands alone (not -ttt, -ttttt): the case fcap.text.fastlines makes a batch at a time (with -l,
+        flushed after each batch)."""
         return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only
-                    or self.summarizer.eflag) and self.summarizer.stateless_time()
+                    or self.summarizer.eflag or self.summarizer.verbose) and self.summarizer.stateless_time()
 
     def write_batch(self, text: str) -> None:
         """Lines made by fcap.text.fastlines, flushed with -l."""

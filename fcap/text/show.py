@@ -118,13 +118,15 @@ class _Clock:
 
 class Summarizer:
     """One line per packet as `tcpdump -nn` prints it, with tcpdump's relative TCP sequence numbers (unless
-    relative_seq=False, as -S), the link-level header with eflag (-e), the time in a style of TIME_STYLES.
+    relative_seq=False, as -S), the link-level header with eflag (-e), the time in a style of TIME_STYLES, more of
+    each header with verbose (tcpdump's -v count), its checksums checked unless checksums=False (-K).
     prefix (say "[ip_output]") goes between the timestamp and the packet, and first on the lines of invalid
     packets, which tcpdump prints without a timestamp."""
 
     def __init__(self, precision: str = "micro", time_style: str = "local", relative_seq: bool = True,
-                 eflag: bool = False, suppress: bool = False) -> None:
+                 eflag: bool = False, suppress: bool = False, verbose: int = 0, checksums: bool = True) -> None:
         self.precision, self.time_style, self.eflag, self.suppress = precision, time_style, eflag, suppress
+        self.verbose, self.checksums = verbose, checksums
         self.seqs: dict | None = {} if relative_seq else None
         self.clock = _Clock(precision, time_style == "since_first") if time_style in ("delta", "since_first") \
             else None
@@ -143,12 +145,13 @@ class Summarizer:
         seqs = self.seqs
         if seqs is not None and len(seqs) > 100_000:
             seqs.clear()  # tcpdump's table only grows; forgetting old conversations costs one absolute line
-        text = ether_line(data, orig_len, seqs) if linktype == _EN10MB and not self.eflag and orig_len <= SNAPLEN \
-            else None
+        text = ether_line(data, orig_len, seqs) if linktype == _EN10MB and not (self.eflag or self.verbose) \
+            and orig_len <= SNAPLEN else None
         if text is not None:   # (the common packets' line: fcap.text.dissect.common)
             shown = Shown(text, 14)
         else:
-            shown = _describe(data, linktype, orig_len, seqs, self.eflag, self.suppress)
+            shown = _describe(data, linktype, orig_len, seqs, self.eflag, self.suppress, self.verbose,
+                              self.checksums)
             text = shown.line
         if prefix:
             text = f"{prefix} {text}"
@@ -199,7 +202,7 @@ def describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = 
 
 
 def _describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None, eflag: bool,
-              suppress: bool = False) -> Shown:
+              suppress: bool = False, verbose: int = 0, checksums: bool = True) -> Shown:
     caplen = len(data)
     bad = [" caplen==0"] if caplen == 0 else []
     if orig_len == 0 or orig_len < caplen:
@@ -208,7 +211,7 @@ def _describe(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None, 
             if n > SNAPLEN]
     if bad:
         return Shown("[Invalid header:" + ",".join(bad) + "]", None)
-    d = dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress)
+    d = dissect(data, linktype, orig_len, tcp_seqs, eflag, suppress, verbose, checksums)
     return Shown(d.text, d.hdr, d.more)
 
 

@@ -30,11 +30,13 @@ class Dissected(NamedTuple):
 
 
 def dissect(data: bytes, linktype: int, orig_len: int, tcp_seqs: dict | None = None, eflag: bool = False,
-            suppress: bool = False) -> Dissected:
+            suppress: bool = False, verbose: int = 0, checksums: bool = True) -> Dissected:
     """A packet whose lengths describe() found valid, as tcpdump prints it; never raises on damaged packets.
     tcp_seqs: the table of tcpdump's relative TCP sequence numbers, kept across packets (None: absolute).
-    eflag: print the link-level header (tcpdump -e). suppress: no hex of what is not decoded (-x, -X)."""
-    p = PrintState(data if isinstance(data, bytes) else bytes(data), tcp_seqs, eflag, suppress)
+    eflag: print the link-level header (tcpdump -e). suppress: no hex of what is not decoded (-x, -X).
+    verbose: tcpdump's -v count (IPv4's header fields on a line before the rest, checksums, an ICMP error's quoted
+    packet as -v prints it); checksums=False: -v checks no IP, TCP or UDP checksum (tcpdump -K)."""
+    p = PrintState(data if isinstance(data, bytes) else bytes(data), tcp_seqs, eflag, suppress, verbose, checksums)
     try:
         dissect_link(p, linktype, orig_len)
     except Truncated as e:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.reader import PrintState
+from fcap.text.dissect.cksum import in_cksum, shouldbe
+from fcap.text.dissect.reader import PrintState, hex_lines
+
+ICMP_ERRORS = frozenset((3, 4, 5, 11, 12))   # the types that quote a packet (tcpdump -v prints it)
+_MULTIPART = (3, 11, 12)     # the types that may carry RFC 4884's extensions after 128 bytes of the quoted packet
+_EXT_OBJECTS = {1: "MPLS Stack Entry", 2: "Interface Identification"}
 
 _ICMP = {0: "echo reply", 4: "source quench", 8: "echo request", 9: "router advertisement", 10: "router solicitation",
          13: "time stamp request", 14: "time stamp reply", 15: "information request", 16: "information reply",
@@ -18,7 +23,7 @@ _REDIRECT = {0: "redirect %s to net %s", 1: "redirect %s to host %s", 2: "redire
 
 # ------------------------------------------------------------------------------------------ ICMP
 
-def icmp(p: PrintState, off: int, plen: int) -> None:
+def icmp(p: PrintState, off: int, plen: int, fragmented: int = 0) -> None:
     p.proto = "icmp"
     kind, code = p.u8(off), p.u8(off + 1)
     p.layer("icmp", type=kind, code=code)
@@ -51,3 +56,46 @@ def icmp(p: PrintState, off: int, plen: int) -> None:
     else:  # (router advertisements and time stamp replies carry more than is shown here)
         text = _ICMP.get(kind, f"type-#{kind}")
     p.add(f"ICMP {text}, length {plen}")
+    if p.verbose and not fragmented and off + plen <= p.end:
+        computed = in_cksum(p.b[off:off + plen])
+        if computed:
+            field = p.u16(off + 2)
+            p.add(f" (wrong icmp cksum {field:x} (->{shouldbe(field, computed):x})!)")
+
+
+def icmp_extensions(p: PrintState, off: int, plen: int) -> None:
+    """tcpdump -v's multi-part extensions of an ICMP error (RFC 4884: MPLS label stacks, RFC 5837's interface
+    objects in hex), past the 128 bytes of the quoted packet; none when a zero length field and a wrong checksum
+    say there is no extension."""
+    if p.b[off] not in _MULTIPART or plen <= 136:
+        return
+    ext = off + 136
+    p.need(off, 141, soft=True)
+    if p.b[off + 5] == 0 and ext + plen - 136 <= p.end and in_cksum(p.b[ext:ext + plen - 136]):
+        return
+    p.add(f"\n\tICMP Multi-Part extension v{p.b[ext] >> 4}")
+    if p.b[ext] >> 4 != 2:
+        p.add(" packet not supported")
+        return
+    hlen = plen - 136
+    if ext + hlen <= p.end:
+        p.add(f", checksum 0x{p.u16(ext + 2):04x} ({'in' if in_cksum(p.b[ext:ext + hlen]) else ''}correct),"
+              f" length {hlen}")
+    hlen, obj = hlen - 4, ext + 4
+    while hlen > 4:
+        p.need(obj, 4, soft=True)
+        size, cls, ctype = p.u16(obj), p.b[obj + 2], p.b[obj + 3]
+        p.add(f"\n\t  {_EXT_OBJECTS.get(cls, 'unknown')} Object ({cls}), Class-Type: {ctype}, length {size}")
+        obj, hlen = obj + 4, hlen - 4
+        if cls == 0 or size < 4:
+            return
+        size -= 4
+        if cls == 1 and ctype == 1:
+            label = p.u32(obj)
+            p.add(f"\n\t    label {label >> 12}, tc {(label >> 9) & 7}" + (", [S]" if label & 0x100 else "")
+                  + f", ttl {label & 0xFF}")
+        elif size and obj < p.end:
+            p.add("".join("\n\t    " + line[1:] for line in hex_lines(p.b[obj:min(obj + size, p.end)]).split("\n")))
+        if hlen < size:
+            break
+        hlen, obj = hlen - size, obj + size

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from fcap.text.dissect.cksum import shouldbe, transport_cksum
 from fcap.text.dissect.icmp6_info import node_information, router_renumbering, rpl
+from fcap.text.dissect.icmp6_nd import OPTIONS_AT, nd_verbose
 from fcap.text.dissect.reader import PrintState, Truncated
 
 _ICMP6 = {1: "destination unreachable", 2: "packet too big", 3: "time exceeded in-transit", 4: "parameter problem",
@@ -17,6 +19,7 @@ _UNREACH6 = {0: "unreachable route", 1: " unreachable prohibited", 2: "beyond sc
              4: "unreachable port"}
 _PARAMPROB6 = {0: "erroneous", 1: "next header", 2: "option", 3: "incomplete header chain"}
 _ICMP6_DECODED = frozenset((1, 2, 3, 4, 155, *range(128, 148)))   # the types tcpdump's icmp6_print has a case for
+_LENGTH_FIRST = frozenset((133, 134, 135, 136, 137, 145, 147))   # -v prints their length after their name
 _IP6_EXT_HEADERS = (0, 43, 60, 51, 44)  # hop-by-hop, routing, destination options, AH, fragment
 
 
@@ -80,22 +83,32 @@ _ICMP6_BODY = {
 }
 
 
-def icmp6(p: PrintState, off: int, length: int) -> None:
+def icmp6(p: PrintState, off: int, length: int, ip_off: int, fragmented: int = 0) -> None:
     p.proto = "icmp6"
     if off + 2 <= p.end:
         p.layer("icmp6", type=p.b[off], code=p.b[off + 1])
     if length == 0:
         p.add("ICMP6, length 0 (invalid)")
         return
+    if p.verbose and not fragmented and off + length <= p.end:
+        field, computed = p.u16(off + 2), transport_cksum(p, ip_off, 6, off, length, 58)
+        p.add(f"[bad icmp6 cksum 0x{field:04x} -> 0x{shouldbe(field, computed):04x}!] " if computed
+              else "[icmp6 sum ok] ")
     kind = p.u8(off)
     p.add("ICMP6, " + _ICMP6.get(kind, f"unknown icmp6 type ({kind})"))
+    if p.verbose and kind in _LENGTH_FIRST:
+        p.add(f", length {length}")
     code = p.u8(off + 1)
     body = _ICMP6_BODY.get(kind)
     text = body(p, off, kind, code, length) if body else ""
-    if text is not None:
-        p.add(f"{text}, length {length}")
-    if kind not in _ICMP6_DECODED:   # (tcpdump shows the message of a type it does not know in hex)
-        p.default_print(off, length, ascii=False)
+    if kind not in _ICMP6_DECODED:   # (tcpdump shows the message of a type it does not know in hex, but for -vv)
+        p.add(f", length {length}")
+        if p.verbose <= 1:
+            p.default_print(off, length, ascii=False)
+    elif text is not None:
+        p.add(text if p.verbose else f"{text}, length {length}")
+        if p.verbose and kind in OPTIONS_AT:
+            nd_verbose(p, off, kind, length)
 
 
 def _upper_layer(p: PrintState, ip6: int) -> tuple[int, int]:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from fcap.text.dissect.icmp import icmp
+from fcap.text.dissect.cksum import in_cksum, shouldbe
+from fcap.text.dissect.icmp import ICMP_ERRORS, icmp, icmp_extensions
 from fcap.text.dissect.icmp6 import icmp6
+from fcap.text.dissect.ipopts import ip4_options, ip6_options
 from fcap.text.dissect.reader import PrintState, Truncated
 from fcap.text.dissect.transport import tcp, udp
 
 _HOPOPTS, _ROUTING, _FRAGMENT, _DSTOPTS = 0, 43, 44, 60
-_PAD1, _JUMBO_OPT, _ROUTER_ALERT = 0, 0xC2, 5
+# tcpdump's ipproto_values: the names -v prints after "proto" and "next-header"
+IPPROTO_NAMES = {0: "Options", 1: "ICMP", 2: "IGMP", 4: "IPIP", 6: "TCP", 8: "EGP", 9: "IGRP", 17: "UDP", 33: "DCCP",
+                 41: "IPv6", 43: "Routing", 44: "Fragment", 46: "RSVP", 47: "GRE", 50: "ESP", 51: "AH",
+                 55: "Mobile IP", 58: "ICMPv6", 62: "Mobile IP (old)", 88: "EIGRP", 89: "OSPF", 103: "PIM",
+                 108: "Compressed IP", 112: "VRRP", 113: "PGM", 132: "SCTP", 135: "Mobility", 143: "Ethernet"}
+_ECN = ("", ",ECT(1)", ",ECT(0)", ",CE")
+_FRAG_FLAGS = ((0x2000, "+"), (0x4000, "DF"), (0x8000, "rsvd"))
 
 
 # ------------------------------------------------------------------------------------------ IPv4
@@ -34,6 +42,9 @@ def ip4(p: PrintState, off: int, length: int) -> None:
         return
     p.end = min(p.end, off + total)  # tcpdump's nd_push_snaplen: padding after the datagram is not its payload
     frag, proto = p.u16(off + 6), p.u8(off + 9)
+    if p.verbose and not _ip4_verbose(p, off, hlen, frag, proto):
+        p.add(f"{src} > {dst}: ")
+        raise Truncated(soft=True)
     if frag & 0x1FFF:
         p.add(f"{src} > {dst}: ip-proto-{proto}")
         return
@@ -45,16 +56,42 @@ def ip4(p: PrintState, off: int, length: int) -> None:
     demux(p, off + hlen, total - hlen, 4, frag & 0x2000, proto, off)
 
 
+def _ip4_verbose(p: PrintState, off: int, hlen: int, frag: int, proto: int) -> bool:
+    """tcpdump -v's "(tos 0x0, ttl 64, id 1, offset 0, flags [DF], proto TCP (6), length 84)" and the line's
+    break; False when the options were cut short (tcpdump then prints the addresses and stops)."""
+    tos, ttl = p.b[off + 1], p.b[off + 8]
+    flags = ", ".join(name for bit, name in _FRAG_FLAGS if frag & bit) or "none"
+    p.add(f"(tos 0x{tos:x}{_ECN[tos & 3]}" + (f", ttl {ttl}" if ttl else "")
+          + f", id {p.u16(off + 4)}, offset {(frag & 0x1FFF) * 8}, flags [{flags}],"
+          f" proto {IPPROTO_NAMES.get(proto, 'unknown')} ({proto}), length {p.u16(off + 2)}")
+    whole = True
+    if hlen > 20:
+        p.add(", options (")
+        whole = ip4_options(p, off + 20, hlen - 20)
+        p.add(")" if whole else " [truncated-option])")
+    if p.checks and off + hlen <= p.end:
+        computed = in_cksum(p.b[off:off + hlen])
+        if computed:
+            field = p.u16(off + 10)
+            p.add(f", bad cksum {field:x} (->{shouldbe(field, computed):x})!")
+    p.add(")\n    ")
+    return whole
+
+
 def demux(p: PrintState, off: int, length: int, ver: int, fragmented: int, nh: int, ip_off: int) -> None:
     """What an IPv4 or IPv6 header at ip_off carries at off: protocol nh, length bytes."""
     if nh == 6:
-        tcp(p, off, length, ip_off, ver)
+        tcp(p, off, length, ip_off, ver, fragmented)
     elif nh == 17:
         udp(p, off, length, ip_off, ver, fragmented)
     elif nh == 1 and ver == 4:
-        icmp(p, off, length)
+        icmp(p, off, length, fragmented)
+        if p.verbose and p.b[off] in ICMP_ERRORS:
+            _quoted(p, off + 8)
+        if p.verbose:
+            icmp_extensions(p, off, length)
     elif nh == 58 and ver == 6:
-        icmp6(p, off, length)
+        icmp6(p, off, length, ip_off, fragmented)
     elif nh in (1, 2, 58):
         p.add(f"[{ {1: 'ICMP', 2: 'IGMP', 58: 'ICMPv6'}[nh]} requires IPv{6 if nh == 58 else 4}] (invalid)"
               if (nh == 58) == (ver == 4) else f" ip-proto-{nh} {length}")
@@ -66,6 +103,24 @@ def demux(p: PrintState, off: int, length: int, ver: int, fragmented: int, nh: i
 
 
 # ------------------------------------------------------------------------------------------ IPv6
+
+def _quoted(p: PrintState, inner: int) -> None:
+    """tcpdump -v prints the packet an ICMP error quotes, as IPv4, on a line of its own, its capture ending where
+    its IP length says."""
+    p.add("\n\t")
+    end, total = p.end, p.u16(inner + 2)
+    p.recording, p.end = False, min(inner + total, end)
+    try:
+        ip4(p, inner, total)
+    except Truncated as e:   # (a printer that said so and returned: the ICMP printer goes on)
+        if not e.soft:
+            raise
+        if not e.said:
+            p.add(f" [|{p.proto}]" + (e.args[0] if e.args else ""))
+    finally:
+        p.end = end
+    p.proto = "icmp"
+
 
 def ip6(p: PrintState, off: int, length: int) -> None:
     p.proto = "ip6"
@@ -103,6 +158,12 @@ class _Ip6Walk:
         if self.plen and self.length < self.left:
             p.add(f"truncated-ip6 - {self.left - self.length} bytes missing!")
         nh = p.u8(off + 6)
+        if p.verbose:
+            flow = p.u32(off)
+            p.add("(" + (f"class 0x{(flow >> 20) & 0xFF:02x}, " if flow & 0x0FF00000 else "")
+                  + (f"flowlabel 0x{flow & 0xFFFFF:05x}, " if flow & 0xFFFFF else "")
+                  + f"hlim {p.b[off + 7]}, next-header {IPPROTO_NAMES.get(nh, 'unknown')} ({nh})"
+                  f" payload length: {self.plen}) ")
         p.end = min(p.end, off + self.left)
         cp, advance = off, 40
         while cp < p.end and advance > 0:
@@ -127,7 +188,7 @@ class _Ip6Walk:
         jumbo = False
         if cp + advance <= p.end:
             p.add("HBH ")
-            jumbo = _jumbo(p, cp + 2, advance - 2, self.plen)
+            jumbo = ip6_options(p, cp + 2, advance - 2, self.plen)
         if jumbo is False:
             p.add(" [|hbhopt]")
         elif jumbo is not None:
@@ -144,8 +205,11 @@ class _Ip6Walk:
         p = self.p
         p.proto = "dstopt"
         advance = (p.u8(cp + 1) + 1) << 3
-        p.need(cp, advance)
+        p.need(cp, advance, soft=True)
         p.add("DSTOPT ")
+        if p.verbose and ip6_options(p, cp + 2, advance - 2, None) is False:
+            p.add(" [|dstopt]")
+            return 0
         self.found_ext = True
         return advance
 
@@ -154,7 +218,8 @@ class _Ip6Walk:
         p.proto = "frag6"
         offset = p.u16(cp + 2) & 0xFFF8
         self.ip["proto"] = p.u8(cp)
-        p.add(f"frag ({offset}|{(40 + p.u16(off + 4) - (cp - off) - 8) % 2**64})")
+        ident = f"0x{p.u32(cp + 4):08x}:" if p.verbose else ""
+        p.add(f"frag ({ident}{offset}|{(40 + p.u16(off + 4) - (cp - off) - 8) % 2**64})")
         if offset:
             return 0
         p.add(" ")
@@ -186,21 +251,6 @@ class _Ip6Walk:
     _HEADERS = {_HOPOPTS: hop_by_hop, _DSTOPTS: destination_options, _FRAGMENT: fragment, _ROUTING: routing}
 
 
-def _jumbo(p: PrintState, off: int, length: int, plen: int):
-    """Hop-by-hop options: a valid jumbo payload length, None if there is none, False if the options are damaged
-    (tcpdump also names the damage, "(jumbo: trunc)" and the like; that is not copied here)."""
-    i, jumbo = 0, None
-    while i < length:
-        kind = p.b[off + i]
-        size = 1 if kind == _PAD1 else p.b[off + i + 1] + 2 if i + 1 < length else length + 1
-        if i + size > length or (kind == _ROUTER_ALERT and size != 4) or (kind == _JUMBO_OPT and size != 6):
-            return False
-        if kind == _JUMBO_OPT and jumbo is None and plen == 0 and p.u32(off + i + 2) >= 65536:
-            jumbo = p.u32(off + i + 2)
-        i += size
-    return jumbo
-
-
 def _rt6(p: PrintState, cp: int) -> int:
     """A routing header (types 0, 2 and 4 as tcpdump shows them); its length, or 0 to stop."""
     p.add("RT6")
@@ -209,10 +259,10 @@ def _rt6(p: PrintState, cp: int) -> int:
     rtype = p.u8(cp + 2)
     p.add(f", type={rtype}" + (" [Deprecated]" if rtype == 0 else ""))
     p.add(f", segleft={p.u8(cp + 3)}")
-    if rtype in (0, 2) and p.u32(cp + 4):
+    if rtype in (0, 2) and (p.u32(cp + 4) or p.verbose):
         p.add(f", rsv=0x{p.u32(cp + 4):x}")
     elif rtype == 4:
-        p.add(f", last-entry={p.u8(cp + 4)}" + (f", flags=0x{p.b[cp + 5]:x}" if p.u8(cp + 5) else "")
+        p.add(f", last-entry={p.u8(cp + 4)}" + (f", flags=0x{p.b[cp + 5]:x}" if p.u8(cp + 5) or p.verbose else "")
               + f", tag={p.u16(cp + 6):x}")
     if rtype not in (0, 2, 4) or rlen % 2:
         p.add(" (unknown type) (invalid)" if rtype not in (0, 2, 4) else f" (invalid length {rlen}) (invalid)")

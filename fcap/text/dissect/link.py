@@ -284,16 +284,25 @@ def _arp(p: PrintState, off: int, length: int) -> None:
         p.add("ARP, ")
     if pro == 0x0800 and pln == 4:
         p.layer("arp", op=op, src=p.ip4(spa), dst=p.ip4(tpa))
-    if pro not in (0x0800, 0x1000) or pln != 4 or hln == 0:
+    if pro not in (0x0800, 0x1000) or pln != 4 or hln == 0 or p.verbose:
         p.add(f"{_ARP_HRD.get(hrd, f'Unknown Hardware ({hrd})')} (len {hln}), "
-              f"{_ETHERTYPES.get(pro, f'Unknown Protocol (0x{pro:04x})')} (len {pln}), length {length}")
-        return
+              f"{_ETHERTYPES.get(pro, f'Unknown Protocol (0x{pro:04x})')} (len {pln})")
+        if not p.verbose:
+            p.add(f", length {length}")
+            return
+        p.add(", ")
     p.add(_ARP_OPS.get(op, f"Unknown ({op})") + " ")
     if op not in _ARP_OPS or op == 10:
         p.default_print(off, p.end - off)
         return
-    p.add({1: f"who-has {p.ip4(tpa)}" + (f" ({p.mac(tha, hln)})" if any(p.b[tha:tha + hln]) else "")
-              + f" tell {p.ip4(spa)}",
-           2: f"{p.ip4(spa)} is-at {p.mac(sha, hln)}", 3: f"who-is {p.mac(tha, hln)} tell {p.mac(sha, hln)}",
-           4: f"{p.mac(tha, hln)} at {p.ip4(tpa)}", 8: f"who-is {p.mac(tha, hln)} tell {p.mac(sha, hln)}",
-           9: f"{p.mac(sha, hln)} at {p.ip4(spa)}"}[op] + f", length {length}")
+    def mac(at: int) -> str:
+        return p.mac(at, hln) if hln else "<empty>"
+
+    def ip(at: int) -> str:   # (-v gets here with any protocol)
+        return "<wrong proto type>" if pro not in (0x0800, 0x1000) else "<wrong len>" if pln != 4 else p.ip4(at)
+
+    p.add({1: f"who-has {ip(tpa)}" + (f" ({mac(tha)})" if any(p.b[tha:tha + hln]) else "")
+              + f" tell {ip(spa)}",
+           2: f"{ip(spa)} is-at {mac(sha)}", 3: f"who-is {mac(tha)} tell {mac(sha)}",
+           4: f"{mac(tha)} at {ip(tpa)}", 8: f"who-is {mac(tha)} tell {mac(sha)}",
+           9: f"{mac(sha)} at {ip(spa)}"}[op] + f", length {length}")

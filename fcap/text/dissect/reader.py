@@ -25,13 +25,18 @@ class PrintState:
     (tcpdump -e), the link-level header's length as tcpdump counts it (what -x and -A leave out), whether
     the bytes of unknown protocols go unprinted (-x, -X: the whole packet is dumped), and the layers: each
     header's fields by layer name ("link", "ip", "tcp", "udp", "icmp", "icmp6", "arp"), as far as the bytes go,
-    the outermost of each (a tunnel's inner packet and an error's quoted one are printed, not recorded)."""
+    the outermost of each (a tunnel's inner packet and an error's quoted one are printed, not recorded), and how
+verbose the lines are (tcpdump's -v count: the IP headers' fields, checksums, an ICMP error's quoted packet)
+and whether IP's, TCP's and UDP's checksums are checked then (checks: -v without -K; ICMP's always are)."""
 
-    __slots__ = ("b", "eflag", "end", "hdr", "layers", "out", "proto", "recording", "seqs", "suppress")
+    __slots__ = ("b", "checks", "eflag", "end", "hdr", "layers", "out", "proto", "recording", "seqs", "suppress",
+                 "verbose")
 
-    def __init__(self, data: bytes, seqs: dict | None, eflag: bool = False, suppress: bool = False) -> None:
+    def __init__(self, data: bytes, seqs: dict | None, eflag: bool = False, suppress: bool = False,
+                 verbose: int = 0, checksums: bool = True) -> None:
         self.b, self.end, self.out, self.proto, self.seqs = data, len(data), [], "", seqs
-        self.eflag, self.hdr, self.suppress = eflag, 0, suppress
+        self.eflag, self.hdr, self.suppress, self.verbose = eflag, 0, suppress, verbose
+        self.checks = bool(verbose) and checksums   # (-v checks IP's, TCP's and UDP's checksums, but with -K)
         self.layers: dict[str, dict] = {}
         self.recording = True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fcap.text.dissect.cksum import shouldbe, transport_cksum
 from fcap.text.dissect.mptcp import mptcp_option
 from fcap.text.dissect.reader import M32, PrintState, Truncated
 
@@ -49,7 +50,7 @@ def relative(seqs: dict, key: tuple, rev: bool, seq: int, ack: int, flags: int) 
         return (seq - base[1]) & M32, (ack - base[0]) & M32, base
     return (seq - base[0]) & M32, (ack - base[1]) & M32, base
 
-def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
+def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int, fragmented: int = 0) -> None:
     p.proto = "tcp"
     src, dst, srcb, dstb, first_nh = addresses(p, ip_off, ver)
     if off + 4 > p.end:
@@ -73,8 +74,12 @@ def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     if hlen > length:
         p.add(f" [bad hdr length {hlen} - too long, > {length}]")
         return
+    if p.checks and not fragmented and off + length <= p.end:
+        field, computed = p.u16(off + 16), transport_cksum(p, ip_off, ver, off, length, 6)
+        p.add(f", cksum 0x{field:04x} " + (f"(incorrect -> 0x{shouldbe(field, computed):04x})" if computed
+                                            else "(correct)"))
     length -= hlen
-    if length > 0 or flags & 0x07:
+    if length > 0 or flags & 0x07 or p.verbose > 1:
         p.add(f", seq {seq}" + (f":{(seq + length) & M32}" if length > 0 else ""))
     p.add((f", ack {ack}" if flags & 0x10 else "") + f", win {win}" + (f", urg {urp}" if flags & 0x20 else ""))
     if hlen > 20:
@@ -88,7 +93,22 @@ def tcp(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
     if p.end - off < hlen:
         p.add(f" [remaining caplen({max(p.end - off, 0)}) < header length({hlen})]")
         raise Truncated
+    if flags & 0x04 and p.verbose:
+        _rst_data(p, off + hlen, length)
     # (tcpdump goes on to decode the payload of well-known ports: HTTP, BGP, DNS...; not copied here)
+
+
+def _rst_data(p: PrintState, off: int, length: int) -> None:
+    """tcpdump -v's text of a reset's data ("[RST reason]"; "+" past 30 bytes, "!" when not all captured)."""
+    text = [" [RST" if off + length <= p.end else " [!RST"]
+    if length > 30:
+        length = 30
+        text.append("+")
+    text.append(" ")
+    for c in p.b[off:min(off + length, p.end)]:
+        text.append(("M-" if c > 0x7F else "") + ("^" + chr((c & 0x7F) ^ 0x40) if not 0x20 <= c & 0x7F < 0x7F
+                                                   else chr(c & 0x7F)))
+    p.add("".join(text) + "]")
 
 
 class _BadOpt(Exception):
@@ -283,4 +303,19 @@ def udp(p: PrintState, off: int, length: int, ip_off: int, ver: int, fragmented:
     ulen, length = ulen - 8, min(length - 8, ulen - 8)
     if off + 8 > p.end:
         raise Truncated(soft=True)
+    if p.checks and not fragmented:
+        _udp_cksum(p, off, length, ip_off, ver)
     p.add(f"UDP, bad length {ulen} > {length}" if ulen > length and not fragmented else f"UDP, length {ulen}")
+
+
+def _udp_cksum(p: PrintState, off: int, length: int, ip_off: int, ver: int) -> None:
+    """tcpdump -v checks UDP's checksum over IPv6 (it is mandatory there); over IPv4 only with -vv."""
+    if ver == 4 and p.verbose < 2:
+        return
+    field = p.u16(off + 6)
+    if ver == 4 and field == 0:
+        p.add("[no cksum] ")
+    elif off + 8 + length <= p.end:
+        computed = transport_cksum(p, ip_off, ver, off, length + 8, 17)
+        p.add(f"[bad udp cksum 0x{field:04x} -> 0x{shouldbe(field, computed):04x}!] " if computed
+              else "[udp sum ok] ")
