@@ -1,6 +1,6 @@
 """fcap.text.fastlines (-r's lines a batch at a time) against the Printer packet by packet, the reference: every
 Ethernet frame of tcpdump's test captures and of bench.printing's mixed file, whole, cut short, with bytes changed,
-with odd pcap times, in every time style that has no state, -S, --nano; the text must be the same, character for
+with odd pcap times, in every time style that has no state, -S, --nano, -v; the text must be the same, character for
 character, and the table of relative sequence numbers the same after. Then the command: a big file's `fcap -r -nn`
 is tcpdump's own output, -c stops where it says, and a damaged file prints the packets before the damage and the
 same one-line error as packet by packet."""
@@ -78,7 +78,9 @@ def records():
 
 @pytest.mark.parametrize("options", [
     PrintOptions(), PrintOptions(absolute_seq=True), PrintOptions(time=1), PrintOptions(time=2),
-    PrintOptions(time=4), PrintOptions(nano=True)], ids=["default", "-S", "-t", "-tt", "-tttt", "nano"])
+    PrintOptions(time=4), PrintOptions(nano=True), PrintOptions(verbose=1), PrintOptions(verbose=2, time=2),
+    PrintOptions(verbose=1, no_checksums=True)], ids=["default", "-S", "-t", "-tt", "-tttt", "nano", "-v",
+                                                      "-vv -tt", "-v -K"])
 def test_batches_print_what_the_printer_prints(records, options, tmp_path):
     path = tmp_path / "frames.pcap"
     _pcap(path, records, nano=options.nano, order="<" if options.time != 2 else ">")
@@ -126,6 +128,10 @@ def test_a_big_file_prints_as_tcpdump_prints_it(tmp_path):
     assert len(ours.stdout.splitlines()) == 30000
     first = run_fcap(["-r", str(path), "-nn", "-c", "1234"])
     assert first.stdout.splitlines() == theirs.stdout.splitlines()[:1234]
+    for flags in (["-v"], ["-vv", "-c", "999"]):   # (-v: the IP header's line and checksums, a batch at a time)
+        theirs = subprocess.run([tcpdump, "-nn", *flags, "-r", str(path)], capture_output=True, timeout=120)
+        ours = run_fcap(["-r", str(path), "-nn", *flags])
+        assert ours.stdout == theirs.stdout and b"cksum" in ours.stdout, flags
 
 
 def test_a_big_files_json_is_jsonout_packet_by_packet(tmp_path):
@@ -214,3 +220,22 @@ def test_read_gives_a_big_pcap_files_packets_a_batch_at_a_time(tmp_path):
         for p in fcap.read(cut):
             seen.append(p)
     assert seen == want[:-1]
+
+
+def test_range_sums_are_the_words_sums():
+    """fcap.text.fastverbose.RangeSums (prefix sums of the words at either alignment) against the sum of each
+    range's big-endian words, an odd last byte padded with zero: ranges at odd and even offsets, odd and even
+    lengths, empty ones, one at the very end."""
+    import numpy as np
+    from fcap.text.fastverbose import RangeSums
+    rng = random.Random(7)
+    data = bytes(rng.randrange(256) for _ in range(4001))
+    sums = RangeSums(np.frombuffer(data, np.uint8))
+    starts = [rng.randrange(0, 3900) for _ in range(400)] + [0, 1, 3999, 4000]
+    lengths = [rng.randrange(0, 100) for _ in range(400)] + [4001, 4000, 2, 1]
+    got = sums(np.array(starts), np.array(lengths)).tolist()
+
+    def words(s: int, n: int) -> int:
+        part = data[s:s + n] + b"\0" * (n % 2)
+        return sum(int.from_bytes(part[i:i + 2], "big") for i in range(0, len(part), 2))
+    assert got == [words(s, n) for s, n in zip(starts, lengths)]

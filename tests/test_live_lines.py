@@ -51,18 +51,24 @@ def _traffic(addr: str, port: int) -> None:
 
 
 def _lines(text: str) -> list[str]:
-    return [line.split(" ", 1)[1] for line in text.splitlines() if line]
+    """Each packet's text after its time (-v's lines joined to its first: the packet's after its IP header's, an
+    ICMP error's quoted packet)."""
+    return [line.split(" ", 1)[1] for line in text.replace("\n    ", "    ").replace("\n\t", "\t").splitlines()
+            if line]
 
 
-@pytest.mark.parametrize("extra", [[], ["--perf-buffer"]], ids=["default", "perf-buffer"])
+@pytest.mark.parametrize("extra", [[], ["--perf-buffer"], ["-v"]], ids=["default", "perf-buffer", "-v"])
 def test_lines_are_tcpdumps_on_the_same_traffic(extra, tmp_path):
+    """With -v too: the IP headers' fields and the checksums tcpdump finds (TCP's over lo: incorrect, the sum
+    left to the device) are fcap's."""
     need_root()
     tcpdump = need_tool("tcpdump")
     rnd = random.Random()
     addr, port = random_loopback(rnd), rnd.randrange(20000, 60000)
     expr = f"host {addr}"
     ours_out, theirs_out = (tmp_path / "fcap.txt").open("w+"), (tmp_path / "tcpdump.txt").open("w+")
-    theirs = Proc([tcpdump, "-i", "lo", "-nn", "-l", expr], stdout=theirs_out)
+    verbose = [f for f in extra if f == "-v"]
+    theirs = Proc([tcpdump, "-i", "lo", "-nn", *verbose, "-l", expr], stdout=theirs_out)
     ours = start_fcap(["-i", "tp_btf/net_dev_queue", "-nn", *extra, expr], stdout=ours_out)
     try:
         theirs.wait_for("listening on")
@@ -84,10 +90,10 @@ def test_lines_are_tcpdumps_on_the_same_traffic(extra, tmp_path):
 
 
 def _by_direction(lines: list[str]) -> dict:
-    """Each direction's lines ("IP a.p > b.q" before the colon), in their order."""
+    """Each direction's lines ("a.p > b.q" before the colon, after -v's header), in their order."""
     out: dict = {}
     for line in lines:
-        out.setdefault(line.split(":", 1)[0], []).append(line)
+        out.setdefault(line.rsplit(")    ", 1)[-1].split(":", 1)[0], []).append(line)
     return out
 
 
@@ -129,7 +135,8 @@ def test_two_points_name_theirs_on_each_line(tmp_path):
         assert [line.split(": ", 1)[1] for line in mine] == [f"UDP, length {i + 1}" for i in range(5)], lines
 
 
-def test_pending_prints_what_the_printer_prints():
+@pytest.mark.parametrize("options", [PrintOptions(), PrintOptions(verbose=1)], ids=["default", "-v"])
+def test_pending_prints_what_the_printer_prints(options):
     """Records of bench.printing's mixed kinds, with and without a point's name, in batches of any size: the same
     text as the Printer's one by one."""
     from bench.printing import write_file
@@ -141,7 +148,7 @@ def test_pending_prints_what_the_printer_prints():
         recs = list(read(f"{d}/m.pcap"))
     names = ["ip_output", None, "ip_rcv [drop: NO_SOCKET]", "100%"]
     want, got = io.StringIO(), io.StringIO()
-    reference, printer = Printer(PrintOptions(), want), Printer(PrintOptions(), got)
+    reference, printer = Printer(options, want), Printer(options, got)
     pending = printbatch.Pending(printer, 1)
     rnd = random.Random(7)
     for i, r in enumerate(recs):

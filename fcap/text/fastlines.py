@@ -14,6 +14,7 @@ from fcap.defaults import NS, SNAPLEN
 from fcap.live.fastmerge import np
 from fcap.text.dissect import common
 from fcap.text.dissect.transport import conversation, relative
+from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
 _TS_OPTION = 0x0101080A   # nop, nop, TS of length 10: the options of nearly every segment after the handshake
@@ -25,7 +26,7 @@ class Columns:
     """One batch's decoded headers, a numpy array per value, a row per packet."""
 
     __slots__ = ("kind", "ver", "flags", "seq", "ack", "win", "urg", "hlen", "length", "extra", "tsval", "tsecr",
-                 "sport", "dport", "mss", "wscale", "head")
+                 "sport", "dport", "mss", "wscale", "head", "check")
 
     def byte(self, offset: int):
         """Each packet's byte at `offset` (< HEAD; past its end: what follows, or 0 past the batch's end)."""
@@ -125,20 +126,45 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
     whole batch (a template per kind of line, the values from the arrays), the others' by slow(i) (the Printer's
     text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's bytes as bytes;
     points: each line's text after its time (a numpy array of str, each ending in a space), or None. The
-    summarizer's time is one without a state (Summarizer.stateless_time())."""
+    summarizer's time is one without a state (Summarizer.stateless_time()); its verbose count (-v) adds the IP
+    headers' text and the checksums (fcap.text.fastverbose)."""
+    verbose = summarizer.verbose
     c = columns(fields, b, odd)
+    if verbose:
+        _verbose_rows(c, fields, b, verbose, summarizer.checksums)
     at = fields["at"]
     options = _odd_options(c, at, data)
     texts = _in_order(summarizer.seqs, c, fields, data, slow)
     fast = c.kind != SLOW
-    parts = np.empty((len(c.kind), 3), object)
     heads, us = _heads(summarizer, fields["ts_ns"])
+    parts = np.empty((len(c.kind), 4 if verbose else 3), object)
     parts[:, 0] = heads if points is None else heads + points
-    parts[:, 1] = _prefix_texts(c, fields, data, fast)
-    parts[:, 2], args = _bodies(c, us, options)
+    parts[:, -2] = _prefix_texts(c, fields, data, fast, verbose)
+    parts[:, -1], values, shown = _bodies(c, us, options, verbose)
+    if verbose:   # (the header's text and values go between the time's and the line's)
+        ip = fast & (c.kind != ARP)
+        parts[:, 1], header, present = ip_headers(c.head, ip & (c.ver == 4), ip & (c.ver == 6))
+        t = 0 if us is None else 1
+        values = np.hstack((values[:, :t], header, values[:, t:]))
+        shown = np.hstack((shown[:, :t], present, shown[:, t:]))
     for i, text in texts.items():
-        parts[i] = (text.replace("%", "%%"), "", "")
-    return "".join(parts.ravel().tolist()) % tuple(args)
+        parts[i] = (text.replace("%", "%%"),) + ("",) * (parts.shape[1] - 1)
+    return "".join(parts.ravel().tolist()) % tuple(values[shown].tolist())
+
+
+def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
+    """-v: the rows left to the printers (those -v shows more of than a template: ICMP that quotes a packet,
+    neighbour discovery, a reset's text, a UDP length past its packet, IPv4 fragments and wrong header checksums)
+    and every row's transport checksum (c.check; not TCP's or UDP's without checksums, -K)."""
+    kind = c.kind
+    v4 = (kind != SLOW) & (kind != ARP) & (c.ver == 4)
+    other = (kind == UNREACH) | (kind == UDP_BAD) | ((kind == ICMP6) & (c.extra >= 135)) \
+        | ((kind == TCP) & (c.flags & 0x04 != 0) & (c.length > 0))
+    kind[other | slow_rows(c.head, v4)] = SLOW
+    c.check = checks(c.head, fields["at"].astype(np.int64), RangeSums(b), v4, kind == TCP, kind == UDP,
+                     kind == ICMP, kind == ICMP6, verbose)
+    if not checksums:
+        c.check = c.check._replace(state=np.where((kind == TCP) | (kind == UDP), 0, c.check.state))
 
 
 def _odd_options(c: Columns, at, data: bytes) -> dict[int, str]:
@@ -236,8 +262,9 @@ def _heads(summarizer, ts_ns) -> tuple:
     return table[ids.ravel()], ns if nano else ns // 1000
 
 
-def _prefix_texts(c: Columns, fields, data: bytes, fast):
-    """Each IP row's flow: "IP a.p > b.q: " (fcap.text.dissect.common's text, made once per flow); "" on others."""
+def _prefix_texts(c: Columns, fields, data: bytes, fast, verbose: int = 0):
+    """Each IP row's flow: "IP a.p > b.q: " (fcap.text.dissect.common's text, made once per flow; with -v without
+    "IP ", which begins the header's text); "" on others."""
     ports = (c.kind == TCP) | (c.kind == UDP) | (c.kind == UDP_BAD)
     ip = fast & (c.kind != ARP)
     tag = c.ver.astype(np.uint64) << np.uint64(33) | ports.astype(np.uint64) << np.uint64(32)
@@ -251,42 +278,48 @@ def _prefix_texts(c: Columns, fields, data: bytes, fast):
             continue
         a = int(fields["at"][row])
         key = data[a + 26:a + (38 if p else 34)] if ver == 4 else data[a + 22:a + (58 if p else 54)]
-        texts.append(common._prefix(key, data[a:a + 58], ver, p).replace("%", "%%"))
+        text = common._prefix(key, data[a:a + 58], ver, p).replace("%", "%%")
+        texts.append(text[(3 if ver == 4 else 4):] if verbose else text)
     return np.array(texts, object)[flow]
 
 
-def _bodies(c: Columns, us, options: dict[int, str]) -> tuple:
-    """Each fast row's template after its flow, from the kind of line it is, and the values of all rows' templates
-    (the time's fraction first), in order."""
+def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
+    """Each fast row's template after its flow, from the kind of line it is, and the values of each row's
+    template (the time's fraction first) as a matrix with which of its cells are the row's."""
     n = len(c.kind)
     kind, f = c.kind, c.flags
-    span = np.where(c.length > 0, 2, np.where(f & 0x07 != 0, 1, 0))
+    span = np.where(c.length > 0, 2, np.where((f & 0x07 != 0) | (verbose > 1), 1, 0))
     opt = np.select([c.hlen == -1, c.hlen == -2, c.hlen > 20], [1, 2, 3], 0)
-    variant = kind << 12 | np.where(kind == TCP, f | span << 8 | opt << 10, np.where(kind == UNREACH, c.sport,
-                                                                                     c.extra & 0x3FF))
+    check = c.check.state if verbose else np.zeros(n, np.int64)
+    check = np.where(kind == ARP, 1 if verbose else 0, check)   # (-v: ARP's long form)
+    variant = kind << 20 | check << 16 | np.where(kind == TCP, f | span << 8 | opt << 10,
+                                                  np.where(kind == UNREACH, c.sport, c.extra & 0x3FF))
     named = {"us": us, "seq": c.seq, "end": (c.seq + c.length) & M32, "ack": c.ack, "win": c.win, "urg": c.urg,
              "tsval": c.tsval, "tsecr": c.tsecr, "mss": c.mss, "wscale": c.wscale, "length": c.length,
              "extra": c.extra, "id": c.sport, "seqno": c.dport}
+    if verbose:
+        named.update(field=c.check.field, should=c.check.should)
     bodies = np.full(n, "", object)
     values = np.zeros((n, _MOST), np.int64)
     count = np.zeros(n, np.int64)
     order = np.argsort(variant, kind="stable")
     kinds, starts = np.unique(variant[order], return_index=True)
     for v, rows in zip(kinds.tolist(), np.split(order, starts[1:])):
-        if (v >> 12) == SLOW:
+        if (v >> 20) == SLOW:
             continue
         template, names = _template(v)
         if us is not None:
             names = ("us", *names)
         bodies[rows] = template
-        values[rows, :len(names)] = np.column_stack([named[m][rows] if isinstance(m, str) else c.head[rows, m]
-                                                     for m in names])
+        if names:
+            values[rows, :len(names)] = np.column_stack([named[m][rows] if isinstance(m, str) else c.head[rows, m]
+                                                         for m in names])
         count[rows] = len(names)
     for i, text in options.items():
         if kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
     _neighbours(c, bodies)
-    return bodies, values[np.arange(_MOST) < count[:, None]].tolist()
+    return bodies, values, np.arange(_MOST) < count[:, None]
 
 
 _MOST = 20   # values in one line's template at most (an ARP request's with the target's MAC address: 16)
@@ -297,34 +330,43 @@ _ICMP6_NAMES = {128: "echo request", 129: "echo reply", 135: "neighbor solicitat
 
 def _template(variant: int) -> tuple[str, tuple]:
     """The template of a kind of line after its flow, and its values in order: names of Columns' arrays, or
-    offsets of bytes from the packet's start."""
-    kind, sub = variant >> 12, variant & 0xFFF
+    offsets of bytes from the packet's start. variant: the kind << 20, a checksum's state (fcap.text.fastverbose;
+    ARP's long form: 1) << 16, and what tells the kind's lines apart."""
+    kind, check, sub = variant >> 20, variant >> 16 & 15, variant & 0xFFFF
     if kind == TCP:
-        return _tcp_template(sub)
+        return _tcp_template(sub, check)
     if kind == UDP:
-        return "UDP, length %d\n", ("extra",)
+        before, names = checked_text("udp", check)
+        return before + "UDP, length %d\n", (*names, "extra")
     if kind == UDP_BAD:
         return "UDP, bad length %d > %d\n", ("extra", "length")
     if kind == ICMP:
-        return f"ICMP echo {'request' if sub == 8 else 'reply'}, id %d, seq %d, length %d\n", ("id", "seqno", "length")
+        after, names = checked_text("icmp", check)
+        return f"ICMP echo {'request' if sub == 8 else 'reply'}, id %d, seq %d, length %d{after}\n", \
+            ("id", "seqno", "length", *names)
     if kind == UNREACH:
         return f"ICMP {_IP4} {'tcp' if sub == 6 else 'udp'} port %d unreachable, length %d\n", \
             (58, 59, 60, 61, "seqno", "length")
     if kind == ICMP6 and sub >= 135:   # (its template has the target's address: _neighbours)
         return "", ("length",)
     if kind == ICMP6:
+        before, names = checked_text("icmp6", check)
+        if check:   # (-v: no length after an echo's fields)
+            return f"{before}ICMP6, {_ICMP6_NAMES[sub]}, id %d, seq %d\n", (*names, "id", "seqno")
         return f"ICMP6, {_ICMP6_NAMES[sub]}, id %d, seq %d, length %d\n", ("id", "seqno", "length")
+    arp = "ARP, Ethernet (len 6), IPv4 (len 4), " if check else "ARP, "
     if sub & 0xFF == 2:   # ARP
-        return f"ARP, Reply {_IP4} is-at {_MAC}, length %d\n", (28, 29, 30, 31, 22, 23, 24, 25, 26, 27, "length")
+        return f"{arp}Reply {_IP4} is-at {_MAC}, length %d\n", (28, 29, 30, 31, 22, 23, 24, 25, 26, 27, "length")
     if sub >> 8:
-        return f"ARP, Request who-has {_IP4} ({_MAC}) tell {_IP4}, length %d\n", \
+        return f"{arp}Request who-has {_IP4} ({_MAC}) tell {_IP4}, length %d\n", \
             (38, 39, 40, 41, 32, 33, 34, 35, 36, 37, 28, 29, 30, 31, "length")
-    return f"ARP, Request who-has {_IP4} tell {_IP4}, length %d\n", (38, 39, 40, 41, 28, 29, 30, 31, "length")
+    return f"{arp}Request who-has {_IP4} tell {_IP4}, length %d\n", (38, 39, 40, 41, 28, 29, 30, 31, "length")
 
 
-def _tcp_template(sub: int) -> tuple[str, tuple]:
+def _tcp_template(sub: int, check: int = 0) -> tuple[str, tuple]:
     flags, span, opt = sub & 0xFF, sub >> 8 & 3, sub >> 10 & 3
-    text, names = [f"Flags [{common._FLAGS[flags]}]"], []
+    cksum, names = checked_text("tcp", check)
+    text, names = [f"Flags [{common._FLAGS[flags]}]", cksum], list(names)
     if span:
         text.append(", seq %d:%d" if span == 2 else ", seq %d")
         names += ["seq", "end"] if span == 2 else ["seq"]

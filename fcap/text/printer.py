@@ -70,11 +70,11 @@ class Printer:
         return "".join(parts)
 
     def lines_only(self) -> bool:
-        """Whether each packet is one line and nothing else (no -x/-X/-A, -v, --decode, -e or --count) and its
-        time stands alone (not -ttt, -ttttt): the case fcap.text.fastlines makes a batch at a time (with -l,
-        flushed after each batch)."""
+        """Whether each packet is its lines and nothing under them (no -x/-X/-A, --decode, -e or --count; -v's
+        lines are the IP header's and the packet's) and its time stands alone (not -ttt, -ttttt): the case
+        fcap.text.fastlines makes a batch at a time (with -l, flushed after each batch)."""
         return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only
-                    or self.summarizer.eflag or self.summarizer.verbose) and self.summarizer.stateless_time()
+                    or self.summarizer.eflag) and self.summarizer.stateless_time()
 
     def write_batch(self, text: str) -> None:
         """Lines made by fcap.text.fastlines, flushed with -l."""

@@ -1,10 +1,13 @@
-"""Protocol printers: what tcpdump -nn prints after the timestamp, from the link layer to TCP/UDP/ICMP/ARP.
+"""Protocol printers: what tcpdump -nn (and -v) prints after the timestamp, from the link layer to
+TCP/UDP/ICMP/ARP.
 
-Layers, each importing only those below it: reader (the packet and its bounds-checked reads), mptcp (the MPTCP
-option) and icmp6_info (ICMPv6 node information, router renumbering, RPL), transport (TCP with its options, UDP),
-icmp (ICMP) and icmp6 (ICMPv6), ip (IPv4, IPv6 and its extension headers, the demux to what they carry), link
-(Ethernet, cooked, loopback, raw IP, ARP). dissect() below is the one entry point, of the printed lines and of
---json's headers alike: each printer records the fields it read (PrintState.layer) as it prints them.
+Layers, each importing only those below it: reader (the packet and its bounds-checked reads), cksum (-v's internet
+checksums), mptcp (the MPTCP option), icmp6_info (ICMPv6 node information, router renumbering, RPL) and icmp6_nd
+(-v's neighbour discovery), transport (TCP with its options, UDP), icmp (ICMP) and icmp6 (ICMPv6), ipopts (IPv4's
+options, IPv6's hop-by-hop and destination options), ip (IPv4, IPv6 and its extension headers, the demux to what
+they carry), link (Ethernet, cooked, loopback, raw IP, ARP). dissect() below is the one entry point, of the
+printed lines and of --json's headers alike: each printer records the fields it read (PrintState.layer) as it
+prints them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,166 @@
+"""What -v adds to the common lines fcap.text.fastlines makes a batch at a time, computed for the whole batch with
+numpy: the IP header's text ("IP (tos 0x0, ttl 64, id 1, offset 0, flags [DF], proto TCP (6), length 60)" and the
+line's break, or IPv6's "(hlim 64, next-header TCP (6) payload length: 40) "), one template per kind of header with
+its values from the arrays, and the checksums of TCP, UDP, ICMP and ICMPv6 (one's complement sums of each packet's
+range, by prefix sums of the batch's 16-bit words at either alignment). The text is the one the printers
+(fcap.text.dissect) write; what the batch does not cover goes back to them (slow_rows)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from fcap.live.fastmerge import np
+from fcap.text.dissect.ip import IPPROTO_NAMES
+
+_ECN = ("", ",ECT(1)", ",ECT(0)", ",CE")
+NONE, CORRECT, INCORRECT, NO_CKSUM = range(4)   # a checksum: not shown, right, wrong, absent (UDP over IPv4)
+
+
+class Checks(NamedTuple):
+    """Each row's transport checksum: its state (NONE...), the field's value and the value it should hold."""
+
+    state: object
+    field: object
+    should: object
+
+
+def _u8(head, o):
+    return head[:, o].astype(np.int64)
+
+
+def _u16(head, o):
+    return _u8(head, o) << 8 | _u8(head, o + 1)
+
+
+def slow_rows(head, v4) -> object:
+    """IPv4 rows the printers must make with -v: with more fragments (no transport checksum then, by tcpdump's
+    rule) or a wrong header checksum."""
+    more_fragments = v4 & (_u8(head, 20) & 0x20 != 0)
+    words = sum(_u16(head, 14 + 2 * k) for k in range(10))
+    return more_fragments | v4 & (_fold(words) != 0xFFFF)
+
+
+def _fold(s):
+    """One's complement sums (as exact integers) folded to 16 bits: their remainder modulo 0xFFFF, 0xFFFF for a
+    non-zero multiple."""
+    r = s % 0xFFFF
+    return np.where((r == 0) & (s != 0), 0xFFFF, r)
+
+
+class RangeSums:
+    """Sums of the big-endian 16-bit words of ranges of the batch's bytes, an odd last byte padded with zero."""
+
+    def __init__(self, b) -> None:
+        a = np.concatenate((np.asarray(b, np.uint8), np.zeros(3, np.uint8)))
+        n = (len(a) - 2) // 2
+        self.a = a
+        zero = np.zeros(1, np.uint64)   # (the words at even offsets, and at odd ones: their prefix sums)
+        self.sums = tuple(np.concatenate((zero, np.cumsum(a[k:k + 2 * n].view(">u2"), dtype=np.uint64)))
+                          for k in (0, 1))
+
+    def __call__(self, start, length):
+        start, length = start.astype(np.int64), length.astype(np.int64)
+        k, words = start // 2, length // 2
+        at_odd = (start & 1).astype(bool)
+        even, odd = self.sums
+        k_even, k_odd = np.where(at_odd, 0, k), np.where(at_odd, k, 0)
+        total = np.where(at_odd, odd[k_odd + words] - odd[k_odd], even[k_even + words] - even[k_even])
+        last = np.where(length & 1 != 0, self.a[start + length - 1].astype(np.uint64) << np.uint64(8), 0)
+        return (total + last).astype(np.int64) if len(start) else np.zeros(0, np.int64)
+
+
+def _pseudo(head, v4, proto, length):
+    """The pseudo-header's sum: addresses, protocol and length (IPv4's or IPv6's)."""
+    s4 = sum(_u16(head, 26 + 2 * k) for k in range(4))
+    s6 = sum(_u16(head, 22 + 2 * k) for k in range(16))
+    return np.where(v4, s4 + proto + length, s6 + (length >> 16) + (length & 0xFFFF) + proto)
+
+
+def checks(head, at, sums: RangeSums, v4, tcp, udp, icmp, icmp6, verbose: int) -> Checks:
+    """The transport checksum of every row, as -v (verbose: its count) shows it."""
+    n = len(at)
+    off = np.where(v4, 34, 54)
+    iplen = np.where(v4, _u16(head, 16) - 20, _u16(head, 18))
+    ulen = np.where(v4, _u16(head, 38), _u16(head, 58))
+    covered = np.where(udp, ulen, iplen)
+    proto = np.select([tcp, udp], [6, 17], 58)
+    pseudo = np.where(icmp, 0, _pseudo(head, v4, proto, covered))
+    rows = tcp | udp | icmp | icmp6
+    total = np.zeros(n, np.int64)
+    idx = np.flatnonzero(rows)
+    total[idx] = sums(at[idx] + off[idx], covered[idx]) + pseudo[idx]
+    computed = ~_fold(total) & 0xFFFF
+    field = np.select([tcp, udp], [_field(head, v4, 16), _field(head, v4, 6)], _field(head, v4, 2))
+    should = _fold(_fold(field + computed))
+    ok = computed == 0
+    state = np.where(rows, np.where(ok, CORRECT, INCORRECT), NONE)
+    state = np.where(udp & v4, np.where(verbose > 1, np.where(field == 0, NO_CKSUM, state), NONE), state)
+    return Checks(state, field, should)
+
+
+def _field(head, v4, o):
+    """A 16-bit field at offset o of the transport header."""
+    return np.where(v4, _u16(head, 34 + o), _u16(head, 54 + o))
+
+
+def ip_headers(head, v4, v6) -> tuple:
+    """Each row's IP header text as a template (object array, "" on others) and its values (an (n, 4) matrix and
+    which of them are the template's)."""
+    n = len(v4)
+    tos, ttl, ident, total, flags, proto = _u8(head, 15), _u8(head, 22), _u16(head, 18), _u16(head, 16), \
+        _u8(head, 20) >> 5, _u8(head, 23)
+    cls, flow = (_u8(head, 14) & 15) << 4 | _u8(head, 15) >> 4, (_u8(head, 15) & 15) << 16 | _u16(head, 16)
+    hlim, nh, plen = _u8(head, 21), _u8(head, 20), _u16(head, 18)
+    variant = np.select([v4, v6], [1 << 20 | (tos & 3) | (ttl > 0) << 2 | flags << 3 | proto << 6,
+                                   2 << 20 | (cls > 0) | (flow > 0) << 1 | nh << 2], 0)
+    values = np.where(v4[:, None], np.column_stack((tos, ttl, ident, total)),
+                      np.column_stack((cls, flow, hlim, plen)))
+    present = np.zeros((n, 4), bool)
+    texts = np.full(n, "", object)
+    kinds, inverse = np.unique(variant, return_inverse=True)
+    inverse = inverse.ravel()
+    table, shown = [], []
+    for v in kinds.tolist():
+        text, mask = _header_template(v)
+        table.append(text)
+        shown.append(mask)
+    texts[:] = np.array(table, object)[inverse]
+    present[:] = np.array(shown, bool).reshape(-1, 4)[inverse]
+    return texts, values, present
+
+
+_FRAG = ((1, "+"), (2, "DF"), (4, "rsvd"))
+
+
+def _header_template(v: int) -> tuple[str, tuple]:
+    """The header text of a variant (ip_headers) and which of its four values it shows."""
+    if v >> 20 == 1:
+        proto, flags = v >> 6 & 0xFF, v >> 3 & 7
+        names = ", ".join(name for bit, name in _FRAG if flags & bit) or "none"
+        ttl = bool(v >> 2 & 1)
+        return (f"IP (tos 0x%x{_ECN[v & 3]}" + (", ttl %d" if ttl else "")
+                + f", id %d, offset 0, flags [{names}], proto {IPPROTO_NAMES.get(proto, 'unknown')} ({proto}),"
+                " length %d)\n    "), (True, ttl, True, True)
+    if v >> 20 == 2:
+        nh, cls, flow = v >> 2 & 0xFF, bool(v & 1), bool(v & 2)
+        return ("IP6 (" + ("class 0x%02x, " if cls else "") + ("flowlabel 0x%05x, " if flow else "")
+                + f"hlim %d, next-header {IPPROTO_NAMES.get(nh, 'unknown')} ({nh}) payload length: %d) "), \
+            (cls, flow, True, True)
+    return "", (False, False, False, False)
+
+
+def checked_text(kind: str, state: int) -> tuple[str, tuple]:
+    """What a checksum adds to a line of kind "tcp" (after its flags), "udp" or "icmp6" (before the protocol's
+    name) or "icmp" (after the length), and the names of its values ("field", "should")."""
+    if state == NONE or kind == "icmp" and state == CORRECT:
+        return "", ()
+    if kind == "tcp":
+        return (", cksum 0x%04x (correct)", ("field",)) if state == CORRECT else \
+            (", cksum 0x%04x (incorrect -> 0x%04x)", ("field", "should"))
+    if kind == "icmp":
+        return " (wrong icmp cksum %x (->%x)!)", ("field", "should")
+    if state == NO_CKSUM:
+        return "[no cksum] ", ()
+    name = "udp" if kind == "udp" else "icmp6"
+    return (f"[{name} sum ok] ", ()) if state == CORRECT else \
+        (f"[bad {name} cksum 0x%04x -> 0x%04x!] ", ("field", "should"))
