@@ -239,3 +239,30 @@ def test_range_sums_are_the_words_sums():
         part = data[s:s + n] + b"\0" * (n % 2)
         return sum(int.from_bytes(part[i:i + 2], "big") for i in range(0, len(part), 2))
     assert got == [words(s, n) for s, n in zip(starts, lengths)]
+
+
+@pytest.mark.parametrize("options", [PrintOptions(), PrintOptions(verbose=1)], ids=["default", "-v"])
+def test_a_pcapng_file_prints_what_the_printer_prints_up_to_custom_options(records, options, tmp_path):
+    """A pcapng file (fcap's writer: a comment on each packet, as fcap writes them) prints a batch at a time what
+    the Printer prints packet by packet, and stops before the first packet carrying a custom option (a --dump's
+    values, which the per-record path prints under its line)."""
+    from fcap.defaults import NS
+    from fcap.files.pcapfile import PcapngWriter
+    recs = records[:5000]
+    path = tmp_path / "frames.pcapng"
+    with open(path, "wb") as f:
+        w = PcapngWriter(f)
+        w.add_interface("eth0", EN10MB)
+        w.add_interface("lo", EN10MB)
+        for k, (sec, frac, data, orig) in enumerate(recs):
+            more = [(2989, b"\0\0\xa5\x9f" + b"x" * (k % 7))] if k in (4000, 4001) else []
+            w.write(sec * NS + frac % 1_000_000 * 1000, data, orig, iface=k % 2, flags=1, comment=f"point {k}",
+                    more=more)
+    out = io.StringIO()
+    printer = Printer(options, out)
+    assert fastlines.print_pcap(str(path), printer) == (4000, False)
+    want = io.StringIO()
+    reference = Printer(options, want)
+    for _, rec in zip(range(4000), read(path)):
+        reference.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
+    assert out.getvalue() == want.getvalue() and printer.counted == 4000

@@ -408,25 +408,31 @@ def _neighbours(c: Columns, bodies) -> None:
 
 
 def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
-    """Prints the packets of the pcap file at `path` (up to `limit`; 0: all) as printer.packet() would, a batch at
-    a time: (how many were printed, whether the file was read to its end or the limit). False where the batches
-    stopped at damage, or where this is not a pcap file fcap.files.batches walks (nothing printed then): the caller
-    reads on record by record after the packets printed, and its reader names the damage as -r always did."""
+    """Prints the packets of the pcap or pcapng file at `path` (up to `limit`; 0: all) as printer.packet() would, a
+    batch at a time: (how many were printed, whether the file was read to its end or the limit). False where the
+    batches stopped at damage, at a pcapng packet with custom options (fcap's --dump values, printed under its
+    line by the per-record path), or where this is not a file fcap.files.batches walks (nothing printed then): the
+    caller reads on record by record after the packets printed, and its reader names the damage as -r always
+    did."""
     from fcap.errors import PcapFormatError
     from fcap.files import batches
     with open(path, "rb") as f:
         fmt = batches._format(f.read(24))
-    if not isinstance(fmt, tuple):
+    if fmt is None:
         return 0, False
-    order, scale, _ = fmt
     printed = 0
     try:
         for batch in batches.batches(path):
             fields = batch.fields if not limit else batch.fields[:limit - printed]
-            printer.write_batch(_batch_text(printer, fields, batch.data, order, NS // scale))
-            printed += len(fields)
+            whole = len(fields) if fmt != "pcapng" else _plain_epbs(fields, batch.data)
+            fields = fields[:whole]
+            printer.write_batch(_batch_text(printer, fields, batch.data, *fmt[:2]) if fmt != "pcapng" else
+                                _records_text(printer, fields, batch.data))
+            printed += whole
             if printed == limit:
                 break
+            if whole < len(batch.fields):
+                return printed, False
     except PcapFormatError:
         return printed, False
     finally:
@@ -434,9 +440,55 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
     return printed, True
 
 
-def _batch_text(printer, fields, b, order: str, per_second: int) -> str:
-    """The lines of a pcap batch; the packets whose record holds an odd time (a fraction of a second or more,
-    fcap.files.pcapread.FileRecord.stamp) printed by the Printer with it."""
+def _plain_epbs(fields, b) -> int:
+    """How many of a pcapng batch's packets, from its first, have no custom option (the Enhanced Packet Blocks'
+    options walked for all the batch at once, an option a step; little-endian, as fcap.files.batches reads)."""
+    from fcap.files.pcapfile import OPT_CUSTOM
+    at = fields["at"].astype(np.int64)
+    if not len(at):
+        return 0
+
+    def u16(o):
+        return b[o].astype(np.int64) | b[o + 1].astype(np.int64) << 8
+
+    block = at - 28
+    end = block + (u16(block + 4) | u16(block + 6) << 16) - 4
+    pos = at + ((fields["caplen"].astype(np.int64) + 3) & ~3)
+    active = pos + 4 <= end
+    custom = np.zeros(len(at), bool)
+    for _ in range(_MOST_OPTIONS):
+        if not active.any():
+            break
+        p = np.where(active, pos, 0)
+        code = u16(p)
+        custom |= active & np.isin(code, OPT_CUSTOM)
+        active &= code != 0
+        pos = pos + 4 + ((u16(p + 2) + 3) & ~3)
+        active &= pos + 4 <= end
+    custom |= active   # (more options than walked: the per-record path reads them)
+    return int(np.argmax(custom)) if custom.any() else len(at)
+
+
+_MOST_OPTIONS = 32
+
+
+def _records_text(printer, fields, b) -> str:
+    """The lines of a batch of pcapng packets (their times as their interfaces give them: no odd pcap stamps)."""
+    data = b.base if isinstance(b.base, bytes) else b.tobytes()
+    at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
+        fields["linktype"]
+
+    def slow(i: int) -> str:
+        a = int(at[i])
+        return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]))
+
+    return batch_text(printer.summarizer, fields, b, data, slow)
+
+
+def _batch_text(printer, fields, b, order: str, scale: int) -> str:
+    """The lines of a pcap batch (its fractions `scale` ns each); the packets whose record holds an odd time (a
+    fraction of a second or more, fcap.files.pcapread.FileRecord.stamp) printed by the Printer with it."""
+    per_second = NS // scale
     data = b.base if isinstance(b.base, bytes) else b.tobytes()
     header = fields["at"] - 16
     secs = b[header[:, None] + np.arange(4)].view(order + "u4").ravel()
