@@ -1,5 +1,5 @@
-"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json, --decode), fcap.read(), fcap.batches() beside tcpdump
--r -nn (and -nn -v).
+"""Printing's CPU per packet: fcap -r FILE (-nn, -v, --json, --decode; the same packets in pcapng), fcap.read(),
+fcap.batches() beside tcpdump -r -nn (and -nn -v, and of the pcapng file).
 
     python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR]
 
@@ -117,6 +117,19 @@ def write_file(path: str, n: int) -> int:
     return len(frames)
 
 
+def write_pcapng(path: str, n: int) -> None:
+    """The same packets as write_file's in a pcapng file as fcap writes one (a comment naming the point on each)."""
+    from fcap.files.pcapfile import PcapngWriter
+    frames = _packets()
+    with open(path, "wb") as f:
+        w = PcapngWriter(f)
+        w.add_interface("tp_btf/net_dev_queue", 1)
+        t = 1_780_000_000 * 10**9
+        for i in range(n):
+            frame = frames[i % len(frames)]
+            w.write(t + i * 10**6, frame, len(frame), comment="tp_btf/net_dev_queue")
+
+
 def cpu_of(argv: list[str]) -> float:
     """The CPU seconds (user + sys) of a command run with stdout to /dev/null."""
     with open(os.devnull, "wb") as null:
@@ -131,12 +144,16 @@ def cpu_of(argv: list[str]) -> float:
 
 
 def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
-    """(name, argv): tcpdump's two cases first (each fcap case is compared with the tcpdump case of its flags)."""
+    """(name, argv): tcpdump's cases first (each fcap case is compared with the tcpdump case of its flags and
+    file: F the pcap file, G the same packets in a pcapng file)."""
     tcpdump = shutil.which("tcpdump")
+    ng = path + "ng"
     out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"]),
-           ("tcpdump -r F -nn -v", [tcpdump, "-r", path, "-nn", "-v"])] if tcpdump else []
+           ("tcpdump -r F -nn -v", [tcpdump, "-r", path, "-nn", "-v"]),
+           ("tcpdump -r G -nn", [tcpdump, "-r", ng, "-nn"])] if tcpdump else []
     return out + [("fcap -r F -nn", FCAP + ["-r", path, "-nn"]),
                   ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v"]),
+                  ("fcap -r G -nn", FCAP + ["-r", ng, "-nn"]),
                   ("fcap -r F --json", FCAP + ["-r", path, "--json"]),
                   ("fcap.read(F)", [sys.executable, "-c", API % path]),
                   ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path]),
@@ -144,8 +161,10 @@ def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
 
 
 def _baseline(name: str) -> str:
-    """The tcpdump case a case is compared with: -v with tcpdump -nn -v, every other with tcpdump -nn."""
-    return "tcpdump -r F -nn -v" if name.endswith("-v") else "tcpdump -r F -nn"
+    """The tcpdump case a case is compared with: -v with tcpdump -nn -v, the pcapng file's with tcpdump's of it,
+    every other with tcpdump -nn."""
+    return "tcpdump -r F -nn -v" if name.endswith("-v") else "tcpdump -r G -nn" if " G " in name else \
+        "tcpdump -r F -nn"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(where, "mixed.pcap")
     try:
         distinct = write_file(path, a.packets)
+        write_pcapng(path + "ng", a.packets)
         todo = [c for c in cases(path, min(a.v_packets, a.packets))
                 if not a.only or c[0].startswith("tcpdump") or any(o in c[0] for o in a.only)]
         times: dict[str, list[float]] = {name: [] for name, _ in todo}
