@@ -66,6 +66,10 @@ def tools(extra_fcap: list[str] | None = None) -> dict[str, Tool]:
         "tcpdump -nn": Tool("tcpdump -nn", ["tcpdump", "-i", "lo", "-s", str(SNAPLEN), "-nn", "-l"], ".txt",
                             prints=True),
         "fcap -nn": Tool("fcap -nn", fc + ["-nn", "-l"], ".txt", prints=True),
+        # -v: each packet's IP header on a line, its ports and length on the next (counted by that one)
+        "tcpdump -nn -v": Tool("tcpdump -nn -v", ["tcpdump", "-i", "lo", "-s", str(SNAPLEN), "-nn", "-v", "-l"],
+                               ".txt", prints=True),
+        "fcap -nn -v": Tool("fcap -nn -v", fc + ["-nn", "-v", "-l"], ".txt", prints=True),
         "fcap --json": Tool("fcap --json", fc + ["--json", "-l"], ".json", prints=True),   # (a JSON object a line)
     }
 

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--tools", default="tcpdump,dumpcap,fcap pcap,fcap pcapng",
                     help="comma-separated: tcpdump, dumpcap, fcap pcap, fcap pcapng; printed lines: tcpdump -nn, "
-                         "fcap -nn (-l, into a file); JSON lines: fcap --json")
+                         "fcap -nn, tcpdump -nn -v, fcap -nn -v (-l, into a file); JSON lines: fcap --json")
     ap.add_argument("--fcap-args", default="", help="more fcap flags, e.g. '-B 262144'")
     ap.add_argument("--fcap", metavar="CMD", help="run fcap as CMD (e.g. 'env PYTHONPATH=/tmp/old python3 -m "
                     "fcap.commands.cli', to measure another version)")
