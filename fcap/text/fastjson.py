@@ -10,7 +10,7 @@ from __future__ import annotations
 from fcap.files.pcapread import FileRecord
 from fcap.live.fastmerge import np
 from fcap.text.dissect import common
-from fcap.text.fastlines import _ids
+from fcap.text.fastlines import _ids, first_bytes
 
 _HEAD = '{"ts_ns":%d,"len":%d,"caplen":%d,"linktype":1,'
 _TCP_TAILS = tuple(flags.replace("%", "%%") + ',"seq":%d,"ack":%d,"win":%d}}\n' for flags in common._FLAG_JSON)
@@ -69,11 +69,11 @@ def batch_json(fields, b, data: bytes, slow) -> str:
 def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:
     """Each fast row's flow number and each flow's template: ether_json's text around the IP length's %d."""
     top = len(b) - 1
-    k4, k6 = at[:, None] + _KEY4, at[:, None] + _KEY6
+    head = first_bytes(b, at, 54)
     key = np.zeros((len(at), 56), np.uint8)
     key[:, 0] = np.where(v4, 4, 6) * fast
-    key[:, 1:26] = np.where(v4[:, None], b[np.minimum(k4, top)], 0)
-    key[:, 1:49] |= np.where(v4[:, None], 0, b[np.minimum(k6, top)])
+    key[:, 1:26] = np.where(v4[:, None], head[:, _KEY4], 0)
+    key[:, 1:49] |= np.where(v4[:, None], 0, head[:, _KEY6])
     size = np.where(ports, 4, 2)
     for k in range(4):
         key[:, 49 + k] = np.where(k < size, b[np.minimum(at + off + k, top)], 0)

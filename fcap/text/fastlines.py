@@ -11,8 +11,9 @@ from __future__ import annotations
 import socket
 
 from fcap.defaults import NS, SNAPLEN
-from fcap.live.fastmerge import np
+from fcap.live.fastmerge import items, np
 from fcap.text.dissect import common
+from fcap.text.dissect.reader import hex_lines
 from fcap.text.dissect.transport import conversation, relative
 from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
 
@@ -36,13 +37,20 @@ class Columns:
 HEAD = 96   # the bytes of each packet the common lines show anything of (an IPv6 SYN's options end at 94)
 
 
+def first_bytes(b, at, n: int):
+    """Each packet's first n bytes (a row per packet; past the batch's end, zeros): one gather of n-byte items
+    (fcap.live.fastmerge.items), no index per byte."""
+    padded = np.concatenate((np.asarray(b, np.uint8), np.zeros(n, np.uint8)))
+    return items(padded, n)[at].view(np.uint8).reshape(len(at), n)
+
+
 def columns(fields, b, odd=None) -> Columns:
     """The kind of each packet of `fields` (SLOW where the Printer must make its line) and the values its line
     shows. b: the batch's bytes (fcap.files.batches.Batch.data, padded after the last packet); odd: packets to
     leave to the Printer whatever they are."""
     at = fields["at"]
     cap = fields["caplen"].astype(np.int64)
-    head = b[np.minimum(at[:, None] + np.arange(HEAD), len(b) - 1)]   # (one gather: each packet's first bytes)
+    head = first_bytes(b, at, HEAD)
 
     def u8(o):
         return head[:, o].astype(np.int64)
@@ -158,7 +166,9 @@ def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
     and every row's transport checksum (c.check; not TCP's or UDP's without checksums, -K)."""
     kind = c.kind
     v4 = (kind != SLOW) & (kind != ARP) & (c.ver == 4)
-    other = (kind == UNREACH) | (kind == UDP_BAD) | ((kind == ICMP6) & (c.extra >= 135)) \
+    # (neighbour discovery with no option, or one link-layer address: its template, _neighbours)
+    nd_plain = (c.length == 24) | (c.length == 32) & ((c.byte(78) == 1) | (c.byte(78) == 2)) & (c.byte(79) == 1)
+    other = (kind == UNREACH) | (kind == UDP_BAD) | ((kind == ICMP6) & (c.extra >= 135) & ~nd_plain) \
         | ((kind == TCP) & (c.flags & 0x04 != 0) & (c.length > 0))
     kind[other | slow_rows(c.head, v4)] = SLOW
     c.check = checks(c.head, fields["at"].astype(np.int64), RangeSums(b), v4, kind == TCP, kind == UDP,
@@ -318,7 +328,7 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
     for i, text in options.items():
         if kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
-    _neighbours(c, bodies)
+    _neighbours(c, bodies, verbose)
     return bodies, values, np.arange(_MOST) < count[:, None]
 
 
@@ -348,7 +358,7 @@ def _template(variant: int) -> tuple[str, tuple]:
         return f"ICMP {_IP4} {'tcp' if sub == 6 else 'udp'} port %d unreachable, length %d\n", \
             (58, 59, 60, 61, "seqno", "length")
     if kind == ICMP6 and sub >= 135:   # (its template has the target's address: _neighbours)
-        return "", ("length",)
+        return "", (*checked_text("icmp6", check)[1], "length")
     if kind == ICMP6:
         before, names = checked_text("icmp6", check)
         if check:   # (-v: no length after an echo's fields)
@@ -391,20 +401,51 @@ def _tcp_template(sub: int, check: int = 0) -> tuple[str, tuple]:
     return "".join(text), tuple(names)
 
 
-def _neighbours(c: Columns, bodies) -> None:
-    """A neighbour solicitation's or advertisement's template, its target address in it (once per address)."""
+def _neighbours(c: Columns, bodies, verbose: int = 0) -> None:
+    """A neighbour solicitation's or advertisement's template, its target address in it (once per address; with
+    -v, its checksum's state, an advertisement's flags and its link-layer address option as well)."""
     nd = np.flatnonzero((c.kind == ICMP6) & (c.extra >= 135))
     if not len(nd):
         return
-    target = np.ascontiguousarray(c.head[nd, 62:78])
+    head = c.head[nd]
+    target = np.ascontiguousarray(head[:, 62:78])
     kinds = c.extra[nd]
-    words = np.column_stack((target.view(">u8").astype(np.uint64), kinds.astype(np.uint64)))
+    more = np.zeros(len(nd), np.uint64)
+    if verbose:   # (the check's state, the flags' byte, the option's 8 bytes: _verbose_rows let only one through)
+        option = np.ascontiguousarray(head[:, 78:86]).view(">u8").ravel().astype(np.uint64)
+        more = option * (c.length[nd] > 24).astype(np.uint64)
+        kinds = kinds | c.check.state[nd] << 8 | head[:, 58].astype(np.int64) << 16
+    words = np.column_stack((target.view(">u8").astype(np.uint64), kinds.astype(np.uint64), more))
     ids, first = _ids(words)
     texts = []
     for row, k in zip(first.tolist(), kinds[first].tolist()):
-        what = "who has" if k == 135 else "tgt is"
-        texts.append(f"ICMP6, {_ICMP6_NAMES[k]}, {what} {_inet_ntop(_AF_INET6, target[row].tobytes())}, length %d\n")
+        what = "who has" if k & 0xFF == 135 else "tgt is"
+        address = _inet_ntop(_AF_INET6, target[row].tobytes())
+        if not verbose:
+            texts.append(f"ICMP6, {_ICMP6_NAMES[k]}, {what} {address}, length %d\n")
+            continue
+        texts.append(_nd_verbose(k, what, address, bytes(head[row, 78:86]) if c.length[nd[row]] > 24 else b"",
+                                 verbose))
     bodies[nd] = np.array(texts, object)[ids]
+
+
+_NA_FLAGS = ((0x80, "router"), (0x40, "solicited"), (0x20, "override"))
+
+
+def _nd_verbose(k: int, what: str, address: str, option: bytes, verbose: int) -> str:
+    """-v's template of a neighbour discovery message (k: its type, check state << 8, flags' byte << 16), as
+    fcap.text.dissect.icmp6_nd prints it (-vv: the option's bytes in hex too): values the checksum's and the
+    length."""
+    before, _ = checked_text("icmp6", k >> 8 & 0xFF)
+    text = f"{before}ICMP6, {_ICMP6_NAMES[k & 0xFF]}, length %d, {what} {address}"
+    if k & 0xFF == 136:
+        text += ", Flags [" + (", ".join(name for bit, name in _NA_FLAGS if k >> 16 & bit) or "none") + "]"
+    if option:
+        name = "source link-address" if option[0] == 1 else "destination link-address"
+        text += f"\n\t  {name} option ({option[0]}), length 8 (1): {option[2:].hex(':')}"
+        if verbose > 1:
+            text += "\n\t    " + hex_lines(option[2:])[1:]
+    return text + "\n"
 
 
 def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
