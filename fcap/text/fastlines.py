@@ -15,6 +15,7 @@ from fcap.live.fastmerge import items, np
 from fcap.text.dissect import common
 from fcap.text.dissect.reader import hex_lines
 from fcap.text.dissect.transport import conversation, relative
+from fcap.text.fastverbose import ECN as _ECN
 from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
@@ -168,11 +169,11 @@ def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
     v4 = (kind != SLOW) & (kind != ARP) & (c.ver == 4)
     # (neighbour discovery with no option, or one link-layer address: its template, _neighbours)
     nd_plain = (c.length == 24) | (c.length == 32) & ((c.byte(78) == 1) | (c.byte(78) == 2)) & (c.byte(79) == 1)
-    other = (kind == UNREACH) | (kind == UDP_BAD) | ((kind == ICMP6) & (c.extra >= 135) & ~nd_plain) \
-        | ((kind == TCP) & (c.flags & 0x04 != 0) & (c.length > 0))
+    other = (kind == UNREACH) & ~_quoted_plain(c, verbose) | (kind == UDP_BAD) \
+        | ((kind == ICMP6) & (c.extra >= 135) & ~nd_plain) | ((kind == TCP) & (c.flags & 0x04 != 0) & (c.length > 0))
     kind[other | slow_rows(c.head, v4)] = SLOW
     c.check = checks(c.head, fields["at"].astype(np.int64), RangeSums(b), v4, kind == TCP, kind == UDP,
-                     kind == ICMP, kind == ICMP6, verbose)
+                     (kind == ICMP) | (kind == UNREACH), kind == ICMP6, verbose)
     if not checksums:
         c.check = c.check._replace(state=np.where((kind == TCP) | (kind == UDP), 0, c.check.state))
 
@@ -272,6 +273,18 @@ def _heads(summarizer, ts_ns) -> tuple:
     return table[ids.ravel()], ns if nano else ns // 1000
 
 
+def _quoted_plain(c: Columns, verbose: int):
+    """The port unreachables whose -v lines a template makes (with -v, not -vv): quoting a whole UDP datagram
+    (the ICMP message ends where its IP length says), not a fragment, its header's checksum right, its UDP length
+    within it."""
+    def u16(o):
+        return c.byte(o) << 8 | c.byte(o + 1)
+    total, ulen = u16(44), u16(66)
+    words = sum(u16(42 + 2 * k) for k in range(10))
+    return (verbose == 1) & (c.sport == 17) & (total == c.length - 8) & (u16(48) & 0x3FFF == 0) \
+        & (words % 0xFFFF == 0) & (words != 0) & (ulen >= 8) & (ulen <= total - 20)
+
+
 def _prefix_texts(c: Columns, fields, data: bytes, fast, verbose: int = 0):
     """Each IP row's flow: "IP a.p > b.q: " (fcap.text.dissect.common's text, made once per flow; with -v without
     "IP ", which begins the header's text); "" on others."""
@@ -302,13 +315,18 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
     opt = np.select([c.hlen == -1, c.hlen == -2, c.hlen > 20], [1, 2, 3], 0)
     check = c.check.state if verbose else np.zeros(n, np.int64)
     check = np.where(kind == ARP, 1 if verbose else 0, check)   # (-v: ARP's long form)
+    quoted = c.sport | (c.byte(43) & 3) << 8 | (c.byte(50) > 0) << 10 | (c.byte(48) >> 6) << 11 if verbose \
+        else c.sport   # (-v: the quoted header's ECN, whether it has a TTL, DF and the reserved bit)
     variant = kind << 20 | check << 16 | np.where(kind == TCP, f | span << 8 | opt << 10,
-                                                  np.where(kind == UNREACH, c.sport, c.extra & 0x3FF))
+                                                  np.where(kind == UNREACH, quoted, c.extra & 0x3FF))
     named = {"us": us, "seq": c.seq, "end": (c.seq + c.length) & M32, "ack": c.ack, "win": c.win, "urg": c.urg,
              "tsval": c.tsval, "tsecr": c.tsecr, "mss": c.mss, "wscale": c.wscale, "length": c.length,
              "extra": c.extra, "id": c.sport, "seqno": c.dport}
     if verbose:
-        named.update(field=c.check.field, should=c.check.should)
+        def u16(o):
+            return c.byte(o) << 8 | c.byte(o + 1)
+        named.update(field=c.check.field, should=c.check.should, qid=u16(46), qtotal=u16(44), qsport=u16(62),
+                     qlength=u16(66) - 8)
     bodies = np.full(n, "", object)
     values = np.zeros((n, _MOST), np.int64)
     count = np.zeros(n, np.int64)
@@ -332,7 +350,7 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
     return bodies, values, np.arange(_MOST) < count[:, None]
 
 
-_MOST = 20   # values in one line's template at most (an ARP request's with the target's MAC address: 16)
+_MOST = 28   # values in one line's template at most (-v's port unreachable, its time's and a wrong checksum's: 25)
 _IP4 = "%d.%d.%d.%d"
 _MAC = "%02x:%02x:%02x:%02x:%02x:%02x"
 _ICMP6_NAMES = {128: "echo request", 129: "echo reply", 135: "neighbor solicitation", 136: "neighbor advertisement"}
@@ -355,8 +373,7 @@ def _template(variant: int) -> tuple[str, tuple]:
         return f"ICMP echo {'request' if sub == 8 else 'reply'}, id %d, seq %d, length %d{after}\n", \
             ("id", "seqno", "length", *names)
     if kind == UNREACH:
-        return f"ICMP {_IP4} {'tcp' if sub == 6 else 'udp'} port %d unreachable, length %d\n", \
-            (58, 59, 60, 61, "seqno", "length")
+        return _unreach_template(sub, check)
     if kind == ICMP6 and sub >= 135:   # (its template has the target's address: _neighbours)
         return "", (*checked_text("icmp6", check)[1], "length")
     if kind == ICMP6:
@@ -371,6 +388,23 @@ def _template(variant: int) -> tuple[str, tuple]:
         return f"{arp}Request who-has {_IP4} ({_MAC}) tell {_IP4}, length %d\n", \
             (38, 39, 40, 41, 32, 33, 34, 35, 36, 37, 28, 29, 30, 31, "length")
     return f"{arp}Request who-has {_IP4} tell {_IP4}, length %d\n", (38, 39, 40, 41, 28, 29, 30, 31, "length")
+
+
+def _unreach_template(sub: int, check: int) -> tuple[str, tuple]:
+    """A port unreachable's line; with -v (sub > 0xFF) its checksum if wrong and the UDP datagram it quotes (its
+    header's ECN, TTL and flags in sub), as fcap.text.dissect prints them."""
+    head = f"ICMP {_IP4} {'tcp' if sub & 0xFF == 6 else 'udp'} port %d unreachable, length %d"
+    names = (58, 59, 60, 61, "seqno", "length")
+    if sub <= 0xFF and not check:
+        return head + "\n", names
+    after, more = checked_text("icmp", check)
+    ttl = bool(sub >> 10 & 1)
+    flags = ", ".join(name for bit, name in ((1, "DF"), (2, "rsvd")) if sub >> 11 & bit) or "none"
+    quoted = (f"\n\tIP (tos 0x%x{_ECN[sub >> 8 & 3]}" + (", ttl %d" if ttl else "")
+              + f", id %d, offset 0, flags [{flags}], proto UDP (17), length %d)\n    {_IP4}.%d > {_IP4}.%d: UDP,"
+              " length %d\n")
+    return head + after + quoted, (*names, *more, 43, *((50,) if ttl else ()), "qid", "qtotal", 54, 55, 56, 57,
+                                   "qsport", 58, 59, 60, 61, "seqno", "qlength")
 
 
 def _tcp_template(sub: int, check: int = 0) -> tuple[str, tuple]:

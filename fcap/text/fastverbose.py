@@ -12,7 +12,7 @@ from typing import NamedTuple
 from fcap.live.fastmerge import np
 from fcap.text.dissect.ip import IPPROTO_NAMES
 
-_ECN = ("", ",ECT(1)", ",ECT(0)", ",CE")
+ECN = ("", ",ECT(1)", ",ECT(0)", ",CE")   # (what -v adds to the TOS for its low bits)
 NONE, CORRECT, INCORRECT, NO_CKSUM = range(4)   # a checksum: not shown, right, wrong, absent (UDP over IPv4)
 
 
@@ -138,7 +138,7 @@ def _header_template(v: int) -> tuple[str, tuple]:
         proto, flags = v >> 6 & 0xFF, v >> 3 & 7
         names = ", ".join(name for bit, name in _FRAG if flags & bit) or "none"
         ttl = bool(v >> 2 & 1)
-        return (f"IP (tos 0x%x{_ECN[v & 3]}" + (", ttl %d" if ttl else "")
+        return (f"IP (tos 0x%x{ECN[v & 3]}" + (", ttl %d" if ttl else "")
                 + f", id %d, offset 0, flags [{names}], proto {IPPROTO_NAMES.get(proto, 'unknown')} ({proto}),"
                 " length %d)\n    "), (True, ttl, True, True)
     if v >> 20 == 2:
