@@ -48,25 +48,32 @@ def _fold(s):
 
 
 class RangeSums:
-    """Sums of the big-endian 16-bit words of ranges of the batch's bytes, an odd last byte padded with zero."""
+    """Sums of the big-endian 16-bit words of ranges of the batch's bytes, an odd last byte padded with zero: the
+    words of each range added by numpy's reduceat over the batch seen as words at even offsets, or at odd ones
+    (no copy of the batch, no array as long as it)."""
 
     def __init__(self, b) -> None:
-        a = np.concatenate((np.asarray(b, np.uint8), np.zeros(3, np.uint8)))
-        n = (len(a) - 2) // 2
-        self.a = a
-        zero = np.zeros(1, np.uint64)   # (the words at even offsets, and at odd ones: their prefix sums)
-        self.sums = tuple(np.concatenate((zero, np.cumsum(a[k:k + 2 * n].view(">u2"), dtype=np.uint64)))
-                          for k in (0, 1))
+        a = np.asarray(b, np.uint8)
+        self.a = a if len(a) >= 4 and len(a) % 2 == 0 else np.concatenate((a, np.zeros(4 + len(a) % 2, np.uint8)))
 
     def __call__(self, start, length):
-        start, length = start.astype(np.int64), length.astype(np.int64)
-        k, words = start // 2, length // 2
-        at_odd = (start & 1).astype(bool)
-        even, odd = self.sums
-        k_even, k_odd = np.where(at_odd, 0, k), np.where(at_odd, k, 0)
-        total = np.where(at_odd, odd[k_odd + words] - odd[k_odd], even[k_even + words] - even[k_even])
-        last = np.where(length & 1 != 0, self.a[start + length - 1].astype(np.uint64) << np.uint64(8), 0)
-        return (total + last).astype(np.int64) if len(start) else np.zeros(0, np.int64)
+        a, start, length = self.a, start.astype(np.int64), length.astype(np.int64)
+        out = np.zeros(len(start), np.uint64)
+        words = length // 2
+        for parity in (0, 1):
+            rows = np.flatnonzero((words > 0) & (start & 1 == parity))
+            if not len(rows):
+                continue
+            view = a[parity:parity + 2 * ((len(a) - parity) // 2)].view(">u2")
+            k = (start[rows] - parity) // 2
+            bounds = np.empty(2 * len(rows), np.int64)
+            bounds[0::2], bounds[1::2] = k, k + words[rows]
+            if bounds[1::2].max() >= len(view):   # (a range to the very end: words past it to stop at)
+                view = np.concatenate((view, np.zeros(1, ">u2")))
+            out[rows] = np.add.reduceat(view, bounds, dtype=np.uint64)[0::2]
+        odd = np.flatnonzero(length & 1)
+        out[odd] += a[start[odd] + length[odd] - 1].astype(np.uint64) << np.uint64(8)
+        return out.astype(np.int64)
 
 
 def _pseudo(head, v4, proto, length):
