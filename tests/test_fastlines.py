@@ -266,3 +266,35 @@ def test_a_pcapng_file_prints_what_the_printer_prints_up_to_custom_options(recor
     for _, rec in zip(range(4000), read(path)):
         reference.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
     assert out.getvalue() == want.getvalue() and printer.counted == 4000
+
+
+def test_relative_numbers_a_batch_at_once_and_in_order(tmp_path, monkeypatch):
+    """The batch's segments get their relative numbers at once (fastlines._relative) where the Printer's packets
+    touch none of their connections, and packet by packet where one does (a SYN-ACK whose options the templates
+    do not lay out, which sets its connection's base): the same text as the Printer's either way, across a second
+    SYN of the same ports (a new base), and the same table after."""
+    from scapy.all import IP, TCP, Ether, Raw
+    from test_show import tcp_conversation
+    a, b = IP(src="10.1.0.1", dst="10.1.0.2"), IP(src="10.1.0.2", dst="10.1.0.1")
+    again = [a / TCP(sport=50000, dport=8000, flags="S", seq=9), b / TCP(sport=8000, dport=50000, flags="SA", seq=5,
+                                                                          ack=10),
+             a / TCP(sport=50000, dport=8000, flags="PA", seq=10, ack=6) / Raw(b"x" * 20),
+             b / TCP(sport=8000, dport=50000, flags="A", seq=6, ack=30)]
+    calls = {"_relative": 0, "_one_by_one": 0}
+    for name in calls:
+        real = getattr(fastlines, name)
+        monkeypatch.setattr(fastlines, name, lambda *args, real=real, name=name: (
+            calls.__setitem__(name, calls[name] + 1), real(*args))[1])
+    for k, packets in enumerate((again * 3, tcp_conversation() + again)):
+        path = tmp_path / f"c{k}.pcap"
+        records = [(1_780_000_000 + i, 5, bytes(Ether() / p), len(Ether() / p)) for i, p in enumerate(packets * 40)]
+        _pcap(path, records)
+        out = io.StringIO()
+        printer = Printer(PrintOptions(), out)
+        fastlines.print_pcap(str(path), printer)
+        reference = Printer(PrintOptions(), io.StringIO())
+        assert out.getvalue() == _reference(path, PrintOptions())
+        for rec in read(path):
+            reference.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
+        assert printer.summarizer.seqs == reference.summarizer.seqs
+        assert calls == ({"_relative": 1, "_one_by_one": 0} if k == 0 else {"_relative": 1, "_one_by_one": 1})

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from fcap.defaults import NS, SNAPLEN
 from fcap.errors import PcapFormatError
 from fcap.files import pcapread
-from fcap.files.pcapfile import BT_EPB, BT_IDB, BT_SHB, BYTE_ORDER_MAGIC, PCAP_MAGIC_NS, PCAP_MAGIC_US
+from fcap.files.pcapfile import BT_EPB, BT_IDB, BT_SHB, BYTE_ORDER_MAGIC, OPT_CUSTOM, PCAP_MAGIC_NS, PCAP_MAGIC_US
 from fcap.live.fastmerge import items, np
 
 FIELDS = np.dtype([
@@ -209,6 +209,38 @@ def _epbs(buf: bytes, at, ifs, section) -> Batch:
     fields["at"] = at + 28
     decode(fields, b)
     return Batch(fields, b)
+
+
+def plain_epbs(fields, b) -> int:
+    """How many of a pcapng batch's packets (fields and data of _epbs' Batch), from its first, have no custom
+    option (fcap's --dump values): the Enhanced Packet Blocks' options walked for all the batch at once, an option
+    a step."""
+    at = fields["at"].astype(np.int64)
+    if not len(at):
+        return 0
+
+    def u16(o):
+        return b[o].astype(np.int64) | b[o + 1].astype(np.int64) << 8
+
+    block = at - 28
+    end = block + (u16(block + 4) | u16(block + 6) << 16) - 4
+    pos = at + ((fields["caplen"].astype(np.int64) + 3) & ~3)
+    active = pos + 4 <= end
+    custom = np.zeros(len(at), bool)
+    for _ in range(MOST_OPTIONS):
+        if not active.any():
+            break
+        p = np.where(active, pos, 0)
+        code = u16(p)
+        custom |= active & np.isin(code, OPT_CUSTOM)
+        active &= code != 0
+        pos = pos + 4 + ((u16(p + 2) + 3) & ~3)
+        active &= pos + 4 <= end
+    custom |= active   # (more options than walked: the per-record path reads them)
+    return int(np.argmax(custom)) if custom.any() else len(at)
+
+
+MOST_OPTIONS = 32   # options walked in each block; a packet with more counts as having a custom one
 
 
 def _ts_ns(ts, iface):

@@ -34,6 +34,10 @@ class Columns:
         """Each packet's byte at `offset` (< HEAD; past its end: what follows, or 0 past the batch's end)."""
         return self.head[:, offset].astype(np.int64)
 
+    def word(self, offset: int):
+        """Each packet's 16 bits at `offset`, in network order (as byte())."""
+        return self.byte(offset) << 8 | self.byte(offset + 1)
+
 
 HEAD = 96   # the bytes of each packet the common lines show anything of (an IPv6 SYN's options end at 94)
 
@@ -143,7 +147,7 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
         _verbose_rows(c, fields, b, verbose, summarizer.checksums)
     at = fields["at"]
     options = _odd_options(c, at, data)
-    texts = _in_order(summarizer.seqs, c, fields, data, slow)
+    texts = _in_order(summarizer, c, fields, data, slow)
     fast = c.kind != SLOW
     heads, us = _heads(summarizer, fields["ts_ns"])
     parts = np.empty((len(c.kind), 4 if verbose else 3), object)
@@ -194,14 +198,71 @@ def _odd_options(c: Columns, at, data: bytes) -> dict[int, str]:
     return out
 
 
-def _in_order(seqs: dict | None, c: Columns, fields, data: bytes, slow) -> dict[int, str]:
+def _in_order(summarizer, c: Columns, fields, data: bytes, slow) -> dict[int, str]:
     """What must run in the packets' order: the Printer's packets (which may use and change the table of
     sequence numbers) and the relative numbers of the segments with an ACK (tcpdump's, fcap.text.dissect.common's,
-    in the same table), filled into c.seq and c.ack. The Printer's texts by row."""
-    kind = c.kind
+    in the same table), filled into c.seq and c.ack. The Printer's texts by row. The Printer's packets run first,
+    watched; where none of them touched a connection the batch's segments are in, the segments' numbers are
+    made for the whole batch at once (_relative), else all goes packet by packet, in order."""
+    seqs, kind = summarizer.seqs, c.kind
     acked = (kind == TCP) & (c.flags & 0x10 != 0) if seqs is not None else np.zeros(len(kind), bool)
-    rows = np.flatnonzero((kind == SLOW) | acked)
+    if not acked.any():
+        return {i: slow(i) for i in np.flatnonzero(kind == SLOW).tolist()}
     flow, rev, keys = _tcp_flows(c, fields, data, acked)
+    rows, slow_rows = np.flatnonzero(acked), np.flatnonzero(kind == SLOW)
+    ids = np.unique(flow[rows])
+    if len(seqs) + len(ids) + 2 * len(slow_rows) <= _MAX_CONVERSATIONS:   # (no clearing of the table on the way)
+        watched = summarizer.seqs = _Watched(seqs)
+        try:
+            texts = {i: slow(i) for i in slow_rows.tolist()}
+        finally:
+            summarizer.seqs = seqs
+        if watched.touched.isdisjoint(keys[i] for i in ids.tolist()):
+            _relative(seqs, c, rows, flow, rev, keys)
+            return texts
+        watched.undo()
+    return _one_by_one(seqs, c, flow, rev, keys, acked, slow)
+
+
+_MAX_CONVERSATIONS = 100_000   # (the Summarizer's bound on its table: it clears it past this)
+
+
+class _Watched:
+    """The table of relative sequence numbers as the Printer's packets see it when they run ahead of the batch's
+    segments: the keys they read or wrote, and what the written ones held before (undo() puts it back)."""
+
+    _MISSING = object()
+
+    def __init__(self, table: dict) -> None:
+        self.table, self.touched, self.before = table, set(), {}
+
+    def get(self, key, default=None):
+        self.touched.add(key)
+        return self.table.get(key, default)
+
+    def __setitem__(self, key, value) -> None:
+        self.touched.add(key)
+        self.before.setdefault(key, self.table.get(key, self._MISSING))
+        self.table[key] = value
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def clear(self) -> None:   # (not reached: _in_order leaves room for the packets it watches)
+        raise AssertionError("the table was to have room")
+
+    def undo(self) -> None:
+        for key, value in self.before.items():
+            if value is self._MISSING:
+                del self.table[key]
+            else:
+                self.table[key] = value
+
+
+def _one_by_one(seqs: dict, c: Columns, flow, rev, keys, acked, slow) -> dict[int, str]:
+    """_in_order's way packet by packet, in order."""
+    kind = c.kind
+    rows = np.flatnonzero((kind == SLOW) | acked)
     texts = {}
     seq, ack = c.seq.tolist(), c.ack.tolist()
     for i, k, cid, r, f in zip(rows.tolist(), kind[rows].tolist(), flow[rows].tolist(), rev[rows].tolist(),
@@ -209,11 +270,41 @@ def _in_order(seqs: dict | None, c: Columns, fields, data: bytes, slow) -> dict[
         if k == SLOW:
             texts[i] = slow(i)
             continue
-        if len(seqs) > 100_000:
+        if len(seqs) > _MAX_CONVERSATIONS:
             seqs.clear()
         seq[i], ack[i], _ = relative(seqs, keys[cid], r, seq[i], ack[i], f)
     c.seq, c.ack = np.array(seq, np.int64), np.array(ack, np.int64)
     return texts
+
+
+def _relative(seqs: dict, c: Columns, rows, flow, rev, keys) -> None:
+    """fcap.text.dissect.transport.relative over the segments of `rows` (in order) at once: each connection's base
+    is the one its last SYN, or its first segment where the table has none, set at or before the segment; the
+    segments that set one keep their numbers; the table ends with each connection's last base."""
+    n = len(rows)
+    order = np.lexsort((np.arange(n), flow[rows]))   # (by connection, in order within each)
+    rows = rows[order]
+    conn, back = flow[rows], rev[rows]
+    seq, ack = c.seq[rows], c.ack[rows]
+    start = np.ones(n, bool)
+    start[1:] = conn[1:] != conn[:-1]
+    first = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+    known = {cid: seqs.get(keys[cid]) for cid in conn[start].tolist()}
+    table = np.array([known[cid] or (0, 0) for cid in conn.tolist()], np.int64).reshape(n, 2)
+    had = np.array([known[cid] is not None for cid in conn.tolist()], bool)
+    sets = (c.flags[rows] & 0x02 != 0) | (start & ~had)
+    last = np.maximum.accumulate(np.where(sets, np.arange(n), -1))
+    below = (ack - 1) & M32
+    own0, own1 = np.where(back, below, seq), np.where(back, seq, below)   # (the base a segment sets)
+    since = last >= first
+    at = np.maximum(last, 0)
+    base0, base1 = np.where(since, own0[at], table[:, 0]), np.where(since, own1[at], table[:, 1])
+    c.seq[rows] = np.where(sets, seq, (seq - np.where(back, base1, base0)) & M32)
+    c.ack[rows] = np.where(sets, ack, (ack - np.where(back, base0, base1)) & M32)
+    end = np.ones(n, bool)
+    end[:-1] = start[1:]
+    for cid, b0, b1 in zip(conn[end & since].tolist(), base0[end & since].tolist(), base1[end & since].tolist()):
+        seqs[keys[cid]] = (b0, b1)
 
 
 def _tcp_flows(c: Columns, fields, data: bytes, rows) -> tuple:
@@ -277,11 +368,9 @@ def _quoted_plain(c: Columns, verbose: int):
     """The port unreachables whose -v lines a template makes (with -v, not -vv): quoting a whole UDP datagram
     (the ICMP message ends where its IP length says), not a fragment, its header's checksum right, its UDP length
     within it."""
-    def u16(o):
-        return c.byte(o) << 8 | c.byte(o + 1)
-    total, ulen = u16(44), u16(66)
-    words = sum(u16(42 + 2 * k) for k in range(10))
-    return (verbose == 1) & (c.sport == 17) & (total == c.length - 8) & (u16(48) & 0x3FFF == 0) \
+    total, ulen = c.word(44), c.word(66)
+    words = sum(c.word(42 + 2 * k) for k in range(10))
+    return (verbose == 1) & (c.sport == 17) & (total == c.length - 8) & (c.word(48) & 0x3FFF == 0) \
         & (words % 0xFFFF == 0) & (words != 0) & (ulen >= 8) & (ulen <= total - 20)
 
 
@@ -323,10 +412,8 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
              "tsval": c.tsval, "tsecr": c.tsecr, "mss": c.mss, "wscale": c.wscale, "length": c.length,
              "extra": c.extra, "id": c.sport, "seqno": c.dport}
     if verbose:
-        def u16(o):
-            return c.byte(o) << 8 | c.byte(o + 1)
-        named.update(field=c.check.field, should=c.check.should, qid=u16(46), qtotal=u16(44), qsport=u16(62),
-                     qlength=u16(66) - 8)
+        named.update(field=c.check.field, should=c.check.should, qid=c.word(46), qtotal=c.word(44),
+                     qsport=c.word(62), qlength=c.word(66) - 8)
     bodies = np.full(n, "", object)
     values = np.zeros((n, _MOST), np.int64)
     count = np.zeros(n, np.int64)
@@ -499,7 +586,7 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
     try:
         for batch in batches.batches(path):
             fields = batch.fields if not limit else batch.fields[:limit - printed]
-            whole = len(fields) if fmt != "pcapng" else _plain_epbs(fields, batch.data)
+            whole = len(fields) if fmt != "pcapng" else batches.plain_epbs(fields, batch.data)
             fields = fields[:whole]
             printer.write_batch(_batch_text(printer, fields, batch.data, *fmt[:2]) if fmt != "pcapng" else
                                 _records_text(printer, fields, batch.data))
@@ -513,38 +600,6 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
     finally:
         printer.counted += printed
     return printed, True
-
-
-def _plain_epbs(fields, b) -> int:
-    """How many of a pcapng batch's packets, from its first, have no custom option (the Enhanced Packet Blocks'
-    options walked for all the batch at once, an option a step; little-endian, as fcap.files.batches reads)."""
-    from fcap.files.pcapfile import OPT_CUSTOM
-    at = fields["at"].astype(np.int64)
-    if not len(at):
-        return 0
-
-    def u16(o):
-        return b[o].astype(np.int64) | b[o + 1].astype(np.int64) << 8
-
-    block = at - 28
-    end = block + (u16(block + 4) | u16(block + 6) << 16) - 4
-    pos = at + ((fields["caplen"].astype(np.int64) + 3) & ~3)
-    active = pos + 4 <= end
-    custom = np.zeros(len(at), bool)
-    for _ in range(_MOST_OPTIONS):
-        if not active.any():
-            break
-        p = np.where(active, pos, 0)
-        code = u16(p)
-        custom |= active & np.isin(code, OPT_CUSTOM)
-        active &= code != 0
-        pos = pos + 4 + ((u16(p + 2) + 3) & ~3)
-        active &= pos + 4 <= end
-    custom |= active   # (more options than walked: the per-record path reads them)
-    return int(np.argmax(custom)) if custom.any() else len(at)
-
-
-_MOST_OPTIONS = 32
 
 
 def _records_text(printer, fields, b) -> str:
