@@ -166,9 +166,10 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
 
 
 def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
-    """-v: the rows left to the printers (those -v shows more of than a template: ICMP that quotes a packet,
-    neighbour discovery, a reset's text, a UDP length past its packet, IPv4 fragments and wrong header checksums)
-    and every row's transport checksum (c.check; not TCP's or UDP's without checksums, -K)."""
+    """-v: the rows left to the printers (those -v shows more of than a template: a port unreachable other than
+    _quoted_plain's, neighbour discovery with other options, a reset's text, a UDP length past its packet, IPv4
+    fragments and wrong header checksums) and every row's transport checksum (c.check; not TCP's or UDP's without
+    checksums, -K)."""
     kind = c.kind
     v4 = (kind != SLOW) & (kind != ARP) & (c.ver == 4)
     # (neighbour discovery with no option, or one link-layer address: its template, _neighbours)
