@@ -2,8 +2,8 @@
 numpy: the IP header's text ("IP (tos 0x0, ttl 64, id 1, offset 0, flags [DF], proto TCP (6), length 60)" and the
 line's break, or IPv6's "(hlim 64, next-header TCP (6) payload length: 40) "), one template per kind of header with
 its values from the arrays, and the checksums of TCP, UDP, ICMP and ICMPv6 (one's complement sums of each packet's
-range, by prefix sums of the batch's 16-bit words at either alignment). The text is the one the printers
-(fcap.text.dissect) write; what the batch does not cover goes back to them (slow_rows)."""
+range: numpy's reduceat over the batch's 16-bit words at either alignment, RangeSums). The text is the one the
+printers (fcap.text.dissect) write; what the batch does not cover goes back to them (slow_rows)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def checks(head, at, sums: RangeSums, v4, tcp, udp, icmp, icmp6, verbose: int) -
     total[idx] = sums(at[idx] + off[idx], covered[idx]) + pseudo[idx]
     computed = ~_fold(total) & 0xFFFF
     field = np.select([tcp, udp], [_field(head, v4, 16), _field(head, v4, 6)], _field(head, v4, 2))
-    should = _fold(_fold(field + computed))
+    should = _fold(field + computed)   # (tcpdump's in_cksum_shouldbe: the end-around carry is the remainder)
     ok = computed == 0
     state = np.where(rows, np.where(ok, CORRECT, INCORRECT), NONE)
     state = np.where(udp & v4, np.where(verbose > 1, np.where(field == 0, NO_CKSUM, state), NONE), state)
