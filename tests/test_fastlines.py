@@ -22,6 +22,7 @@ from fcap.files.pcapread import read
 from fcap.text.printer import Printer, PrintOptions
 
 fastlines = pytest.importorskip("fcap.text.fastlines", reason="fcap.text.fastlines needs numpy")
+fastfile = pytest.importorskip("fcap.text.fastfile", reason="fcap.text.fastfile needs numpy")
 EN10MB = linktypes.EN10MB.number
 
 
@@ -86,7 +87,7 @@ def test_batches_print_what_the_printer_prints(records, options, tmp_path):
     _pcap(path, records, nano=options.nano, order="<" if options.time != 2 else ">")
     out = io.StringIO()
     printer = Printer(options, out)
-    assert fastlines.print_pcap(str(path), printer) == (len(records), True)
+    assert fastfile.print_pcap(str(path), printer) == (len(records), True)
     want = _reference(path, options)
     got = out.getvalue()
     if got != want:   # the first line that differs, not two pages of text
@@ -103,7 +104,7 @@ def test_the_sequence_numbers_table_is_the_printers(records, tmp_path):
     path = tmp_path / "frames.pcap"
     _pcap(path, records)
     fast, slow = Printer(PrintOptions(), io.StringIO()), Printer(PrintOptions(), io.StringIO())
-    fastlines.print_pcap(str(path), fast)
+    fastfile.print_pcap(str(path), fast)
     for rec in read(path):
         slow.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len, stamp=rec.stamp)
     assert fast.summarizer.seqs == slow.summarizer.seqs and len(slow.summarizer.seqs) > 100
@@ -260,7 +261,7 @@ def test_a_pcapng_file_prints_what_the_printer_prints_up_to_custom_options(recor
                     more=more)
     out = io.StringIO()
     printer = Printer(options, out)
-    assert fastlines.print_pcap(str(path), printer) == (4000, False)
+    assert fastfile.print_pcap(str(path), printer) == (4000, False)
     want = io.StringIO()
     reference = Printer(options, want)
     for _, rec in zip(range(4000), read(path)):
@@ -291,7 +292,7 @@ def test_relative_numbers_a_batch_at_once_and_in_order(tmp_path, monkeypatch):
         _pcap(path, records)
         out = io.StringIO()
         printer = Printer(PrintOptions(), out)
-        fastlines.print_pcap(str(path), printer)
+        fastfile.print_pcap(str(path), printer)
         reference = Printer(PrintOptions(), io.StringIO())
         assert out.getvalue() == _reference(path, PrintOptions())
         for rec in read(path):

@@ -280,9 +280,9 @@ _FAST_FROM = 2 << 20   # bytes of a file from which -r's lines are made a batch 
 
 
 def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
-    """-r's lines of a big pcap file made a batch at a time (fcap.text.fastlines) where each packet is one line
-    (fcap.text.printer.Printer.lines_only), or its --json lines (fcap.text.fastjson): (packets printed, whether that
-    was all)."""
+    """-r's lines of a big pcap or pcapng file made a batch at a time (fcap.text.fastfile) where each packet's lines
+    stand alone (fcap.text.printer.Printer.lines_only), or a pcap file's --json lines (fcap.text.fastjson): (packets
+    printed, whether that was all)."""
     import os
     printer = getattr(sink, "printer", None)
     if args.read == "-" or getattr(sink, "stacks", False) or printer is not None and not printer.lines_only():
@@ -293,10 +293,10 @@ def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
         if printer is None:   # (--json)
             from fcap.text import fastjson
             return fastjson.json_pcap(args.read, sink.out, limit)
-        from fcap.text import fastlines
+        from fcap.text import fastfile
     except (OSError, ImportError):   # (no numpy: packet by packet; a file that cannot be read: the reader says)
         return 0, False
-    return fastlines.print_pcap(args.read, printer, limit)
+    return fastfile.print_pcap(args.read, printer, limit)
 
 
 # flags that make no sense with --json (its lines have one shape): what they ask for instead, for the error line

@@ -95,7 +95,7 @@ def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:
 
 
 def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
-    """-r FILE --json of a pcap file a batch at a time into `out`, as fcap.text.fastlines.print_pcap prints lines:
+    """-r FILE --json of a pcap file a batch at a time into `out`, as fcap.text.fastfile.print_pcap prints lines:
     (packets written, whether that was the whole file or the limit)."""
     from fcap.errors import PcapFormatError
     from fcap.files import batches

@@ -1,0 +1,77 @@
+"""`fcap -r FILE`'s lines a batch at a time: a pcap or pcapng file walked by fcap.files.batches, each batch's lines
+made by fcap.text.fastlines.batch_text; the packets it leaves (odd pcap times, the pcapng blocks from the first
+with custom options on) printed by the Printer, as `fcap -r` prints packet by packet."""
+
+from __future__ import annotations
+
+from fcap.defaults import NS
+from fcap.live.fastmerge import np
+from fcap.text.fastlines import batch_text
+
+
+def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
+    """Prints the packets of the pcap or pcapng file at `path` (up to `limit`; 0: all) as printer.packet() would, a
+    batch at a time: (how many were printed, whether the file was read to its end or the limit). False where the
+    batches stopped at damage, at a pcapng packet with custom options (fcap's --dump values, printed under its
+    line by the per-record path), or where this is not a file fcap.files.batches walks (nothing printed then): the
+    caller reads on record by record after the packets printed, and its reader names the damage as -r always
+    did."""
+    from fcap.errors import PcapFormatError
+    from fcap.files import batches
+    with open(path, "rb") as f:
+        fmt = batches._format(f.read(24))
+    if fmt is None:
+        return 0, False
+    printed = 0
+    try:
+        for batch in batches.batches(path):
+            fields = batch.fields if not limit else batch.fields[:limit - printed]
+            whole = len(fields) if fmt != "pcapng" else batches.plain_epbs(fields, batch.data)
+            fields = fields[:whole]
+            printer.write_batch(_batch_text(printer, fields, batch.data, *fmt[:2]) if fmt != "pcapng" else
+                                _records_text(printer, fields, batch.data))
+            printed += whole
+            if printed == limit:
+                break
+            if whole < len(batch.fields):
+                return printed, False
+    except PcapFormatError:
+        return printed, False
+    finally:
+        printer.counted += printed
+    return printed, True
+
+
+def _records_text(printer, fields, b) -> str:
+    """The lines of a batch of pcapng packets (their times as their interfaces give them: no odd pcap stamps)."""
+    data = b.base if isinstance(b.base, bytes) else b.tobytes()
+    at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
+        fields["linktype"]
+
+    def slow(i: int) -> str:
+        a = int(at[i])
+        return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]))
+
+    return batch_text(printer.summarizer, fields, b, data, slow)
+
+
+def _batch_text(printer, fields, b, order: str, scale: int) -> str:
+    """The lines of a pcap batch (its fractions `scale` ns each); the packets whose record holds an odd time (a
+    fraction of a second or more, fcap.files.pcapread.FileRecord.stamp) printed by the Printer with it."""
+    per_second = NS // scale
+    data = b.base if isinstance(b.base, bytes) else b.tobytes()
+    header = fields["at"] - 16
+    secs = b[header[:, None] + np.arange(4)].view(order + "u4").ravel()
+    fracs = b[header[:, None] + np.arange(4, 8)].view(order + "u4").ravel()
+    odd = fracs >= per_second
+    at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
+        fields["linktype"]
+
+    def slow(i: int) -> str:
+        a = int(at[i])
+        stamp = (int(secs[i]), int(fracs[i]), per_second) if odd[i] else None
+        return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]), stamp=stamp)
+
+    return batch_text(printer.summarizer, fields, b, data, slow, odd)
+
+
