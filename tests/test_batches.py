@@ -131,3 +131,65 @@ def test_batches_of_a_file_fcap_wrote(tmp_path):
         with pytest.raises(fcap.FcapError, match=what):
             list(fcap.batches(bad))
     assert FIELDS.names[:3] == ("ts_ns", "caplen", "len")
+
+
+def _pcap_records(rnd, e: str, count: int, seconds: int, inner: float = 0.2) -> list[bytes]:
+    """count records in byte order e, their seconds from `seconds` on; a share `inner` of the payloads hold pcap
+    records of their own (a capture of a file's transfer) whose seconds share the file's top byte."""
+    import struct
+    out = []
+    for i in range(count):
+        if rnd.random() < inner:
+            held = b"".join(struct.pack(e + "IIII", seconds + rnd.randrange(3), 0, n, n) + bytes(n)
+                            for n in (rnd.randrange(0, 40) for _ in range(rnd.randrange(1, 4))))
+            data = rnd.randbytes(rnd.randrange(0, 5)) + held + rnd.randbytes(rnd.randrange(0, 5))
+        else:
+            data = rnd.randbytes(rnd.choice((0, 1, 15, 16, 17, 60, 1400)))
+        out.append(struct.pack(e + "IIII", seconds + i // 7, rnd.randrange(1000000), len(data), len(data) + 3)
+                   + data)
+    return out
+
+
+@pytest.mark.parametrize("e", ["<", ">"])
+def test_the_chain_at_c_speed_is_the_walks(e):
+    """_chain finds what the walk a record at a time finds, or gives up (never a different chain): records whose
+    payloads hold records of their own, seconds whose top byte changes within the buffer, a buffer cut anywhere,
+    a damaged length; on a plain buffer it does not give up."""
+    import random
+
+    from fcap.files.batches import _chain, _walk
+    rnd = random.Random(7)
+    found = 0
+    for trial in range(300):
+        seconds = rnd.choice((0x6A000000 - 3, 0x6A123456, 0, 0x6AFFFFFF - 2))   # (two cross a top byte)
+        recs = _pcap_records(rnd, e, rnd.randrange(1, 60), seconds)
+        buf = b"".join(recs)
+        if trial % 3 == 1:
+            buf = buf[:rnd.randrange(len(buf) + 1)]
+        if trial % 5 == 2 and len(recs) > 2:
+            at = sum(map(len, recs[:len(recs) // 2]))
+            buf = buf[:at + 8] + (1 << 20).to_bytes(4, "little" if e == "<" else "big") + buf[at + 12:]
+        want, used = _walk(buf, e, 262144)
+        got, got_used = _chain(buf, e, 262144)
+        if got is not None:
+            assert got.tolist() == want.tolist() and got_used == used, trial
+            found += 1
+    assert found > 100
+    plain = b"".join(_pcap_records(random.Random(8), e, 5000, 0x6A123456, inner=0))
+    assert _chain(plain[:-3], e, 262144)[0] is not None
+
+
+def test_batches_of_payloads_that_hold_records(tmp_path):
+    """A pcap file whose packets carry pcap records (the chain at C speed gives up on such chunks): the reader's
+    packets, in batches of any size."""
+    import random
+    import struct
+    rnd = random.Random(9)
+    path = tmp_path / "inner.pcap"
+    path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)
+                     + b"".join(_pcap_records(rnd, "<", 3000, 0x6A123456)))
+    recs, err = _records(path)
+    assert err is None and len(recs) == 3000
+    for size in (1, 7, 65536):
+        rows, err = _rows(path, size)
+        assert err is None and rows == [(r.ts_ns, r.data, r.orig_len, r.linktype, r.iface) for r in recs]

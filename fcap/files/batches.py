@@ -27,6 +27,7 @@ FIELDS = np.dtype([
 ])
 BATCH = 65536
 _CHUNK = 64 << 20
+_PRUNES = 4       # passes of _chain over its candidates before it leaves a chunk to the walk a record at a time
 _PAD = 64          # zero bytes after a batch's data: header reads past a short packet stay in bounds
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
@@ -91,7 +92,8 @@ def _format(head: bytes):
 
 
 def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
-    unpack = struct.Struct(e + "I").unpack_from
+    """A chunk of the file at a time: its whole records found (_chain, or _walk where that gives up), handed out
+    `size` at a time; the damage where no record of a chunk is whole."""
     maxcap = pcapread._MAX_CAPLEN.get(linktype, SNAPLEN)
     snaplen = struct.unpack_from(e + "I", f.read(20), 16)[0]
     snaplen = snaplen if 0 < snaplen <= maxcap else maxcap   # (a packet longer is cut to it, as libpcap does)
@@ -102,25 +104,75 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
         buf = f.read(_CHUNK)
         if not buf:
             return
-        offs, end = [], len(buf)
-        o = 0
-        while o + 16 <= end and len(offs) < size:
-            caplen = unpack(buf, o + 8)[0]
-            if caplen > maxcap:
-                raise _damage(f"invalid packet capture length {caplen}, bigger than maximum of {maxcap}",
-                              number + len(offs) + 1, pos + o)
-            if o + 16 + caplen > end:
-                break
-            offs.append(o)
-            o += 16 + caplen
-        if not offs:
-            raise _damage("truncated dump file" if len(buf) < _CHUNK else "a packet larger than a batch's chunk",
+        offs, used = _chain(buf, e, maxcap)
+        if offs is None:
+            offs, used = _walk(buf, e, maxcap)
+        if not len(offs):
+            caplen = struct.unpack_from(e + "I", buf, 8)[0] if len(buf) >= 16 else 0
+            raise _damage(f"invalid packet capture length {caplen}, bigger than maximum of {maxcap}"
+                          if caplen > maxcap else
+                          "truncated dump file" if len(buf) < _CHUNK else "a packet larger than a batch's chunk",
                           number + 1, pos)
+        for i in range(0, len(offs), size):
+            part = offs[i:i + size]
+            start, stop = int(part[0]), int(offs[i + size]) if i + size < len(offs) else used
+            yield pcap_batch(buf[start:stop], part - start, e, scale, snaplen, linktype)
         number += len(offs)
-        yield pcap_batch(buf[:o], np.array(offs, np.int64), e, scale, snaplen, linktype)
-        pos += o
-        if len(buf) < _CHUNK and o == len(buf):
+        pos += used
+        if len(buf) < _CHUNK and used == len(buf):
             return
+
+
+def _chain(buf: bytes, e: str, maxcap: int):
+    """The offsets of buf's whole records, from its start (an int64 array), and where the last ends, found at C
+    speed: a record starts where its seconds' top byte is the first record's (every such byte a candidate), its
+    end is the next record's start, and candidates no other candidate ends at are dropped; the chain is then
+    checked whole (the first at 0, each record's end the next one's start, no whole record after the last). (None,
+    0) where it is not: the file's seconds change their top byte, or a packet's bytes look like a chain of
+    headers."""
+    b = np.frombuffer(buf, np.uint8)
+    n = len(b)
+    top = 3 if e == "<" else 0
+    if n < 16:
+        return None, 0
+    at = np.flatnonzero(b[top:n - 15 + top] == b[top])
+    caplen = items(b, 16)[at].view(e + "u4").reshape(-1, 4)[:, 2].astype(np.int64)
+    ends = at + 16 + caplen
+    whole = (caplen <= maxcap) & (ends <= n)
+    at, ends = at[whole], ends[whole]
+    for _ in range(_PRUNES):
+        if not len(at) or at[0] != 0:
+            return None, 0
+        if (ends[:-1] == at[1:]).all():
+            break
+        found = np.searchsorted(at, ends)
+        inside = found < len(at)
+        pointed = np.zeros(len(at), bool)
+        pointed[found[inside][at[found[inside]] == ends[inside]]] = True
+        pointed[0] = True
+        at, ends = at[pointed], ends[pointed]
+    else:
+        return None, 0
+    used = int(ends[-1])
+    if used + 16 <= n:
+        nxt = struct.unpack_from(e + "I", buf, used + 8)[0]
+        if nxt <= maxcap and used + 16 + nxt <= n:   # (a whole record the candidates missed)
+            return None, 0
+    return at, used
+
+
+def _walk(buf: bytes, e: str, maxcap: int):
+    """_chain's offsets a record at a time, up to the first that is not whole or whose length is damaged."""
+    unpack = struct.Struct(e + "I").unpack_from
+    offs, end = [], len(buf)
+    o = 0
+    while o + 16 <= end:
+        caplen = unpack(buf, o + 8)[0]
+        if caplen > maxcap or o + 16 + caplen > end:
+            break
+        offs.append(o)
+        o += 16 + caplen
+    return np.array(offs, np.int64), o
 
 
 def pcap_batch(records: bytes, at, e: str = "<", scale: int = 1, snaplen: int = SNAPLEN, linktype: int = 1) -> Batch:
