@@ -27,7 +27,7 @@ FIELDS = np.dtype([
 ])
 BATCH = 65536
 _CHUNK = 64 << 20
-_PRUNES = 4       # passes of _chain over its candidates before it leaves a chunk to the walk a record at a time
+_PRUNES = 4       # passes of _linked over its candidates (each drops what looked like headers inside packets)
 _PAD = 64          # zero bytes after a batch's data: header reads past a short packet stay in bounds
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
@@ -92,8 +92,8 @@ def _format(head: bytes):
 
 
 def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
-    """A chunk of the file at a time: its whole records found (_chain, or _walk where that gives up), handed out
-    `size` at a time; the damage where no record of a chunk is whole."""
+    """A chunk of the file at a time: its whole records found in runs (_chain at C speed, else _walk a record at a
+    time), handed out `size` at a time; the damage where no record of a chunk is whole."""
     maxcap = pcapread._MAX_CAPLEN.get(linktype, SNAPLEN)
     snaplen = struct.unpack_from(e + "I", f.read(20), 16)[0]
     snaplen = snaplen if 0 < snaplen <= maxcap else maxcap   # (a packet longer is cut to it, as libpcap does)
@@ -104,69 +104,80 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
         buf = f.read(_CHUNK)
         if not buf:
             return
-        offs, used = _chain(buf, e, maxcap)
-        if offs is None:
-            offs, used = _walk(buf, e, maxcap)
-        if not len(offs):
+        b, o = np.frombuffer(buf, np.uint8), 0
+        while True:
+            offs, stop = _chain(b, o, e, maxcap)
+            if not len(offs):
+                offs, stop = _walk(buf, o, e, maxcap, size)
+            if stop == o:
+                break
+            for i in range(0, len(offs), size):
+                part = offs[i:i + size]
+                start, end = int(part[0]), int(offs[i + size]) if i + size < len(offs) else stop
+                yield pcap_batch(memoryview(buf)[start:end], part - start, e, scale, snaplen, linktype)
+            number += len(offs)
+            o = stop
+        if not o:
             caplen = struct.unpack_from(e + "I", buf, 8)[0] if len(buf) >= 16 else 0
             raise _damage(f"invalid packet capture length {caplen}, bigger than maximum of {maxcap}"
                           if caplen > maxcap else
                           "truncated dump file" if len(buf) < _CHUNK else "a packet larger than a batch's chunk",
                           number + 1, pos)
-        for i in range(0, len(offs), size):
-            part = offs[i:i + size]
-            start, stop = int(part[0]), int(offs[i + size]) if i + size < len(offs) else used
-            yield pcap_batch(buf[start:stop], part - start, e, scale, snaplen, linktype)
-        number += len(offs)
-        pos += used
-        if len(buf) < _CHUNK and used == len(buf):
+        pos += o
+        if len(buf) < _CHUNK and o == len(buf):
             return
 
 
-def _chain(buf: bytes, e: str, maxcap: int):
-    """The offsets of buf's whole records, from its start (an int64 array), and where the last ends, found at C
-    speed: a record starts where its seconds' top byte is the first record's (every such byte a candidate), its
-    end is the next record's start, and candidates no other candidate ends at are dropped; the chain is then
-    checked whole (the first at 0, each record's end the next one's start, no whole record after the last). (None,
-    0) where it is not: the file's seconds change their top byte, or a packet's bytes look like a chain of
-    headers."""
-    b = np.frombuffer(buf, np.uint8)
+def _chain(b, start: int, e: str, maxcap: int):
+    """The offsets of the whole records that follow one another from `start` in b (an int64 array, empty where the
+    record there is not one of them) and where the last ends, found at C speed: a candidate wherever a byte is the
+    top byte of the seconds of the record at `start`, each candidate's end from its length, then _linked."""
     n = len(b)
+    if start + 16 > n:
+        return _NO_OFFSETS, start
     top = 3 if e == "<" else 0
-    if n < 16:
-        return None, 0
-    at = np.flatnonzero(b[top:n - 15 + top] == b[top])
+    at = start + np.flatnonzero(b[start + top:n - 15 + top] == b[start + top])
     caplen = items(b, 16)[at].view(e + "u4").reshape(-1, 4)[:, 2].astype(np.int64)
     ends = at + 16 + caplen
     whole = (caplen <= maxcap) & (ends <= n)
-    at, ends = at[whole], ends[whole]
+    at, ends = _linked(at[whole], ends[whole], start)
+    return at, int(ends[-1]) if len(at) else start
+
+
+def _linked(at, ends, start: int):
+    """The run of candidates (sorted starts, and ends) each of which starts where the one before ends, from
+    `start`: every one a record, whatever else the candidates hold (packet bytes that look like headers are
+    dropped first, a few passes: the candidates no other one ends at). Empty where no candidate starts there."""
+    if not len(at) or at[0] != start:
+        return _NO_OFFSETS, _NO_OFFSETS
     for _ in range(_PRUNES):
-        if not len(at) or at[0] != 0:
-            return None, 0
-        if (ends[:-1] == at[1:]).all():
-            break
+        breaks = np.flatnonzero(ends[:-1] != at[1:])
+        if not len(breaks):
+            return at, ends
+        nxt = ends[breaks[0]]
+        i = int(np.searchsorted(at, nxt))
+        if i == len(at) or at[i] != nxt:
+            break   # (the run's next record is none of the candidates)
         found = np.searchsorted(at, ends)
         inside = found < len(at)
         pointed = np.zeros(len(at), bool)
         pointed[found[inside][at[found[inside]] == ends[inside]]] = True
         pointed[0] = True
         at, ends = at[pointed], ends[pointed]
-    else:
-        return None, 0
-    used = int(ends[-1])
-    if used + 16 <= n:
-        nxt = struct.unpack_from(e + "I", buf, used + 8)[0]
-        if nxt <= maxcap and used + 16 + nxt <= n:   # (a whole record the candidates missed)
-            return None, 0
-    return at, used
+    breaks = np.flatnonzero(ends[:-1] != at[1:])
+    run = int(breaks[0]) + 1 if len(breaks) else len(at)
+    return at[:run], ends[:run]
 
 
-def _walk(buf: bytes, e: str, maxcap: int):
-    """_chain's offsets a record at a time, up to the first that is not whole or whose length is damaged."""
+_NO_OFFSETS = np.zeros(0, np.int64)
+
+
+def _walk(buf: bytes, o: int, e: str, maxcap: int, most: int):
+    """_chain's offsets and end a record at a time, up to `most` records or the first that is not whole or whose
+    length is damaged."""
     unpack = struct.Struct(e + "I").unpack_from
     offs, end = [], len(buf)
-    o = 0
-    while o + 16 <= end:
+    while o + 16 <= end and len(offs) < most:
         caplen = unpack(buf, o + 8)[0]
         if caplen > maxcap or o + 16 + caplen > end:
             break
@@ -178,7 +189,7 @@ def _walk(buf: bytes, e: str, maxcap: int):
 def pcap_batch(records: bytes, at, e: str = "<", scale: int = 1, snaplen: int = SNAPLEN, linktype: int = 1) -> Batch:
     """The pcap records lying whole in `records` whose headers start at offsets `at` (an int64 array), in byte
     order `e` (< or >), their fractions `scale` ns each (1: nanoseconds, 1000: microseconds), as a Batch."""
-    b = np.frombuffer(records + bytes(_PAD), np.uint8)
+    b = np.frombuffer(b"".join((records, bytes(_PAD))), np.uint8)
     fields = np.zeros(len(at), FIELDS)
     fields["ts_ns"] = _u32(b, at, e).astype(np.int64) * NS + _u32(b, at + 4, e).astype(np.int64) * scale
     fields["caplen"], fields["len"] = np.minimum(_u32(b, at + 8, e), snaplen), _u32(b, at + 12, e)
@@ -188,7 +199,8 @@ def pcap_batch(records: bytes, at, e: str = "<", scale: int = 1, snaplen: int = 
 
 
 def _pcapng(f, size: int) -> Iterator[Batch]:
-    """Sections in little-endian byte order, Enhanced Packet Blocks: their offsets walked here, the interfaces read
+    """Sections in little-endian byte order, Enhanced Packet Blocks: a chunk of the file at a time, its runs of
+    Enhanced Packet Blocks found at C speed (_epb_run), the other blocks walked one at a time, the interfaces read
     as fcap.files.pcapread reads them."""
     walk = _Blocks()
     while True:
@@ -196,12 +208,46 @@ def _pcapng(f, size: int) -> Iterator[Batch]:
         buf = f.read(_CHUNK)
         if not buf:
             return
-        offs, ifs, used = walk.through(buf, size)
-        if not used:
+        w = np.frombuffer(buf, "<u4", len(buf) // 4)
+        o = 0
+        while True:
+            offs = _epb_run(w, len(buf), o)
+            if len(offs):
+                stop = int(offs[-1]) + int(w[offs[-1] // 4 + 1])
+                walk.number += len(offs)
+                ifs = w[offs // 4 + 2].astype(np.int64)
+            else:
+                packets = o + 4 <= len(buf) and _U32.unpack_from(buf, o)[0] == BT_EPB
+                offs, ifs, stop = walk.through(buf, o, size, packets)
+                offs, ifs = np.array(offs, np.int64), np.array(ifs, np.int64)
+            if stop == o:
+                break
+            for i in range(0, len(offs), size):
+                start, end = int(offs[i]), int(offs[i + size]) if i + size < len(offs) else stop
+                part = offs[i:i + size]
+                yield _epbs(b"".join((memoryview(buf)[start:end], bytes(_PAD))), part - start, ifs[i:i + size],
+                            walk.section)
+            o = stop
+        if not o:
             raise _damage("truncated block", walk.number + 1, walk.pos)
-        if offs:
-            yield _epbs(buf[:used] + bytes(_PAD), np.array(offs, np.int64), np.array(ifs, np.int64), walk.section)
-        walk.pos += used
+        walk.pos += o
+
+
+def _epb_run(w, n: int, start: int):
+    """The offsets of the Enhanced Packet Blocks that follow one another whole from `start` in a chunk of n bytes
+    (w: its 32-bit words; blocks start on a word) as an int64 array, empty where the block there is another; found
+    at C speed as _chain finds pcap records: a candidate at each word that holds the block type, kept where its
+    fields hold together (lengths, the trailing length), then _linked."""
+    if start + 32 > n:
+        return _NO_OFFSETS
+    k = start // 4 + np.flatnonzero(w[start // 4:(n - 28) // 4 + 1] == BT_EPB)
+    at, total = k * 4, w[k + 1].astype(np.int64)
+    ends = at + total
+    whole = (total >= 32) & (total & 3 == 0) & (ends <= n) & (w[k + 5] <= total - 32)
+    at, ends = at[whole], ends[whole]
+    same = w[ends // 4 - 1] == ends - at   # (the trailing length)
+    at, ends = at[same], ends[same]
+    return _linked(at, ends, start)[0]
 
 
 class _Blocks:
@@ -211,16 +257,16 @@ class _Blocks:
         self.pos = self.number = 0
         self.section = pcapread._Section()
 
-    def through(self, buf: bytes, size: int) -> tuple[list, list, int]:
-        """The Enhanced Packet Blocks (offsets, interfaces) among the whole blocks at the start of buf, at most
-        `size`, and how many bytes those blocks take."""
+    def through(self, buf: bytes, o: int, size: int, packets: bool) -> tuple[list, list, int]:
+        """The Enhanced Packet Blocks (offsets, interfaces) among the whole blocks of buf from o, at most `size`,
+        and where those blocks end; without `packets`, only the other blocks, up to the first packet after them."""
         u32 = _U32.unpack_from
-        offs, ifs, o, end = [], [], 0, len(buf)
+        offs, ifs, end = [], [], len(buf)
         while o + 12 <= end and len(offs) < size:
             btype, total = u32(buf, o)[0], u32(buf, o + 4)[0]
             if total < 12 or total & 3:
                 raise _damage(f"block total length {total} is invalid", self.number + 1, self.pos + o)
-            if o + total > end:
+            if o + total > end or btype == BT_EPB and not packets:
                 break
             self.number += 1
             if btype == BT_EPB:
