@@ -290,9 +290,9 @@ def _relative(seqs: dict, c: Columns, rows, flow, rev, keys) -> None:
     start = np.ones(n, bool)
     start[1:] = conn[1:] != conn[:-1]
     first = np.maximum.accumulate(np.where(start, np.arange(n), 0))
-    known = {cid: seqs.get(keys[cid]) for cid in conn[start].tolist()}
-    table = np.array([known[cid] or (0, 0) for cid in conn.tolist()], np.int64).reshape(n, 2)
-    had = np.array([known[cid] is not None for cid in conn.tolist()], bool)
+    known = [seqs.get(key) for key in keys]   # (per connection; conn: numbers among keys)
+    table = np.array([k or (0, 0) for k in known], np.int64).reshape(len(keys), 2)[conn]
+    had = np.array([k is not None for k in known], bool)[conn]
     sets = (c.flags[rows] & 0x02 != 0) | (start & ~had)
     last = np.maximum.accumulate(np.where(sets, np.arange(n), -1))
     below = (ack - 1) & M32
