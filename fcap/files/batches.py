@@ -1,9 +1,11 @@
 """A capture file's packets as arrays, for analysis at C speed (numpy): per packet its timestamp, lengths, link
 type and where its bytes lie, with the network and transport headers of the common packets decoded for the whole
 batch at once (Ethernet with or without one VLAN tag, Linux cooked, raw IP; IPv4 and IPv6; TCP, UDP and SCTP
-ports, TCP flags). Only the walk from one record to the next runs per packet in Python; a file this walk does not
-read (pcap with Kuznetzov's or an old version's headers, a big-endian pcapng section, Simple or obsolete Packet
-Blocks) is read through fcap.files.pcapread instead, with the same result."""
+ports, TCP flags). The records are found at C speed too (runs of records each starting where the one before ends,
+_linked), a record at a time in Python only where packet bytes look like a chain of headers or the seconds' top
+byte changes. A file this walk does not read (pcap with Kuznetzov's or an old version's headers, a big-endian
+pcapng section, Simple or obsolete Packet Blocks) is read through fcap.files.pcapread instead, with the same
+result."""
 
 from __future__ import annotations
 
