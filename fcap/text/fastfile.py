@@ -5,7 +5,7 @@ with custom options on) printed by the Printer, as `fcap -r` prints packet by pa
 from __future__ import annotations
 
 from fcap.defaults import NS
-from fcap.live.fastmerge import np
+from fcap.live.fastmerge import items
 from fcap.text.fastlines import batch_text
 
 
@@ -61,8 +61,8 @@ def _batch_text(printer, fields, b, order: str, scale: int) -> str:
     per_second = NS // scale
     data = b.base if isinstance(b.base, bytes) else b.tobytes()
     header = fields["at"] - 16
-    secs = b[header[:, None] + np.arange(4)].view(order + "u4").ravel()
-    fracs = b[header[:, None] + np.arange(4, 8)].view(order + "u4").ravel()
+    stamps = items(b, 8)[header].view(order + "u4").reshape(-1, 2)
+    secs, fracs = stamps[:, 0], stamps[:, 1]
     odd = fracs >= per_second
     at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
         fields["linktype"]
