@@ -223,16 +223,19 @@ def test_read_gives_a_big_pcap_files_packets_a_batch_at_a_time(tmp_path):
     assert seen == want[:-1]
 
 
-def test_range_sums_are_the_words_sums():
-    """fcap.text.fastverbose.RangeSums (the machine's words at either alignment, added by reduceat) against the
-    sum of each range's big-endian words, an odd last byte padded with zero, as one's complement sums (congruent
-    modulo 0xFFFF, zero where it is): ranges at odd and even offsets, odd and even lengths, empty ones, one at the
-    very end, ranges of zeros, and ranges whose words add up to a multiple of 0xFFFF."""
+@pytest.mark.parametrize("group", [4096, 3])
+def test_range_sums_are_the_words_sums(group, monkeypatch):
+    """fcap.text.fastverbose.RangeSums (the machine's words at either alignment, added by reduceat a group of ranges
+    at a time) against the sum of each range's big-endian words, an odd last byte padded with zero, as one's
+    complement sums (congruent modulo 0xFFFF, zero where it is): ranges at odd and even offsets, odd and even
+    lengths, empty ones, one at the very end, ranges of zeros, and ranges whose words add up to a multiple of
+    0xFFFF; in one group, and in groups of 3 (out of order, overlapping)."""
     import numpy as np
-    from fcap.text.fastverbose import RangeSums
+    from fcap.text import fastverbose
+    monkeypatch.setattr(fastverbose, "_GROUP", group)
     rng = random.Random(7)
     data = bytes(rng.randrange(256) for _ in range(4001)) + bytes(40) + b"\x12\x34\xed\xcb\xff\xff\x00\x01\xff\xfe"
-    sums = RangeSums(np.frombuffer(data, np.uint8))
+    sums = fastverbose.RangeSums(np.frombuffer(data, np.uint8))
     starts = [rng.randrange(0, 3900) for _ in range(400)] + [0, 1, 3999, 4000, 4001, 4011, 4041, 4045, 4045, 4042]
     lengths = [rng.randrange(0, 100) for _ in range(400)] + [4001, 4000, 2, 1, 40, 21, 4, 2, 6, 8]
     got = sums(np.array(starts), np.array(lengths)).tolist()
