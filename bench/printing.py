@@ -1,7 +1,7 @@
 """Printing's CPU per packet: fcap -r FILE (-nn, -v, --json, --decode; the same packets in pcapng), fcap.read(),
 fcap.batches() beside tcpdump -r -nn (and -nn -v, and of the pcapng file).
 
-    python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR]
+    python -m bench.printing [--packets 200000] [--rounds 3] [--keep DIR] [--tree NAME=CHECKOUT ...]
 
 A mixed Ethernet pcap (IPv4 and IPv6 TCP with and without options, UDP, ICMP echo and unreachable, ICMPv6 echo and
 neighbour discovery, ARP; a few hundred distinct packets over 40 conversations, repeated to --packets) is written once
@@ -10,7 +10,8 @@ weighs on all alike): the tools as users run them with stdout to /dev/null, and 
 that touches each Packet's common attributes. The CPU of a case is its child's user + sys time (os.wait4); the
 table gives the median over the rounds in µs per packet and the ratio to tcpdump's with the same flags (-nn, or
 -nn -v; --decode, scapy's, to -nn's). The file is printed whole (no -c; --decode its first --v-packets): start-up
-(Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets."""
+(Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets. --tree adds the -r cases of fcap as
+another checkout has it (`git worktree add /tmp/old REV`), in the same rounds."""
 
 from __future__ import annotations
 
@@ -130,10 +131,11 @@ def write_pcapng(path: str, n: int) -> None:
             w.write(t + i * 10**6, frame, len(frame), comment="tp_btf/net_dev_queue")
 
 
-def cpu_of(argv: list[str]) -> float:
-    """The CPU seconds (user + sys) of a command run with stdout to /dev/null."""
+def cpu_of(argv: list[str], cwd: str = ROOT) -> float:
+    """The CPU seconds (user + sys) of a command run in `cwd` (python -m fcap: that checkout's) with stdout to
+    /dev/null."""
     with open(os.devnull, "wb") as null:
-        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read().decode(errors="replace")
@@ -143,21 +145,21 @@ def cpu_of(argv: list[str]) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def cases(path: str, v_packets: int) -> list[tuple[str, list[str]]]:
-    """(name, argv): tcpdump's cases first (each fcap case is compared with the tcpdump case of its flags and
-    file: F the pcap file, G the same packets in a pcapng file)."""
+def cases(path: str, v_packets: int, trees: dict[str, str]) -> list[tuple[str, list[str], str]]:
+    """(name, argv, directory it runs in): tcpdump's cases first (each fcap case is compared with the tcpdump case
+    of its flags and file: F the pcap file, G the same packets in a pcapng file); each tree's -r cases last."""
     tcpdump = shutil.which("tcpdump")
     ng = path + "ng"
-    out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"]),
-           ("tcpdump -r F -nn -v", [tcpdump, "-r", path, "-nn", "-v"]),
-           ("tcpdump -r G -nn", [tcpdump, "-r", ng, "-nn"])] if tcpdump else []
-    return out + [("fcap -r F -nn", FCAP + ["-r", path, "-nn"]),
-                  ("fcap -r F -nn -v", FCAP + ["-r", path, "-nn", "-v"]),
-                  ("fcap -r G -nn", FCAP + ["-r", ng, "-nn"]),
-                  ("fcap -r F --json", FCAP + ["-r", path, "--json"]),
-                  ("fcap.read(F)", [sys.executable, "-c", API % path]),
-                  ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path]),
-                  ("fcap -r F --decode", FCAP + ["-r", path, "--decode", "-c", str(v_packets)])]
+    out = [("tcpdump -r F -nn", [tcpdump, "-r", path, "-nn"], ROOT),
+           ("tcpdump -r F -nn -v", [tcpdump, "-r", path, "-nn", "-v"], ROOT),
+           ("tcpdump -r G -nn", [tcpdump, "-r", ng, "-nn"], ROOT)] if tcpdump else []
+    reads = [("-r F -nn", ["-r", path, "-nn"]), ("-r F -nn -v", ["-r", path, "-nn", "-v"]),
+             ("-r G -nn", ["-r", ng, "-nn"]), ("-r F --json", ["-r", path, "--json"])]
+    return out + [(f"fcap {name}", FCAP + args, ROOT) for name, args in reads] + [
+        ("fcap.read(F)", [sys.executable, "-c", API % path], ROOT),
+        ("fcap.batches(F)", [sys.executable, "-c", BATCHES % path], ROOT),
+        ("fcap -r F --decode", FCAP + ["-r", path, "--decode", "-c", str(v_packets)], ROOT)] + [
+        (f"fcap@{tree} {name}", FCAP + args, checkout) for tree, checkout in trees.items() for name, args in reads]
 
 
 def _baseline(name: str) -> str:
@@ -175,29 +177,38 @@ def main(argv: list[str] | None = None) -> int:
                     help="--decode prints only the first N (-c N; scapy's decode: ~0.7 ms a packet)")
     ap.add_argument("--keep", metavar="DIR", help="write the pcap into DIR and leave it there")
     ap.add_argument("--only", action="append", help="only the cases whose name contains this (repeatable)")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=CHECKOUT",
+                    help="the -r cases of fcap as the checkout CHECKOUT has it too, named fcap@NAME (repeatable)")
     a = ap.parse_args(argv)
-    where = a.keep or tempfile.mkdtemp(prefix="fcap-printing-")
+    trees = dict(t.split("=", 1) for t in a.tree if "=" in t)
+    for bad in [t for t in a.tree if "=" not in t] + [c for c in trees.values() if not os.path.isdir(f"{c}/fcap")]:
+        ap.error(f"--tree wants NAME=CHECKOUT, a directory holding fcap/: {bad}")
+    for checkout in trees.values():   # (their bytecode made before the rounds, not in the first)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "fcap", "bpf"], cwd=checkout, check=True,
+                       stdout=subprocess.DEVNULL)
+    made = None if a.keep else tempfile.mkdtemp(prefix="fcap-printing-")   # (removed after: nothing else is)
+    where = a.keep or made
     path = os.path.join(where, "mixed.pcap")
     try:
         distinct = write_file(path, a.packets)
         write_pcapng(path + "ng", a.packets)
-        todo = [c for c in cases(path, min(a.v_packets, a.packets))
+        todo = [c for c in cases(path, min(a.v_packets, a.packets), trees)
                 if not a.only or c[0].startswith("tcpdump") or any(o in c[0] for o in a.only)]
-        times: dict[str, list[float]] = {name: [] for name, _ in todo}
+        times: dict[str, list[float]] = {name: [] for name, _, _ in todo}
         for _ in range(a.rounds):
-            for name, cmd in todo:
-                times[name].append(cpu_of(cmd))
+            for name, cmd, cwd in todo:
+                times[name].append(cpu_of(cmd, cwd))
         print(f"{a.packets} packets ({distinct} distinct, Ethernet), median CPU of {a.rounds} rounds\n")
         print("| case | µs/packet | × tcpdump (-nn, or -nn -v for -v) |\n|---|---:|---:|")
-        for name, _ in todo:
+        for name, _, _ in todo:
             med = statistics.median(times[name])
             n = min(a.v_packets, a.packets) if name.endswith("--decode") else a.packets
             base = times.get(_baseline(name))
-            ratio = f"{med / n / (statistics.median(base) / a.packets):.1f}" if base else "-"
+            ratio = f"{med / n / (statistics.median(base) / a.packets):.2f}" if base else "-"
             print(f"| `{name}` | {med / n * 1e6:.2f} | {ratio} |")
     finally:
-        if not a.keep:
-            shutil.rmtree(where, ignore_errors=True)
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
     return 0
 
 
