@@ -358,6 +358,7 @@ COMMANDS: tuple[Subcommand, ...] = (
     Subcommand("extcap", cmd_extcap, "--install | --uninstall", "fcap as a Wireshark extcap interface"),
 )
 SUBCOMMANDS = {c.name: c.run for c in COMMANDS}
+SUBCOMMANDS["list"] = cmd_list   # (list-devices' short name)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters
 
 
@@ -371,7 +372,6 @@ def _malloc_keeps_freed() -> None:
     if mallopt is not None:
         mallopt(_M_TRIM_THRESHOLD, 128 << 20)
         mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-SUBCOMMANDS["list"] = cmd_list   # (list-devices' short name)
 
 
 def run() -> None:

@@ -113,10 +113,8 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
                 offs, stop = _walk(buf, o, e, maxcap, size)
             if stop == o:
                 break
-            for i in range(0, len(offs), size):
-                part = offs[i:i + size]
-                start, end = int(part[0]), int(offs[i + size]) if i + size < len(offs) else stop
-                yield pcap_batch(memoryview(buf)[start:end], part - start, e, scale, snaplen, linktype)
+            for i, start, end in _pieces(offs, stop, size):
+                yield pcap_batch(memoryview(buf)[start:end], offs[i:i + size] - start, e, scale, snaplen, linktype)
             number += len(offs)
             o = stop
         if not o:
@@ -128,6 +126,13 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
         pos += o
         if len(buf) < _CHUNK and o == len(buf):
             return
+
+
+def _pieces(offs, stop: int, size: int) -> Iterator[tuple[int, int, int]]:
+    """A run's batches of `size` records (offs: where each starts; stop: where the last ends): the first's index,
+    and where the batch's bytes start and end."""
+    for i in range(0, len(offs), size):
+        yield i, int(offs[i]), int(offs[i + size]) if i + size < len(offs) else stop
 
 
 def _chain(b, start: int, e: str, maxcap: int):
@@ -224,11 +229,9 @@ def _pcapng(f, size: int) -> Iterator[Batch]:
                 offs, ifs = np.array(offs, np.int64), np.array(ifs, np.int64)
             if stop == o:
                 break
-            for i in range(0, len(offs), size):
-                start, end = int(offs[i]), int(offs[i + size]) if i + size < len(offs) else stop
-                part = offs[i:i + size]
-                yield _epbs(b"".join((memoryview(buf)[start:end], bytes(_PAD))), part - start, ifs[i:i + size],
-                            walk.section)
+            for i, start, end in _pieces(offs, stop, size):
+                yield _epbs(b"".join((memoryview(buf)[start:end], bytes(_PAD))), offs[i:i + size] - start,
+                            ifs[i:i + size], walk.section)
             o = stop
         if not o:
             raise _damage("truncated block", walk.number + 1, walk.pos)

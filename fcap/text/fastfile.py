@@ -28,8 +28,7 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
             fields = batch.fields if not limit else batch.fields[:limit - printed]
             whole = len(fields) if fmt != "pcapng" else batches.plain_epbs(fields, batch.data)
             fields = fields[:whole]
-            printer.write_batch(_batch_text(printer, fields, batch.data, *fmt[:2]) if fmt != "pcapng" else
-                                _records_text(printer, fields, batch.data))
+            printer.write_batch(_text(printer, fields, batch.data, fmt[:2] if fmt != "pcapng" else None))
             printed += whole
             if printed == limit:
                 break
@@ -42,36 +41,25 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
     return printed, True
 
 
-def _records_text(printer, fields, b) -> str:
-    """The lines of a batch of pcapng packets (their times as their interfaces give them: no odd pcap stamps)."""
+def _text(printer, fields, b, pcap=None) -> str:
+    """The lines of a batch; pcap: a pcap batch's (byte order, ns per fraction), whose records may hold an odd time
+    (a fraction of a second or more, fcap.files.pcapread.FileRecord.stamp: those packets printed by the Printer with
+    it); None for pcapng (times as the interfaces give them)."""
     data = b.base if isinstance(b.base, bytes) else b.tobytes()
     at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
         fields["linktype"]
+    odd = secs = fracs = None
+    per_second = 0
+    if pcap is not None:
+        order, scale = pcap
+        per_second = NS // scale
+        stamps = items(b, 8)[fields["at"] - 16].view(order + "u4").reshape(-1, 2)
+        secs, fracs = stamps[:, 0], stamps[:, 1]
+        odd = fracs >= per_second
 
     def slow(i: int) -> str:
         a = int(at[i])
-        return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]))
-
-    return batch_text(printer.summarizer, fields, b, data, slow)
-
-
-def _batch_text(printer, fields, b, order: str, scale: int) -> str:
-    """The lines of a pcap batch (its fractions `scale` ns each); the packets whose record holds an odd time (a
-    fraction of a second or more, fcap.files.pcapread.FileRecord.stamp) printed by the Printer with it."""
-    per_second = NS // scale
-    data = b.base if isinstance(b.base, bytes) else b.tobytes()
-    header = fields["at"] - 16
-    stamps = items(b, 8)[header].view(order + "u4").reshape(-1, 2)
-    secs, fracs = stamps[:, 0], stamps[:, 1]
-    odd = fracs >= per_second
-    at, caplen, length, ts, linktype = fields["at"], fields["caplen"], fields["len"], fields["ts_ns"], \
-        fields["linktype"]
-
-    def slow(i: int) -> str:
-        a = int(at[i])
-        stamp = (int(secs[i]), int(fracs[i]), per_second) if odd[i] else None
+        stamp = (int(secs[i]), int(fracs[i]), per_second) if odd is not None and odd[i] else None
         return printer.text(int(ts[i]), data[a:a + int(caplen[i])], int(linktype[i]), int(length[i]), stamp=stamp)
 
     return batch_text(printer.summarizer, fields, b, data, slow, odd)
-
-

@@ -77,8 +77,7 @@ class RangeSums:
                 bounds = np.empty(2 * len(k[g:g + _GROUP]), np.int64)
                 bounds[0::2], bounds[1::2] = k[g:g + _GROUP] - lo, end[g:g + _GROUP] - lo
                 out[rows[g:g + _GROUP]] = np.add.reduceat(view[lo:hi + 1], bounds, dtype=np.uint64)[0::2]
-        swapped = out % np.uint64(0xFFFF) * np.uint64(256) % np.uint64(0xFFFF)
-        out = np.where((swapped == 0) & (out != 0), np.uint64(0xFFFF), swapped)
+        out = _fold(out * np.uint64(256))   # (the big-endian words' sum, folded)
         odd = np.flatnonzero(length & 1)
         out[odd] += a[start[odd] + length[odd] - 1].astype(np.uint64) << np.uint64(8)
         return out.astype(np.int64)
