@@ -1,6 +1,6 @@
 """python -m bench.drain: the drain alone, on any machine. K CPUs' file rings (bench.replay: the capture program's
 layout, filled as it fills them) hold records whose times interleave every GRAIN records, and the real drain
-(fcap.live.drain.RingDrain, into a real pcap file) merges them in one pass, timed; per K, records and MB per second
+(fcap.live.ringdrain.RingDrain, into a real pcap file) merges them in one pass, timed; per K, records and MB per second
 and ns per record, through numpy's merge (fcap.live.fastmerge) and through the runs merge (fcap.live.order) it
 replaced. What the user side costs, apart from the kernel and the traffic."""
 
@@ -15,7 +15,8 @@ import time
 
 from fcap.files.pcapfile import PcapWriter
 from fcap.live import order
-from fcap.live.drain import FAST, RingDrain
+from fcap.live.drain import FAST
+from fcap.live.ringdrain import RingDrain
 
 from .replay import Doorbells, ReplayRings, pcap_record
 

@@ -1,6 +1,6 @@
 """K CPUs' file rings in the capture program's own layout (fcap.kernel.layout's RING control words, the ring and its
 slack, the index; fcap.kernel.ringrec), in shared memory rather than a BPF map, filled from user space the way the
-program fills them: so that the real drain (fcap.live.drain.RingDrain) can be run over any number of CPUs on any
+program fills them: so that the real drain (fcap.live.ringdrain.RingDrain) can be run over any number of CPUs on any
 machine (bench/drain.py, tests/test_merge.py)."""
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ def _file_rings() -> bool:
     return bool(pointcaps.dynptr_kfunc(s.points[0]))
 
 
-def _transfer(tmp_path, snaplen: int | None, fmt: str = "pcap") -> tuple[list, bytes, int]:
+def _transfer(tmp_path, snaplen: int | None, fmt: str = "pcap", extra: tuple = ()) -> tuple[list, bytes, int]:
     """(the data direction's packets, the data sent, the server's port)."""
     seed = random.randrange(1 << 30)
     path = tmp_path / f"big{snaplen or ''}.{fmt}"
     # (-B: a 4 MB burst at loopback speed would overrun the default rings before the reader wakes up)
-    args = ["-i", POINT, "-w", str(path), "-B", str(BUFFER_KIB)] + (["-s", str(snaplen)] if snaplen else []) + \
-        ["tcp and host 127.0.0.1"]
+    args = ["-i", POINT, "-w", str(path), "-B", str(BUFFER_KIB), *extra] + \
+        (["-s", str(snaplen)] if snaplen else []) + ["tcp and host 127.0.0.1"]
     fc = start_fcap(args)
     try:
         sport, _cport = tcp_bulk("127.0.0.1", NBYTES, seed=seed)
@@ -90,10 +90,13 @@ def _check(pkts: list, data: bytes, keep: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("fmt", ["pcap", "pcapng"])
-def test_gso_skbs_over_64k_land_whole(tmp_path, fmt):
-    """The default snap length (262144): each skb whole (file rings) or its ~64 KiB prefix (perf buffer)."""
-    rings = _file_rings()
-    pkts, data, _port = _transfer(tmp_path, None, fmt)
+@pytest.mark.parametrize("dynptr", [True, False], ids=["", "no-skb-dynptr"])
+def test_gso_skbs_over_64k_land_whole(tmp_path, fmt, dynptr):
+    """The default snap length (262144): each skb whole (file rings with skb dynptrs) or its ~64 KiB prefix (the
+    perf buffer: without skb dynptrs, the packets with bytes in frags go there, the linear ones, here the ACKs, to
+    the file rings)."""
+    rings = _file_rings() and dynptr
+    pkts, data, _port = _transfer(tmp_path, None, fmt, () if dynptr else ("--no-skb-dynptr",))
     if rings:
         n, big = _check(pkts, data, lambda orig: orig)
     else:

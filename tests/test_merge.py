@@ -17,7 +17,8 @@ from conftest import need_tool
 
 from fcap.files.pcapfile import PcapWriter
 from fcap.live import order
-from fcap.live.drain import FAST, RingDrain
+from fcap.live.drain import FAST
+from fcap.live.ringdrain import RingDrain
 
 FRAME = 14 + 20 + 8 + 16    # a record's packet: Ethernet, IPv4, UDP, then (sequence, CPU) as the payload's start
 
@@ -129,6 +130,39 @@ def test_count_keeps_the_first_by_time_through_either_merge(tmp_path, limit):
     got = [seq for _ts, seq in _tcpdump_seqs(a)]
     first = sorted((ts, seq) for recs in per for ts, seq, _r in recs[:len(recs) // 2])[:limit]
     assert got == [seq for _ts, seq in first]
+
+
+@pytest.mark.parametrize("lengths", [1, 3, 40])
+@pytest.mark.parametrize("limit", [-1, 25])
+def test_records_in_several_memories_merge_by_time(lengths, limit):
+    """Records in several memories (the file rings' mapping and the perf rings' records laid out elsewhere, as a
+    capture without skb dynptrs has them: fcap.live.fastmerge.plan_with) come out in time order, each source's as a
+    prefix, copied into one buffer or (many lengths) as (address, length) pairs."""
+    import ctypes
+    fast = _fast()
+    np = fast.np
+    rnd = random.Random(lengths * 100 + limit)
+    memories, recs = [], []   # recs: (ts, source, offset, bytes), each source's in time order
+    for j in range(3):
+        blob, ts = b"", 0
+        for _ in range(30):
+            ts += rnd.randrange(1, 50)
+            rec = os.urandom(8 + rnd.randrange(lengths))
+            recs.append((ts, j, len(blob), rec))
+            blob += rec
+        memories.append(np.frombuffer(blob, np.uint8).copy())
+    ts, src, at, size = (np.array(col, np.uint64 if i != 1 else np.int64) for i, col in
+                         enumerate(zip(*[(t, j, o, len(r)) for t, j, o, r in recs])))
+    p = fast.chosen(ts, at, size, np.array([30, 30, 30], np.int64), limit, 0, memories, src)
+    want = sorted(recs, key=lambda r: (r[0], r[1]))[:limit if limit >= 0 else None]
+    if p.data is not None:
+        got = bytes(p.data)
+    else:
+        assert lengths == 40, "a few lengths: one buffer"
+        got = b"".join(ctypes.string_at(int(a), int(n)) for a, n in p.iov)
+    assert got == b"".join(r[3] for r in want)
+    assert p.takes == [sum(1 for r in want if r[1] == j) for j in range(3)]
+    assert p.count == len(want) and p.oldest == want[0][0] and p.newest == want[-1][0]
 
 
 def _records(n: int, seed: int = 1):

@@ -6,9 +6,9 @@ tp_btf, raw_tp, fentry, fexit, kprobe; the multi-attach kinds fentry.multi, fexi
 on XDP and tc programs) × the filters (none, one that reads packet bytes, one with a Linux ancillary load, every
 ancillary field, a protochain loop, vlan) × each per-packet unit on its own (--track, --where, the predicates, --dump,
 --ct, --stack, --context; at a drop point the drop's reason and --nft) and all of them at once × the outputs (printed,
-pcap, pcapng, --perf-buffer, --no-comment, -y, -s, several points into one pcapng). The points bring the program
-features of their own: a transmit and a receive point at the device layer (the queue, the VLAN tag), a drop point
-(the reason and location), a BPF program's exit (its verdict).
+pcap, pcapng, --perf-buffer, --no-comment, --no-skb-dynptr, -y, -s, several points into one pcapng). The points bring
+the program features of their own: a transmit and a receive point at the device layer (the queue, the VLAN tag), a
+drop point (the reason and location), a BPF program's exit (its verdict).
 
 No traffic: what is checked is that each program loads. A kind of point this kernel refuses skips with the
 refusal's line; a shape fcap itself refuses at a point, in one line before anything is loaded, and a preferred
@@ -49,7 +49,9 @@ MULTI_OUT, MULTI_IN = ("__dev_queue_xmit", "ip_output"), ("__netif_receive_skb",
 # -> the output's flags: (label, file format or None: printed, --perf-buffer, capture_config's fields)
 OUTPUTS = (("printed", None, False, {}), ("-w x.pcap", "pcap", False, {}), ("-w x.pcapng", "pcapng", False, {}),
            ("-w x.pcap --perf-buffer", "pcap", True, {}), ("-w x.pcapng --perf-buffer", "pcapng", True, {}),
-           ("-w x.pcapng --no-comment", "pcapng", False, {"comment": False}))
+           ("-w x.pcapng --no-comment", "pcapng", False, {"comment": False}),
+           ("-w x.pcap --no-skb-dynptr", "pcap", False, {"skb_dynptr": False}),
+           ("-w x.pcapng --no-skb-dynptr", "pcapng", False, {"skb_dynptr": False}))
 
 
 class Shape(NamedTuple):
@@ -225,6 +227,7 @@ def point_shapes(kind: str, out: str, inp: str, inp2: str, drop: str) -> list[Sh
     shapes += [Shape(f"'{BYTES}'", [out], BYTES), Shape(f"'{BYTES}' printed", [out], BYTES, None),
                Shape(f"'{BYTES}' -w x.pcap", [out], BYTES, "pcap"),
                Shape(f"'{BYTES}' --perf-buffer", [out], BYTES, perf=True),
+               Shape(f"'{BYTES}' --no-skb-dynptr", [out], BYTES, fields={"skb_dynptr": False}),
                Shape(f"'{ANCILLARY}'", [inp], ANCILLARY), Shape(f"'{ANCILLARY}' printed", [inp], ANCILLARY, None),
                Shape(EVERY_FIELD, [inp], EVERY_FIELD), Shape(f"'{LOOP}'", [out], LOOP), Shape(f"'{VLAN}'", [inp], VLAN)]
     shapes += [Shape(f"-y {lt} '{BYTES}'", [out], BYTES, fields={"linktype": lt})

@@ -121,7 +121,8 @@ def _config(args):
     try:
         return capture_config(args.points, _said(args), linktype=args.linktype or None, snaplen=snaplen, filter=expr,
                               buffer_kib=buffer_kib, immediate=args.immediate, track=args.track,
-                              track_max=track_max, comment=not args.no_comment), count
+                              track_max=track_max, comment=not args.no_comment,
+                              skb_dynptr=not args.no_skb_dynptr), count
     except PredicateError as e:
         raise UsageError(str(e)) from None
 

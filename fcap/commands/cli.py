@@ -109,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--perf-buffer", action="store_true",
                    help="writing a file: records through the perf buffer, laid out by fcap (as on kernels without "
                         "file rings), not in the programs' file rings")
+    p.add_argument("--no-skb-dynptr", action="store_true",
+                   help="act as a kernel without skb dynptrs in tracing programs (before 6.12): the filter sees each "
+                        "packet's linear part only, and writing a file, packets with bytes in page frags go through "
+                        "the perf buffer, the others into the file rings")
     g = p.add_argument_group("in-kernel predicates (before the filter and the copy; several are ANDed)")
     from fcap.features.selectors import SELECTORS
     for s in SELECTORS:   # (--pid, --comm, ...: one value each)

@@ -26,7 +26,8 @@ ROWS = [
     ("filter_in_place", "filter reads packet bytes in place (`skb->head`), no copy",
      "6.17: skb->head typed as untrusted memory; a copy before"),
     ("filter_frags", "filter reads page frags", "6.12: bpf_dynptr_from_skb kfunc for tracing programs"),
-    ("file_rings", "program writes pcap records itself (file rings)", "the same kfunc, mmapable arrays (5.5)"),
+    ("file_rings", "program writes file records itself (file rings)",
+     "5.5: mmapable arrays (elsewhere than x86-64, 5.12: atomics); packets with bytes in page frags: 6.12 (the kfunc)"),
     ("ringbuf", "BPF ring buffer maps", "5.8"),
     ("tracing_multi", "many fentry/fexit points, one program and link (`-i 'fentry/*'`)",
      "7.2 (the first seen here): tracing-multi links, BPF_TRACE_FENTRY_MULTI"),
@@ -130,14 +131,23 @@ def check_filter_frags(key: str) -> Result:
         have = BTF.vmlinux().find("bpf_dynptr_from_skb", "func") is not None
         why = ("tracing programs may not call bpf_dynptr_from_skb" if have else
                "this kernel has no bpf_dynptr_from_skb kfunc")
-        what = "the filter sees the linear part only" if key == "filter_frags" else "records go through the perf buffer"
-        return Result(key, False, f"{what}: {why} (Linux {FIRST[key]}+ lets tp_btf/fentry programs call it)")
+        if key == "file_rings":
+            return check_file_rings(f"linear packets; those with bytes in page frags through the perf buffer: {why} "
+                                    f"(Linux {FIRST[key]}+ lets tp_btf/fentry programs call it)")
+        return Result(key, False, f"the filter sees the linear part only: {why} (Linux {FIRST[key]}+ lets "
+                                  f"tp_btf/fentry programs call it)")
     if key == "filter_frags":
         return _try(key, lambda: _capture("tp_btf/net_dev_queue", filter="udp"))
-    r = _try(key, lambda: _capture("tp_btf/net_dev_queue", record="pcap"))
+    return check_file_rings("yes")
+
+
+def check_file_rings(yes: str) -> Result:
+    """A pcap capture at tp_btf/net_dev_queue: do its programs write the file rings? `yes`: what they hold if so."""
+    r = _try("file_rings", lambda: _capture("tp_btf/net_dev_queue", record="pcap"))
     if r.ok and r.detail != "file rings":
-        return Result(key, False, "the file rings could not be made here: records go through the perf buffer")
-    return Result(key, r.ok, "yes" if r.ok else r.detail)
+        return Result("file_rings", False, "the file rings could not be made here (no atomics the programs can "
+                                           "publish a record with): records go through the perf buffer")
+    return Result("file_rings", r.ok, yes if r.ok else r.detail)
 
 
 def check_in_place() -> Result:

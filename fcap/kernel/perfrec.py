@@ -25,13 +25,13 @@ if TYPE_CHECKING:
     from fcap.kernel.program import Builder
 
 
-def perf_output(b: Builder) -> None:
-    """Hand the record to the perf buffer: meta + headers from scratch, the skb's bytes (frags too) after.
-    In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
+def perf_output(b: Builder, events: int = 0) -> None:
+    """Hand the record to the perf buffer (`events`' fd; 0: the session's maps.events): meta + headers from
+    scratch, the skb's bytes (frags too) after. In: R2 = copy, R8 = hdr_total. Out: R0 = the output's result."""
     if b.copies_bytes:
-        output_copied(b)
+        output_copied(b, events)
     else:
-        output_by_helper(b, Helper.skb_output)
+        output_by_helper(b, Helper.skb_output, events)
 
 
 def file_header(b: Builder) -> None:
@@ -52,7 +52,7 @@ def file_header(b: Builder) -> None:
                alu64(SUB, R0, R1, reg=True), META.store(R7, "ts2", R0))
 
 
-def output_by_helper(b: Builder, helper: Helper) -> None:
+def output_by_helper(b: Builder, helper: Helper, events: int = 0) -> None:
     """The packet's bytes appended by `helper` (bpf_skb_output, bpf_xdp_output: frags too) to meta + headers,
     copy bytes from the packet's first (skip included: user space drops them)."""
     area = dump_area(b.options)
@@ -63,11 +63,11 @@ def output_by_helper(b: Builder, helper: Helper) -> None:
            META.store(R7, "fast", R4), jmp(JEQ, R3, 0, fast), META.store_imm(R7, "fast", 0), label(fast))
     file_header(b)
     b.emit(mov(R3, R2), lshi(R3, 32), ld_imm64(R0, F_CURRENT_CPU), alu64(OR, R3, R0, reg=True),
-           mov(R1, R6), ld_map_fd(R2, b.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
+           mov(R1, R6), ld_map_fd(R2, events or b.maps.events), mov(R4, R7), [addi(R4, -area)] if area else [],
            mov(R5, R8), addi(R5, META_SIZE + area), call(helper))
 
 
-def output_copied(b: Builder) -> None:
+def output_copied(b: Builder, events: int = 0) -> None:
     """The packet's linear bytes read by the program into scratch after meta + headers, handed over whole."""
     area = dump_area(b.options)
     sub, have, pos, less, cap, over, go = (b.fresh(n) for n in ("lin_sub", "lin_have", "lin2_pos", "lin2_min",
@@ -92,7 +92,7 @@ def output_copied(b: Builder) -> None:
            ldx(DW, R3, FP, STACK.head), ldx(DW, R4, FP, STACK.dataoff), alu64(ADD, R3, R4, reg=True),
            META.load(R4, R7, "skip"), alu64(ADD, R3, R4, reg=True), META.store_imm(R7, "skip", 0),
            call(Helper.probe_read_kernel), jmp(JNE, R0, 0, "out"),
-           ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, b.maps.events), ld_imm64(R3, F_CURRENT_CPU),
+           ldx(DW, R1, FP, STACK.ctx), ld_map_fd(R2, events or b.maps.events), ld_imm64(R3, F_CURRENT_CPU),
            mov(R4, R7), [addi(R4, -area)] if area else [], ldx(DW, R5, FP, STACK.n),
            alu64(ADD, R5, R8, reg=True), addi(R5, META_SIZE + area),
            jmp(JGT, R5, area + META_SIZE + HDR_MAX + LINEAR_CAP, "out"),

@@ -297,10 +297,10 @@ class Builder:
                   label(longer), mov(R2, R3), label(cap),
                   jmp(JGT, R2, cmax, over), asm.ja(done), label(over), movi(R2, cmax), label(done))
 
-    def perf_output(self) -> None:
+    def perf_output(self, events: int = 0) -> None:
         """Hand the record to the perf buffer (fcap.kernel.perfrec; XdpBuilder's appends a multi-buffer packet's
-        frags). In: R2 = copy, R8 = hdr_total."""
-        perfrec.perf_output(self)
+        frags): the session's `events` (0: maps.events). In: R2 = copy, R8 = hdr_total."""
+        perfrec.perf_output(self, events)
 
     def ancillary_load(self, field: int, dst: int, reject: str) -> list:
         """A Linux ancillary field the filter loads (inbound/outbound, ...): from the skb saved at STACK.skb."""

@@ -4,6 +4,8 @@ that user space only writes the bytes out. The ring's layout is fcap.kernel.layo
 
 from __future__ import annotations
 
+import platform
+
 from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, OR, R0, R1, R2, R3, R4, R5,
                      R6, R7, R8, R9, SUB, W, addi, alu64, andi, call, ja, label, ld_imm64, ld_map_fd, ldx, mov, movi,
@@ -19,6 +21,7 @@ from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
                      RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
+from fcap.kernel.layout import COPY_MAX as SAMPLE_COPY_MAX   # what a perf sample holds
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
 
@@ -55,7 +58,9 @@ def emit(b) -> None:
     """The record into this CPU's file ring. In: R2 = copy, R8 = hdr_total (<= HDR_MAX), R7 scratch, R6 skb.
     Out: R0 = 0, or -1 when the record was dropped (no room, a nested writer, a failed read)."""
     r = b.fresh_names("r", "copied", "count", "done", "fail", "frags", "in_order", "link_done", "noq", "opt_noq",
-                      "orig", "pos", "probe", "publish", "sec", "sec_set", "unlock", "words")
+                      "orig", "perf", "pos", "probe", "publish", "sample", "sec", "sec_set", "unlock", "words")
+    if frags_by_perf(b.maps):
+        _frags_to_perf(b, r)
     # n = bytes from the skb (from offset skip), caplen = hdr + n
     b.emit(META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True),
            asm.jmp(JSGT, R4, 0, r.pos), movi(R4, 0), label(r.pos),
@@ -65,6 +70,28 @@ def emit(b) -> None:
         _pcapng(b, r)
     else:
         _pcap(b, r)
+
+
+def frags_by_perf(maps) -> bool:
+    """Whether the records of packets whose bytes reach into page frags go through the perf buffer (maps.frags, with
+    bpf_skb_output appending the frags) rather than the ring: a kernel without skb dynptrs in tracing programs
+    (before 6.12). The rest, linear, still go to the ring."""
+    return bool(maps.ring and not maps.dynptr_kfunc)
+
+
+def can_publish() -> bool:
+    """Whether the programs can publish a ring's records, the stores of a record before its head: by a store-release
+    (6.15+), an add that fetches (5.12+, fully ordered), or on x86-64 the old XADD (a locked instruction there;
+    elsewhere it orders nothing, and the records go through the perf buffer)."""
+    return probes.store_release() is None or probes.atomic_fetch() is None or platform.machine() == "x86_64"
+
+
+def _frags_to_perf(b, r) -> None:
+    """Leave for r.perf when the packet's bytes from skip go past its linear part (no skb dynptr to read them from
+    the ring's program). In: R2 = copy (kept)."""
+    b.emit(META.load(R3, R7, "skip"), mov(R4, R2), alu64(SUB, R4, R3, reg=True), META.load(R0, R7, "len"),
+           ldx(W, R5, R6, b.offsets.data_len), alu64(SUB, R0, R5, reg=True), alu64(SUB, R0, R3, reg=True),
+           asm.jmp(JSGT, R4, R0, r.perf, reg=True))
 
 
 def writes_ring(point, options, maps) -> bool:
@@ -78,7 +105,7 @@ FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("cap
                     maps=(MapUse("ring", "mmapable ARRAY, an element (RING, the ring, RING_INDEX) per possible CPU; "
                                          "the session's"),
                           MapUse("events", "PERF_EVENT_ARRAY: the doorbell that wakes user space; the session's")),
-                    reads="fcap.live.drain.RingDrain")
+                    reads="fcap.live.ringdrain.RingDrain")
 
 
 def _ring_pcapng(point, options, maps) -> bool:
@@ -253,12 +280,16 @@ def _bytes(b, r, hdr: int) -> None:
            alu64(ADD, R1, R8, reg=True), ldx(DW, R2, FP, STACK.n), asm.jmp(JGT, R2, COPY_MAX, r.unlock),
            # linear (headlen - skip >= n): bpf_probe_read_kernel(dst, n, head + data offset + skip)
            META.load(R0, R7, "len"), ldx(W, R3, R6, b.offsets.data_len), alu64(SUB, R0, R3, reg=True),
-           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True), asm.jmp(JSLT, R0, R2, r.frags, reg=True))
+           META.load(R4, R7, "skip"), alu64(SUB, R0, R4, reg=True),
+           asm.jmp(JSLT, R0, R2, r.frags if m.dynptr_kfunc else r.unlock, reg=True))
     if b.options.head_loads:
         _words(b, r)
     b.emit(ldx(DW, R3, FP, STACK.head), ldx(DW, R0, FP, STACK.dataoff), alu64(ADD, R3, R0, reg=True),
-           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, r.unlock),
-           ja(r.copied), label(r.frags),
+           alu64(ADD, R3, R4, reg=True), call(Helper.probe_read_kernel), asm.jmp(JNE, R0, 0, r.unlock))
+    if not m.dynptr_kfunc:   # (linear only: the others went to the perf buffer, frags_by_perf)
+        b.emit(label(r.copied))
+        return
+    b.emit(ja(r.copied), label(r.frags),
            # bpf_dynptr_from_skb(skb, 0, &d); bpf_dynptr_read(dst, n, &d, skip, 0)
            mov(R1, R6), movi(R2, 0), mov(R3, FP), addi(R3, STACK.dynptr),
            asm.kfunc_call(m.dynptr_kfunc), asm.jmp(JNE, R0, 0, r.unlock),
@@ -289,10 +320,13 @@ def _advance_head() -> list:
     where the verifier takes one (6.15+): on x86 a plain store, where a locked add (the older kernels' way) waits
     for every store of the record to reach the cache first (~20 ns for a pcap record here, ~40 for a pcapng one)."""
     head = RING.off("head")
-    if probes.store_release() is not None:
+    if probes.store_release() is None:
+        return [RING.load(R2, R9, "head"), alu64(ADD, R1, R2, reg=True), asm.store_release(DW, R9, head, R1),
+                mov(R1, R2)]
+    if probes.atomic_fetch() is None:
         return [asm.fetch_add(DW, R9, head, R1)]
-    return [RING.load(R2, R9, "head"), alu64(ADD, R1, R2, reg=True), asm.store_release(DW, R9, head, R1),
-            mov(R1, R2)]
+    # (before 5.12, x86-64 only: can_publish) XADD, locked; the old head read first (only this program writes it)
+    return [RING.load(R2, R9, "head"), asm.atomic_add(DW, R9, head, R1), mov(R1, R2)]
 
 
 def _publish(b, r) -> None:
@@ -330,6 +364,11 @@ def _publish(b, r) -> None:
            # failures: received = published + dropped), so success skips the counters (unless count_seen: the
            # per-point counts of a multi-point pcapng file's ISBs)
            label(r.done), RING.store_imm(R9, "busy", 0),
-           [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"),
-           label(r.unlock), RING.store_imm(R9, "busy", 0),
+           [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"))
+    if frags_by_perf(m):   # (counted as the perf buffer's records are: seen, and lost where it had no room)
+        b.emit(label(r.perf), asm.jmp(JLE, R2, SAMPLE_COPY_MAX, r.sample), movi(R2, SAMPLE_COPY_MAX),
+               label(r.sample))
+        b.perf_output(m.frags)
+        b.emit(ja(r.count))
+    b.emit(label(r.unlock), RING.store_imm(R9, "busy", 0),
            label(r.fail), movi(R0, -1), label(r.count))

@@ -292,7 +292,8 @@ def in_ring(point: Point, options, maps) -> bool:
     (RING's next_id) by a plain add, as a program nested on this CPU finds the ring held and takes none. No map
     lookup, and no locked add, which waits for every store of the record made so far to reach the cache. (pcapng:
     a pcap record shows no id.)"""
-    return options.ident == IDENT_EACH and options.record == RECORD_PCAPNG and bool(point.typed and maps.ring)
+    return (options.ident == IDENT_EACH and options.record == RECORD_PCAPNG and bool(point.typed and maps.ring)
+            and bool(maps.dynptr_kfunc))   # (else some records go through the perf buffer: ids from the counter)
 
 
 def emit_filter_done(b) -> None:

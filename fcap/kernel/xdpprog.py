@@ -107,18 +107,18 @@ class XdpBuilder(Builder):
                   st(DW, FP, STACK.tmp, 0), call(Helper.probe_read_kernel), ldx(W, R0, FP, STACK.tmp),
                   alu64(ADD, R9, R0, reg=True), label(linear))
 
-    def perf_output(self) -> None:
+    def perf_output(self, events: int = 0) -> None:
         """A linear packet's bytes read by the program (as ever); a multi-buffer one's, frags too, appended by
         bpf_xdp_output. In: R2 = copy, R8 = hdr_total."""
         fr = self.xdp.frags
         if fr is None:
-            super().perf_output()
+            super().perf_output(events)
             return
         linear, sent = self.fresh("xdp_copied"), self.fresh("xdp_sent")
         self.emit(ldx(W, R0, R6, fr.flags), andi(R0, fr.has_frags), jmp(JEQ, R0, 0, linear))
-        perfrec.output_by_helper(self, Helper.xdp_output)
+        perfrec.output_by_helper(self, Helper.xdp_output, events)
         self.emit(asm.ja(sent), label(linear))
-        perfrec.output_copied(self)
+        perfrec.output_copied(self, events)
         self.emit(label(sent))
 
     def skb_mark(self, dst: int) -> None:

@@ -1,6 +1,6 @@
 """Capture records to the file without per-record objects: FileDrain slices perf samples (whose record header the
-program laid out) into os.writev batches; RingDrain writes the file rings' finished records (kernel.ringrec) as they
-are, in the order one sort of their index gives (fcap.live.fastmerge)."""
+program laid out) into os.writev batches, or finds, reads and lays them out as arrays (fcap.live.perfwalk); the
+file rings' drain is fcap.live.ringdrain's. FAST: the numpy merge both use (fcap.live.fastmerge), imported early."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from bpf.uapi import PerfRecord
 from fcap.kernel import layout
 
 from fcap.live import order
-from fcap.kernel.layout import META, META_SIZE, PCAP_REC, RING
-from fcap.kernel.ringrec import index_at, index_entries
+from fcap.kernel.layout import META, META_SIZE, PCAP_REC
 
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
 SAMPLE, LOST = int(PerfRecord.SAMPLE), int(PerfRecord.LOST)
@@ -82,8 +81,8 @@ class FileDrain:
             n = self._arrays(FAST.module, cutoff, final)
             if n is not None:
                 return n
-        walks = [self._walk(ring) for ring in self.buffer.rings]
-        if any(w.end - w.start >= ring.size // 4 for w, ring in zip(walks, self.buffer.rings)):
+        walks = self.walks()
+        if self.pressed(walks):
             cutoff = self.window.pressed(cutoff)
         batches = [w.ts for w in walks]
         if not final and order.reached(sum(map(len, batches)), self.left - self.written if self.left else 0):
@@ -104,8 +103,7 @@ class FileDrain:
             out.clear()   # the slices must go before the rings can be given back
             for w in walks:
                 w.parts.clear()
-        for ring, w, k in zip(self.buffer.rings, walks, takes):
-            self._release(ring, w, k)
+        self.release(walks, takes)
         n = order.count(runs)
         self.written += n
         return n
@@ -114,25 +112,45 @@ class FileDrain:
         """The pass at C speed: each ring's records found, read and laid out as arrays (fcap.live.perfwalk), merged
         by one sort (fcap.live.fastmerge); None, with nothing taken, where a record needs Python to lay it out."""
         from fcap.live import perfwalk
-        rings = self.buffer.rings
-        if self._addresses is None:
-            self._addresses = [r.address() for r in rings]
-        got = [perfwalk.read(r, a) for r, a in zip(rings, self._addresses)]
-        if not self._laid_out(perfwalk, got):
+        got = self.arrays()
+        if got is None:
             return None
-        if any(g.end - g.start >= r.size // 4 for g, r in zip(got, rings)):
+        if self.pressed(got):
             cutoff = self.window.pressed(cutoff)
         left = self.left - self.written if self.left else 0
         if not final and order.reached(sum(map(len, got)), left):
             self.reached = True
             return 0
-        ks = [fast.eligible(g.ts, cutoff, bool(len(g.ts) < 2 or (g.ts[1:] >= g.ts[:-1]).all())) for g in got]
+        ks = eligible(fast, got, cutoff)
         p = perfwalk.merge(got, ks, left or -1, self.window.last)
-        _write_plan(self.writer, self.window, p)
-        for r, g, k in zip(rings, got, p.takes):
-            self._release(r, g, k)
+        write_plan(self.writer, self.window, p)
+        self.release(got, p.takes)
         self.written += p.count
         return p.count
+
+    def arrays(self) -> list | None:
+        """Each ring's pending records found, read and laid out as arrays (fcap.live.perfwalk's RingRecords); None
+        where one needs Python to lay it out (the per-record walk: walks())."""
+        from fcap.live import perfwalk
+        rings = self.buffer.rings
+        if self._addresses is None:
+            self._addresses = [r.address() for r in rings]
+        got = [perfwalk.read(r, a) for r, a in zip(rings, self._addresses)]
+        return got if self._laid_out(perfwalk, got) else None
+
+    def walks(self) -> list:
+        """Each ring's pending records walked one by one (Walk: their file records as parts, EPB_PARTS each for
+        pcapng; their timestamps). Clear their parts before the rings are released."""
+        return [self._walk(ring) for ring in self.buffer.rings]
+
+    def pressed(self, got: list) -> bool:
+        """Whether a ring is a quarter full or more (got: arrays() or walks())."""
+        return any(g.end - g.start >= r.size // 4 for g, r in zip(got, self.buffer.rings))
+
+    def release(self, got: list, takes: list) -> None:
+        """Give back each ring's bytes up to the records taken of it."""
+        for r, g, k in zip(self.buffer.rings, got, takes):
+            self._release(r, g, k)
 
     def _laid_out(self, perfwalk, got: list) -> bool:
         """The rings' file records located (pcap) or laid out (pcapng); False where one needs Python."""
@@ -147,14 +165,14 @@ class FileDrain:
 
     def _release(self, ring, w, k: int) -> None:
         """Give back the ring's bytes up to the k records taken (all of them: the whole walk); LOST records before
-        that point are counted (later ones are walked again). `w`: a _Walk, or perfwalk's RingRecords."""
+        that point are counted (later ones are walked again). `w`: a Walk, or perfwalk's RingRecords."""
         at = w.end if k == len(w.ts) else (int(w.ends[k - 1]) if k else w.start)
         self.buffer.lost += sum(n for pos, n in w.lost if pos <= at)
         ring.release(at)
 
-    def _walk(self, ring) -> _Walk:  # noqa: C901 - the per-record hot loop, one copy per format: no calls per record
+    def _walk(self, ring) -> Walk:  # noqa: C901 - the per-record hot loop, one copy per format: no calls per record
         tail, head = ring.span()
-        w = _Walk(tail)
+        w = Walk(tail)
         if tail >= head:
             w.end = tail
             return w
@@ -208,7 +226,7 @@ class FileDrain:
         w.end = tail
         return w
 
-    def _slow(self, w: _Walk, data, off: int, size: int, rsize: int, pos: int) -> None:
+    def _slow(self, w: Walk, data, off: int, size: int, rsize: int, pos: int) -> None:
         """A record the loop could not slice: LOST, wrapped around the ring's end, or not contiguous."""
         rec = data[off:off + rsize] if off + rsize <= size else _wrapped(data, off, rsize, size)
         rtype = int.from_bytes(rec[0:4], "little")
@@ -242,7 +260,7 @@ class FileDrain:
         return parts
 
 
-class _Walk:
+class Walk:
     """One ring's records in a pass: per sample its timestamp, end position and parts (1 for pcap, EPB_PARTS for
     pcapng); LOST records as (end position, count); where the walk started and where it ended."""
 
@@ -255,6 +273,9 @@ class _Walk:
         self.lost: list = []
         self.start = self.end = tail
 
+    def __len__(self) -> int:
+        return len(self.ts)
+
 
 def _rsize(data, off: int, size: int) -> int:
     hdr = data[off:off + 8] if off + 8 <= size else _wrapped(data, off, 8, size)
@@ -265,212 +286,6 @@ def _wrapped(data, off: int, length: int, size: int) -> bytes:
     off %= size
     first = min(length, size - off)
     return bytes(data[off:off + first]) + bytes(data[0:length - first])
-
-
-class RingDrain:
-    """Drains the per-CPU file rings (see fcap.kernel.ringrec) into a writer in time order: the programs wrote finished
-    pcap/pcapng records there and an index entry per record (its timestamp and end), so the CPUs' records are
-    merged without a look at any record: by one numpy sort of the index (fcap.live.fastmerge: the records copied
-    into one buffer, or written as (address, length) pairs), or where numpy is missing (or `fast` is False) by runs
-    (fcap.live.order, written as byte ranges). Records past the cutoff stay in their ring (tail stops before them)
-    until a later pass. `limit` (> 0) stops it after that many, the oldest (fcap.live.order.reached). The perf
-    buffer only carries doorbells."""
-
-    def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
-                 window: order.Window | None = None, fast: bool = True):
-        self.map = ring_map
-        self.mm = ring_map.mmap()
-        self.view = memoryview(self.mm)
-        self.words = self.view.cast("Q")   # control words: stored with one 8-byte store each (never pack_into,
-        self.buffer = buffer                # which zeroes the bytes before it writes them)
-        self.writer = writer
-        self.size = ring_size
-        self.entries = index_entries(ring_size)
-        self.bases = [i * ring_map.stride for i in range(ring_map.max_entries)]   # (multiples of 8)
-        self.index = [(b + index_at(ring_size)) // 8 for b in self.bases]
-        self.counts = [0] * len(self.bases)   # records taken (as `taken`)
-        self.taken = 0                         # ... all CPUs' together: those written and those -c passed over
-        self.tails = [0] * len(self.bases)
-        self.disorder = [0] * len(self.bases)   # each CPU's count of records out of order, as last read
-        self.ordered = [True] * len(self.bases)   # its records not taken yet are in time order
-        self.moved = [False] * len(self.bases)    # its count moved in this pass
-        self.left = limit
-        self.window = window or order.Window()
-        self.written = 0
-        self.held = False      # records were left in a ring a quarter full or more, its doorbell not cleared
-        self.reached = False   # -c within reach: detach, then the last pass (fcap.live.order.reached)
-        self.fast = fast and len(self.bases) > 1   # merge through fcap.live.fastmerge once it is imported
-        self.address: int | None = None   # of the mapping, and numpy's views of it (fastmerge's)
-        self.np_words = self.np_bytes = None
-        if self.fast:   # (before `listening on`: a flood that starts at once is merged at C speed from its start)
-            FAST.wait()
-
-    @property
-    def done(self) -> bool:
-        return self.left > 0 and self.written >= self.left
-
-    def __call__(self, final: bool = False) -> int:
-        """One pass: write what is surely published (everything when `final`: the programs are detached)."""
-        self.buffer.drain(_ignore)
-        cutoff = self.window.cutoff(final)
-        spans, pressed = self._spans()
-        if not final and order.reached(sum(new for _at, new in spans), self.left - self.written if self.left else 0):
-            self.reached = True
-            return 0
-        if pressed:
-            cutoff = self.window.pressed(cutoff)
-        # (records on one CPU only are one run: written as one range, nothing to sort)
-        fast = FAST.module if self.fast and sum(1 for _at, new in spans if new) > 1 else None
-        n = self._fast(fast, spans, cutoff) if fast is not None else self._by_runs(spans, cutoff)
-        self.written += n
-        return n
-
-    def _spans(self) -> tuple[list, bool]:
-        """Per CPU: where its records published and not taken yet start in the words (of its index), and how many;
-        self.ordered says which are in time order. And whether a ring is a quarter full or more."""
-        words, mask = self.words, self.entries - 1
-        spans = []
-        pressed = False
-        for i, base in enumerate(self.bases):
-            head = words[(base + _HEAD) // 8]
-            pressed = pressed or ((head - self.tails[i]) & layout.HEAD_POS) >= self.size // 4
-            disorder = words[(base + _DISORDER) // 8]   # (read after head: it counts every record head does, and
-            self.moved[i] = disorder != self.disorder[i]   # maybe one head does not show yet)
-            if self.moved[i]:
-                self.disorder[i] = disorder
-                self.ordered[i] = False
-            new = ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
-            spans.append((self.index[i] + 2 * (self.counts[i] & mask), new))
-        return spans, pressed
-
-    def _fast(self, fast, spans: list, cutoff: int) -> int:
-        """The pass through fcap.live.fastmerge: one sort of every record's timestamp, the records copied in that
-        order into one buffer, or written as (address, length) pairs."""
-        if self.address is None:
-            self.address = _address(self.mm)
-            self.np_words = fast.words(self.address, len(self.mm) // 8)
-            self.np_bytes = self.np_words.view(fast.np.uint8)
-        entries, firsts, rings = [], [], []
-        for i, (at, new) in enumerate(spans):
-            if new:
-                e = self._entries(fast, i, at, new).reshape(-1, 2)
-                entries.append(e[:fast.eligible(e[:, 0], cutoff, self.ordered[i])])
-            else:
-                entries.append(fast.NONE)
-            firsts.append(self.tails[i])
-            rings.append(self.bases[i] + RING.size)
-        p = fast.plan(entries, firsts, rings, self.size, self.left - self.written if self.left else -1,
-                      self.window.last, self.np_bytes)
-        _write_plan(self.writer, self.window, p)
-        ends = [e[:, 1] for e in entries]
-        self._advance(p.takes, ends, [n for _at, n in spans])
-        return p.count
-
-    def _entries(self, fast, i: int, at: int, new: int):
-        """CPU i's `new` index entries from word `at`, flat: a view, or a copy where they wrap around its end."""
-        w, end, limit = self.np_words, at + 2 * new, self.index[i] + 2 * self.entries
-        if end <= limit:
-            return w[at:end]
-        return fast.np.concatenate((w[at:limit], w[self.index[i]:self.index[i] + end - limit]))
-
-    def _by_runs(self, spans: list, cutoff: int) -> int:
-        """The pass through fcap.live.order: runs of each CPU's records, merged in Python (where numpy is not
-        installed)."""
-        batches, ends = self._new(spans)
-        try:
-            runs, takes = order.merge(self.window, batches, self.ordered, cutoff,
-                                      self.left - self.written if self.left else -1)
-            self._write(runs, ends)
-            self._advance(takes, ends, [len(b) for b in batches])
-            return order.count(runs)
-        finally:
-            for v in batches + ends:
-                if isinstance(v, memoryview):
-                    v.release()
-
-    def _new(self, spans: list) -> tuple[list, list]:
-        """Per CPU: the timestamps and end positions of its records in `spans`, as strided views of its index
-        (lists where they wrap around its end)."""
-        words = self.words
-        batches, ends = [], []
-        for i, (at, new) in enumerate(spans):
-            end, limit = at + 2 * new, self.index[i] + 2 * self.entries
-            if not new:
-                batches.append(_EMPTY)
-                ends.append(_EMPTY)
-            elif end <= limit:
-                batches.append(words[at:end:2])
-                ends.append(words[at + 1:end:2])
-            else:
-                flat = words[at:limit].tolist() + words[self.index[i]:self.index[i] + end - limit].tolist()
-                batches.append(flat[0::2])
-                ends.append(flat[1::2])
-        return batches, ends
-
-    def _write(self, runs: list, ends: list) -> None:
-        if not runs:
-            return
-        view, size, hmask = self.view, self.size, layout.HEAD_POS
-        parts = []
-        for i, a, b in runs:
-            pos = ends[i][a - 1] if a else self.tails[i]
-            length = (ends[i][b - 1] - pos) & hmask
-            start = self.bases[i] + RING.size
-            t = pos & (size - 1)
-            first = min(length, size - t)
-            parts.append(view[start + t:start + t + first])
-            if length > first:
-                parts.append(view[start:start + length - first])
-        try:
-            self.writer.writev(parts)
-        finally:
-            for p in parts:
-                p.release()
-
-    def _advance(self, takes: list, ends: list, lengths: list) -> None:
-        """Give the bytes and index entries of the records taken back to the programs. `lengths`: how many records
-        of each CPU the pass looked at."""
-        words, size = self.words, self.size
-        self.held = False
-        for i, base in enumerate(self.bases):
-            k = takes[i]
-            if k:
-                self.tails[i] = int(ends[i][k - 1])
-                words[(base + _TAIL) // 8] = self.tails[i]
-                self.counts[i] = (self.counts[i] + k) & layout.HEAD_COUNT
-                words[(base + _TAKEN) // 8] = self.counts[i]
-                self.taken += k
-            if k == lengths[i] and not self.moved[i]:
-                self.ordered[i] = True   # (until the program counts a record out of order again)
-            # the doorbell cleared once tail is stored (cleared before, every record published while the bytes were
-            # being written saw the old tail and rang again), and only when less than a quarter of the ring is
-            # still in use: held records would ring again at once (a wake-up per record); the loop drains again at
-            # once then (held), the ring filling up (the pass's margin is shorter: fcap.live.order.Window.pressed)
-            bell = (base + _BELL) // 8
-            if words[bell]:
-                if ((words[(base + _HEAD) // 8] - self.tails[i]) & layout.HEAD_POS) < size // 4:
-                    words[bell] = 0
-                else:
-                    self.held = True
-
-    def published(self) -> int:
-        """Records the programs have published so far: those taken (written, or past -c) plus those not yet."""
-        if self.view is None:
-            return self.taken
-        left = 0
-        for i, base in enumerate(self.bases):
-            head = _U64.unpack_from(self.view, base + _HEAD)[0]
-            left += ((head >> layout.HEAD_BITS) - self.counts[i]) & layout.HEAD_COUNT
-        return self.taken + left
-
-    def close(self) -> None:
-        self.np_words = self.np_bytes = None
-        if self.view is not None:
-            self.words.release()
-            self.view.release()
-            self.view = None
-            self.mm.close()
-
 
 class _Fast:
     """fcap.live.fastmerge (numpy), imported on a thread of its own from the time a session knows it will write
@@ -505,7 +320,12 @@ class _Fast:
 FAST = _Fast()
 
 
-def _write_plan(writer, window: order.Window, p) -> None:
+def eligible(fast, got: list, cutoff: int) -> list:
+    """How many of each perf ring's records (perfwalk's RingRecords) lie before the cutoff."""
+    return [fast.eligible(g.ts, cutoff, bool(len(g.ts) < 2 or (g.ts[1:] >= g.ts[:-1]).all())) for g in got]
+
+
+def write_plan(writer, window: order.Window, p) -> None:
     """A fastmerge.Plan's records written (one buffer, or (address, length) pairs) and told to the window."""
     if p.data is not None or p.iov is not None:
         window.wrote(p.late, p.newest, p.oldest)
@@ -517,34 +337,3 @@ def _write_plan(writer, window: order.Window, p) -> None:
     finally:
         if p.data is not None:
             p.data.release()
-
-
-def _address(mm) -> int:
-    """Where a mapping lies in memory (the export ctypes takes to learn it is let go at once)."""
-    import ctypes
-    ref = ctypes.c_char.from_buffer(mm)
-    try:
-        return ctypes.addressof(ref)
-    finally:
-        del ref
-
-
-_HEAD, _TAIL, _TAKEN, _BELL = RING.off("head"), RING.off("tail"), RING.off("taken"), RING.off("bell")
-_DISORDER = RING.off("disorder")
-_EMPTY: list = []
-_U64 = struct.Struct("=Q")
-
-
-def ring_records(ring_map) -> int:
-    """Records published in a file rings' map so far (the count bits of each CPU's head), for a session whose rings
-    no RingDrain read."""
-    mm = ring_map.mmap()
-    try:
-        return sum(_U64.unpack_from(mm, i * ring_map.stride + RING.off("head"))[0] >> layout.HEAD_BITS
-                   for i in range(ring_map.max_entries))
-    finally:
-        mm.close()
-
-
-def _ignore(cpu: int, raw) -> None:
-    pass

@@ -70,10 +70,33 @@ def plan(entries: list, firsts: list, rings: list, ring_size: int, limit: int, l
     """The merge of CPUs' records: per CPU its eligible index entries ((k, 2) arrays of timestamp and end),
     where its first record starts (its tail, position bits) and where its ring's byte 0 lies in `memory` (the
     mapping, bytes). `limit` >= 0 keeps only the first `limit` by time."""
+    ts, at, size, ks = _ring_arrays(entries, firsts, rings, ring_size)
+    if not len(ts):
+        return Plan([0] * len(entries))
+    return chosen(ts, at, size, ks, limit, last, memory)
+
+
+def plan_with(entries: list, firsts: list, rings: list, ring_size: int, memory, side: list, side_ks: list,
+              limit: int, last: int) -> Plan:
+    """plan()'s merge with the first side_ks[j] records of each of `side`, perf rings' records laid out elsewhere
+    (fcap.live.perfwalk's RingRecords: timestamps, and where each file record lies in its `out` and its length);
+    the plan's takes: the CPUs' rings', then the side's."""
+    ts, at, size, ks = _ring_arrays(entries, firsts, rings, ring_size)
+    memories = [memory] + [g.out if g.out is not None else memory for g in side]
+    src = [np.zeros(len(ts), np.int64)] + [np.full(k, j + 1, np.int64) for j, k in enumerate(side_ks)]
+    ks = np.concatenate((ks, np.array(side_ks, np.int64)))
+
+    def flat(mine, field: str):   # (a ring without records has int64 arrays: kept out, numpy would make floats)
+        return np.concatenate([mine] + [getattr(g, field)[:k].astype(U64) for g, k in zip(side, side_ks) if k])
+    return chosen(flat(ts, "ts"), flat(at, "at"), flat(size, "size"), ks, limit, last, memories, np.concatenate(src))
+
+
+def _ring_arrays(entries: list, firsts: list, rings: list, ring_size: int):
+    """The rings' records as flat arrays (timestamps, offsets in the mapping, lengths) and each CPU's count."""
     ks = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     n = int(ks.sum())
     if not n:
-        return Plan([0] * len(entries))
+        return np.empty(0, U64), np.empty(0, U64), np.empty(0, U64), ks
     live = [e for e in entries if len(e)]
     flat = np.concatenate(live) if len(live) > 1 else live[0]
     ts, end = flat[:, 0], flat[:, 1]
@@ -84,12 +107,13 @@ def plan(entries: list, firsts: list, rings: list, ring_size: int, limit: int, l
     start[offsets[has]] = np.array(firsts, U64)[has]
     size = (end - start) & U64(layout.HEAD_POS)
     at = np.repeat(np.array(rings, U64), ks) + (start & U64(ring_size - 1))
-    return chosen(ts, at, size, ks, limit, last, memory)
+    return ts, at, size, ks
 
 
-def chosen(ts, at, size, ks, limit: int, last: int, memory) -> Plan:
+def chosen(ts, at, size, ks, limit: int, last: int, memory, src=None) -> Plan:
     """The merge of records given as flat arrays, each CPU's (`ks[j]` of them) after the one before: timestamps,
-    offsets in `memory` and lengths (fcap.live.perfwalk's, or plan's)."""
+    offsets in `memory` and lengths (fcap.live.perfwalk's, or plan's). `memory`: one array, or a list of them and
+    per record `src`, the one it lies in (plan_with's)."""
     offsets = np.cumsum(ks) - ks                  # where each CPU's records start
     n = len(ts)
     order = np.argsort(ts, kind="stable")         # each CPU's records keep their order among equal times
@@ -105,16 +129,41 @@ def chosen(ts, at, size, ks, limit: int, last: int, memory) -> Plan:
     at, size, picked = at[order], size[order], ts[order]
     late = int(np.count_nonzero(picked < U64(last))) if last else 0
     p = Plan(takes, len(order), late=late, newest=int(picked[-1]), oldest=int(picked[0]))
-    if len(at) > 1 and (at[1:] == at[:-1] + size[:-1]).all():   # one stretch of memory already: as it is
+    if src is not None:
+        _from_many(p, memory, src[order], at, size)
+    elif len(at) > 1 and (at[1:] == at[:-1] + size[:-1]).all():   # one stretch of memory already: as it is
         p.data = memoryview(memory[int(at[0]):int(at[-1] + size[-1])])
     else:
         p.data = gathered(memory, at, size)
-    if p.data is None:
-        p.memory = memory
-        p.iov = np.empty((len(order), 2), U64)
-        p.iov[:, 0] = at + U64(memory.ctypes.data)
-        p.iov[:, 1] = size
+        if p.data is None:
+            p.memory = memory
+            p.iov = np.empty((len(order), 2), U64)
+            p.iov[:, 0] = at + U64(memory.ctypes.data)
+            p.iov[:, 1] = size
     return p
+
+
+def _from_many(p: Plan, memories: list, src, at, size) -> None:
+    """The plan's records, each in memories[src[i]]: copied into one buffer (one gather per memory and length),
+    or (too many lengths) as (address, length) pairs."""
+    if int(size.min()) == int(size.max()) and bool((src == src[0]).all()):
+        p.data = gathered(memories[int(src[0])], at, size)
+        return
+    lengths = [(j, L) for j in range(len(memories)) for L in np.unique(size[src == j]).tolist()]
+    if len(lengths) > 2 * GATHER_LENGTHS:
+        p.memory = memories
+        bases = np.array([m.ctypes.data for m in memories], U64)
+        p.iov = np.empty((len(at), 2), U64)
+        p.iov[:, 0] = at + bases[src]
+        p.iov[:, 1] = size
+        return
+    out = np.empty(int(size.sum()), np.uint8)
+    to = (np.cumsum(size) - size).astype(np.intp)
+    src_at = at.astype(np.intp)
+    for j, length in lengths:
+        pick = np.flatnonzero((src == j) & (size == U64(length)))
+        items(out, length)[to[pick]] = items(memories[j], length)[src_at[pick]]
+    p.data = memoryview(out)
 
 
 def items(buf, length: int):

@@ -19,7 +19,7 @@ from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 from fcap.features import FEATURES, FLAGGED, selectors
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.kernel import ancillary, builders, layout, stats, track, variants
+from fcap.kernel import ancillary, builders, layout, ringrec, stats, track, variants
 from fcap.kernel import program as cprog
 from fcap.kernel.parts import has_skb
 from fcap.kernel.filter import compile_filter
@@ -44,6 +44,7 @@ _CONFIG = (
     ("predicates", ()),       # factories: Point -> predicate (see fcap.kernel.predicates)
     ("record", layout.RECORD_PCAP),   # the file record header the programs lay out (pcap or pcapng)
     ("file_ring", False),     # pcap records straight into per-CPU file rings where the kernel allows it
+    ("skb_dynptr", True),     # skb dynptrs where the kernel has them (False: as a kernel before 6.12, --no-skb-dynptr)
     ("file", False),          # the capture writes a file (its drain: fcap.live.drain's)
     ("meta", True),           # the programs record pid/tid, comm, mark, netns (unused when a pcap file is written)
     ("track", False),         # --track (fcap.kernel.track): follow what the filter chose to every point until freed
@@ -179,7 +180,7 @@ class Planner:
 
     def _preferred_options(self, point: Point, preds: list) -> cprog.ProgramOptions:
         return cprog.ProgramOptions(start=START_FOR[self.linktype.name], snaplen=self.cfg.snaplen, filter=self.cbpf,
-                             dynptr_kfunc=pointcaps.dynptr_kfunc(point) if self.cbpf is not None else 0,
+                             dynptr_kfunc=self._dynptr_kfunc(point) if self.cbpf is not None else 0,
                              predicates=preds, record=self.cfg.record, clock_offset_ns=self.clock_offset_ns,
                              meta=self.cfg.meta, task_btf=self.cfg.meta and pointcaps.task_btf(point),
                              dumps=self.dump_area.for_point(point) if self.dump_area is not None else None,
@@ -253,28 +254,36 @@ class Planner:
         per_cpu = max(kib * 1024 // max(ncpus, 1) // PAGE, 8)
         return 1 << (per_cpu.bit_length() - 1)
 
-    def _file_ring_kfunc(self) -> int:
-        """bpf_dynptr_from_skb's BTF id when the records can go to file rings (asked for, every point BTF-typed,
-        skb dynptrs allowed there), else 0."""
+    def _dynptr_kfunc(self, point: Point) -> int:
+        """bpf_dynptr_from_skb's BTF id where the point's program may call it (0: none, or --no-skb-dynptr)."""
+        return pointcaps.dynptr_kfunc(point) if self.cfg.skb_dynptr else 0
+
+    def _file_rings(self) -> tuple[bool, int]:
+        """Whether the records go to file rings (asked for, every point BTF-typed, nothing only user space can lay
+        out, a head the programs can publish), and bpf_dynptr_from_skb's BTF id for the bytes in page frags: 0 when
+        the kernel has no skb dynptrs for these points, whose packets with bytes in frags then go through the perf
+        buffer (fcap.kernel.ringrec.frags_by_perf)."""
         if not (self.cfg.file_ring and not self.cfg.immediate):
-            return 0
-        if not all(p.typed for p in self.points) or any(g.kind is not None for g in self.groups):
-            return 0
+            return False, 0
+        if any(p.copies_bytes or p.kind.on_program for p in self.points) or \
+                any(g.kind is not None for g in self.groups):
+            return False, 0   # (an skb the helpers take at every point; one program per point)
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames,
+            return False, 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames,
             #  --dump's options)
-        ids = {pointcaps.dynptr_kfunc(p) for p in self.points}
-        return ids.pop() if len(ids) == 1 and 0 not in ids else 0
+        ids = {self._dynptr_kfunc(p) for p in self.points}
+        kfunc = ids.pop() if len(ids) == 1 and 0 not in ids else 0
+        return ringrec.can_publish(), kfunc
 
     def map_plan(self) -> MapPlan:
         """The maps the programs use, decided once for open() (which makes them) and dump() (which names them)."""
         self.groups = self.groups or self.plan()
         cpus = online_cpus()
         pages = self._pages(len(cpus))
-        kfunc = self._file_ring_kfunc()
+        rings, kfunc = self._file_rings()
         return MapPlan(scratch_size=max(cprog.scratch_size(p, self.options(p)) for p in self._program_points()),
                        track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
-                       kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if kfunc else 0)
+                       kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0)
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -285,8 +294,9 @@ class Planner:
             maps.track, maps.track_counters = -5, -6
         if plan.stack:
             maps.stack = -7
-        if plan.kfunc:   # the programs that write the file rings (map fd -4)
-            maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc
+        if plan.ring_size:   # the programs that write the file rings (map fd -4; -8: the perf buffer of packets with
+            maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags)
+            maps.frags = 0 if plan.kfunc else -8
         out = []
         for group, p in zip(self.groups, self._program_points()):
             if group.kind is None:
@@ -304,8 +314,8 @@ class Planner:
 
 class MapPlan(NamedTuple):
     """What maps a capture's programs use (Planner.map_plan): the scratch value's size, the tracking maps, the
-    stack map, the online CPUs and the buffer's pages per CPU, and the file rings (kfunc: bpf_dynptr_from_skb's BTF
-    id, 0 for none; each CPU's ring size asked for)."""
+    stack map, the online CPUs and the buffer's pages per CPU, and the file rings (each CPU's ring size asked for, 0:
+    none; kfunc: bpf_dynptr_from_skb's BTF id, 0 for none: packets with bytes in frags through the perf buffer)."""
 
     scratch_size: int
     track: bool

@@ -47,6 +47,7 @@ class Session(Planner, Attach):
         self.links: list[Link] = []
         self.maps: list = []
         self.buffer: PerfBuffer | None = None
+        self.frags: PerfBuffer | None = None   # file rings without skb dynptrs: the packets with bytes in frags
         self.stats = Stats()
         self.counters: PerCPUArrayMap | None = None   # per point: seen, lost
         self.ring = None          # the file rings' map when the programs write pcap records there
@@ -91,18 +92,19 @@ class Session(Planner, Attach):
                 self.stacks = Stacks.create(self.maps)
                 maps.stack = self.stacks.map.fileno()
                 self.parse = self.stacks.parser(self.parse, self.dump_area.size if self.dump_area is not None else 0)
-            if plan.kfunc and len(plan.cpus) > 1 or self.cfg.file and not plan.kfunc:
+            if self.cfg.file and (len(plan.cpus) > 1 or not plan.kfunc):
                 from fcap.live.drain import FAST   # the drain's merge (the perf buffer's walk) at C speed, imported
                 FAST.load()                         # while the programs load
-            if plan.kfunc:
-                ring_size = self._make_ring(plan.ring_size)
-                maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
+            frags = self._make_rings(plan, maps) if plan.ring_size else None
             self._load_all(maps)
             if self.stacks is not None:
                 self.stacks.symbols.load()   # (now, not at the first record: see fcap.host.kallsyms)
             if track.uses_map(self.ident()):
                 self._load_helpers(maps)
             self._make_buffer(events, plan, maps.ring_size)
+            if frags is not None:   # (its wake-ups wake the loop's poll of the doorbells)
+                self.frags = PerfBuffer(frags, pages=plan.pages, wakeup_bytes=plan.pages * PAGE // 4, cpus=plan.cpus)
+                self.buffer.watch(self.frags.fileno())
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
                 from fcap.host.nftrace import Tracers
                 self.nft = Tracers(self.cfg.nft_netns)
@@ -139,6 +141,18 @@ class Session(Planner, Attach):
         self.follows_copies = any(p.name in track.COPY_NAMES for p, _prog in self.helpers)
 
 
+    def _make_rings(self, plan, maps: cprog.Maps):
+        """The file rings, and where the kernel has no skb dynptrs the perf event array of the packets with bytes in
+        frags (returned; None where the rings take every packet)."""
+        ring_size = self._make_ring(plan.ring_size)
+        maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
+        if plan.kfunc:
+            return None
+        frags = PerfEventArrayMap(possible_cpus(), name="fcap_frags")
+        self.maps.append(frags)
+        maps.frags = frags.fileno()
+        return frags
+
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
         some kernels), the largest power of two it takes; returns the ring size."""
@@ -164,9 +178,13 @@ class Session(Planner, Attach):
 
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
-        from fcap.live.drain import FileDrain, RingDrain
+        from fcap.live.drain import FileDrain
+        from fcap.live.ringdrain import RingDrain
         if self.ring is not None:
-            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window)
+            side = None if self.frags is None else FileDrain(self.frags, writer, options=options, window=self.window,
+                                                             parse=self.parse)
+            self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window,
+                                   side=side)
             return self.drain
         return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window, parse=self.parse)
 
@@ -214,7 +232,7 @@ class Session(Planner, Attach):
         """Like run(), for a drain that writes records itself (fcap.live.drain): until stop() is true, the drain is
         done or -c is within its reach; then detach and drain the rest. While the drain holds records
         (fcap.live.order) it is called again at once (a ring a quarter full whose doorbell stays quiet: see
-        fcap.live.drain.RingDrain)."""
+        fcap.live.ringdrain.RingDrain)."""
         buf = self.buffer
         timeout = POLL_MS_IMMEDIATE if self.cfg.immediate else poll_ms
         while not drain.done and not drain.reached and not stop():
@@ -231,7 +249,7 @@ class Session(Planner, Attach):
             self.stats.lost = sum(s.lost for s in per_point)
             ring_total = self.ring is not None and not self.counts_ring_records()
             if ring_total:   # file rings: the programs count failures only; a ring counts its records
-                from fcap.live.drain import ring_records
+                from fcap.live.ringdrain import ring_records
                 self.stats.seen += self.drain.published() if self.drain is not None else ring_records(self.ring)
             if self.buffer is not None and self.ring is None:   # (with file rings: only doorbells there)
                 self.stats.lost = max(self.stats.lost, self.buffer.lost)
@@ -255,6 +273,9 @@ class Session(Planner, Attach):
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+        if self.frags is not None:
+            self.frags.close()
+            self.frags = None
         ids = []
         self.programs += [prog for _p, prog in self.helpers]
         self.helpers = []
