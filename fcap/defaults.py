@@ -12,6 +12,7 @@ SNAPLEN_LIMIT = 0x7FFFFFFF   # the largest -s a capture takes (the program's len
 BUFFER_KIB_PER_CPU = 2048   # -B's default: the capture buffer, KiB, all CPUs together, is this much per CPU ...
 BUFFER_KIB_MAX = 131072     # ... up to this much in all, each CPU keeping at least BUFFER_KIB_CPU_MIN
 BUFFER_KIB_CPU_MIN = 1024
+PCAPNG_BUFFER = 2           # ... times this for a pcapng file (its blocks are larger: about as many records)
 TRACK_MAX = 16384         # --track-max: entries of the tracking map (two per packet, one more per clone)
 FILE_BUFFERING = 1 << 20  # bytes an output file buffers before it writes
 NS = 1_000_000_000        # nanoseconds in a second: timestamps are integer ns everywhere
@@ -19,11 +20,13 @@ POLL_MS = 100             # how long a drain waits for records before it looks a
 POLL_MS_IMMEDIATE = 5     # ... with --immediate-mode (printing, the API): records as soon as they are published
 
 
-def buffer_kib(cpus: int) -> int:
+def buffer_kib(cpus: int, pcapng: bool = False) -> int:
     """-B's default on a machine with `cpus` CPUs: 2 MiB per CPU (4 MiB on 2 CPUs, 32 MiB on 16) up to 128 MiB in
-    all, and never less than 1 MiB per CPU (128 CPUs: 1 MiB each)."""
+    all, and never less than 1 MiB per CPU (128 CPUs: 1 MiB each); twice that for `pcapng` blocks, which with their
+    options and comment are ~2.5 times a pcap record: the same records a CPU's share holds either way."""
     cpus = max(cpus, 1)
-    return max(min(BUFFER_KIB_PER_CPU * cpus, BUFFER_KIB_MAX), BUFFER_KIB_CPU_MIN * cpus)
+    kib = max(min(BUFFER_KIB_PER_CPU * cpus, BUFFER_KIB_MAX), BUFFER_KIB_CPU_MIN * cpus)
+    return kib * PCAPNG_BUFFER if pcapng else kib
 
 
 def check_snaplen(snaplen: int, given: object = None) -> int:

@@ -25,7 +25,8 @@ def test_help_shows_the_defaults():
 
 def test_buffer_default_fits_the_machine():
     """-B's default: 2 MiB a CPU on a laptop and a 16-CPU server, 128 MiB in all and at least 1 MiB a CPU past
-    that."""
+    that; twice that for pcapng (its blocks are ~2.5 times a pcap record)."""
     from fcap.defaults import buffer_kib
     assert [buffer_kib(n) for n in (1, 2, 16, 64, 128, 256)] == [2048, 4096, 32768, 131072, 131072, 262144]
+    assert [buffer_kib(n, pcapng=True) for n in (1, 2, 16, 256)] == [4096, 8192, 65536, 524288]
 

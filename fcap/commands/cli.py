@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-c", dest="count", metavar="COUNT", help="stop after COUNT packets")
     p.add_argument("-B", dest="buffer", metavar="KIB",
                    help=f"buffer size in KiB, all CPUs together, each CPU an equal share (default {BUFFER_KIB_PER_CPU} "
-                        "per CPU, at most 131072 in all)")
+                        "per CPU, at most 131072 in all; twice that for pcapng)")
     p.add_argument("-Z", dest="user", metavar="USER",
                    help="once attached and the output open, go on as USER (the output file is USER's)")
     p.add_argument("-U", dest="immediate", action="store_true", help="write each packet as it arrives")

@@ -250,7 +250,7 @@ class Planner:
 
     def _pages(self, ncpus: int) -> int:
         """Pages per CPU (a power of two) for -B KiB shared by the CPUs (its default: fcap.defaults.buffer_kib)."""
-        kib = self.cfg.buffer_kib or buffer_kib(ncpus)
+        kib = self.cfg.buffer_kib or buffer_kib(ncpus, self.cfg.record == layout.RECORD_PCAPNG)
         per_cpu = max(kib * 1024 // max(ncpus, 1) // PAGE, 8)
         return 1 << (per_cpu.bit_length() - 1)
 
