@@ -121,7 +121,7 @@ class FileDrain:
         if not final and order.reached(sum(map(len, got)), left):
             self.reached = True
             return 0
-        ks = eligible(fast, got, cutoff)
+        ks = before_cutoff(fast, got, cutoff)
         p = perfwalk.merge(got, ks, left or -1, self.window.last)
         write_plan(self.writer, self.window, p)
         self.release(got, p.takes)
@@ -320,7 +320,7 @@ class _Fast:
 FAST = _Fast()
 
 
-def eligible(fast, got: list, cutoff: int) -> list:
+def before_cutoff(fast, got: list, cutoff: int) -> list:
     """How many of each perf ring's records (perfwalk's RingRecords) lie before the cutoff."""
     return [fast.eligible(g.ts, cutoff, bool(len(g.ts) < 2 or (g.ts[1:] >= g.ts[:-1]).all())) for g in got]
 

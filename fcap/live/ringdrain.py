@@ -13,7 +13,7 @@ from fcap.kernel import layout
 from fcap.kernel.layout import RING
 from fcap.kernel.ringrec import index_at, index_entries
 from fcap.live import order
-from fcap.live.drain import EPB_PARTS, FAST, FileDrain, Walk, eligible, write_plan
+from fcap.live.drain import EPB_PARTS, FAST, FileDrain, Walk, before_cutoff, write_plan
 
 
 class RingDrain:
@@ -128,14 +128,14 @@ class RingDrain:
             rings.append(self.bases[i] + RING.size)
         left = self.left - self.written if self.left else -1
         if any(len(g) for g in side):
-            p = fast.plan_with(entries, firsts, rings, self.size, self.np_bytes, side, eligible(fast, side, cutoff),
-                               left, self.window.last)
+            p = fast.plan_with(entries, firsts, rings, self.size, self.np_bytes, side,
+                               before_cutoff(fast, side, cutoff), left, self.window.last)
         else:
             p = fast.plan(entries, firsts, rings, self.size, left, self.window.last, self.np_bytes)
         write_plan(self.writer, self.window, p)
         ends = [e[:, 1] for e in entries]
         n = len(self.bases)
-        self._advance(p.takes[:n], ends, [n for _at, n in spans])
+        self._advance(p.takes[:n], ends, [new for _at, new in spans])
         if side:
             self.side.release(side, p.takes[n:] or [0] * len(side))
         return p.count
