@@ -316,6 +316,26 @@ def test_records_by_field_name():
     assert all(hasattr(Packet(ts_ns=0, point=None, data=b"", orig_len=0, linktype=1), n) for n in _METADATA)
 
 
+COMM_PIECES = ("a", "b c", " ", "pid=3", " pid=3", " ifindex=9", "x=1", "=", " len=", "Web Content", "")
+
+
+@pytest.mark.parametrize("tail", ["", " reason=NO_SOCKET at=f+0x1", "  cgroup=1", " stack=f+0x1<g+0x2", "x"])
+def test_comment_metadata_in_one_match_reads_as_key_by_key(monkeypatch, tail):
+    """Pure: the metadata section read in one match (fcap.features.comments._metadata) gives what the key-by-key
+    reading gives, whatever comm holds (spaces, a known key, nothing), a value that is not a number, keys after it."""
+    import itertools
+
+    from fcap.features import comments
+    texts = []
+    for comm, pid in itertools.product(itertools.permutations(COMM_PIECES, 2), ("1", "z", "")):
+        texts.append(f"skb=0xffff888100000001 pid={pid} tid=2 comm={''.join(comm)} ifindex=1 mark=0x1f priority=0 "
+                     f"netns=4026531833 proto=0x0800 pkt_type=4 len=74{tail}")
+    fast = [comments.parse(t) for t in texts]
+    assert comments._metadata(texts[0].removesuffix(tail)) is not None   # (a plain comment: the one match is used)
+    monkeypatch.setattr(comments, "_metadata", lambda line: None)
+    assert fast == [comments.parse(t) for t in texts]
+
+
 def test_every_key_of_the_comment_reads_back():
     """Pure: a comment with every key the schema declares (fcap.features.comments), written as each style writes it
     (text with spaces, a BPF program's verdict, a stack) reads back as the values, through the API's parse_comment; a

@@ -34,8 +34,13 @@ def parse(line: str) -> dict:
     hold spaces), any other is one word; keys this version does not know are passed over."""
     if not line.startswith(COMMENT[0][0]):
         return {}
-    out: dict = {}
-    at, end = 0, len(line)
+    out = _metadata(line)
+    at = 0
+    if out is not None:   # (the metadata in one match; the other sections after it)
+        at, out = out
+    else:
+        out = {}
+    end = len(line)
     while at < end:
         m = _KEY.match(line, at)
         if m is None:
@@ -55,6 +60,38 @@ def parse(line: str) -> dict:
     if "stack" in out:
         out["stack"] = frames(out["stack"])
     return out
+
+
+def _section(section: tuple):
+    """A whole section as fcap writes it (every key, in order), a group per value."""
+    return re.compile("".join(re.escape(pre) + ("(.*?)" if style == "str" else r"(\S*)")
+                              for pre, _attr, style in section) + "(?= |$)")
+
+
+# The metadata section (every comment starts with all of it): one match, and each value's int() base (0: text)
+_META = _section(SECTIONS[0])
+_META_BASES = tuple((attr, 0 if style == "str" else 10 if style.startswith("dec") else 16)
+                    for _pre, attr, style in SECTIONS[0])
+
+
+def _metadata(line: str):
+    """(where the metadata section ends, its {attribute: value}) in one match, as the loop in parse() reads it; None
+    where it reads otherwise (a value not a number, a text value holding a known key: parse() reads it key by key)."""
+    m = _META.match(line)
+    if m is None:
+        return None
+    out = {}
+    for (attr, base), text in zip(_META_BASES, m.groups()):
+        if base:
+            try:
+                out[attr] = int(text, base)
+            except ValueError:
+                return None
+        elif _NEXT_KEY.search(text) is not None or text[:1] == " ":
+            return None
+        else:
+            out[attr] = text
+    return m.end(), out
 
 
 def of_text(comment: str | None) -> dict:

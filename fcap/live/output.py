@@ -365,13 +365,22 @@ class _FromComment:
     def __get__(self, obj, owner=None):
         if obj is None:
             return None
-        from fcap.features.comments import of_text
+        of_text, unset = _comment_reader()
         d = obj.__dict__
         meta = of_text(d["comment"])
-        for attr in _from_comment():
-            d[attr] = meta.get(attr)
+        d.update(unset)
+        for attr, value in meta.items():
+            if attr in unset:
+                d[attr] = value
         d["skb"] = meta.get("skb", d["packet_id"])
         return d[self.name]
+
+
+@functools.cache
+def _comment_reader() -> tuple:
+    """fcap.features.comments.of_text, and the comment's Packet attributes as None (those a comment lacks)."""
+    from fcap.features.comments import of_text
+    return of_text, dict.fromkeys(_from_comment())
 
 
 @functools.cache
