@@ -365,9 +365,9 @@ class _FromComment:
     def __get__(self, obj, owner=None):
         if obj is None:
             return None
-        of_text, unset = _comment_reader()
+        comments, unset = _comment_reader()
         d = obj.__dict__
-        meta = of_text(d["comment"])
+        meta = comments.of_text(d["comment"])
         d.update(unset)
         for attr, value in meta.items():
             if attr in unset:
@@ -378,9 +378,10 @@ class _FromComment:
 
 @functools.cache
 def _comment_reader() -> tuple:
-    """fcap.features.comments.of_text, and the comment's Packet attributes as None (those a comment lacks)."""
-    from fcap.features.comments import of_text
-    return of_text, dict.fromkeys(_from_comment())
+    """fcap.features.comments (its of_text reads a comment), and the comment's Packet attributes as None (those a
+    comment lacks)."""
+    from fcap.features import comments
+    return comments, dict.fromkeys(_from_comment())
 
 
 @functools.cache
