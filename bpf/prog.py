@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 LOG_START = 64 * 1024
 LOG_MAX = 256 * 1024 * 1024 - 1  # the kernel's limit on log_size (u32 >> 2 before 5.2, UINT_MAX >> 8 after)
+# The verifier stops with EAGAIN when a signal is pending for the loading thread (a child's SIGCHLD, a terminal's
+# SIGWINCH, a profiler's ptrace stops): the load is tried again, as libbpf does, this many times in all
+LOAD_ATTEMPTS = 32
 
 
 class ProgStats(NamedTuple):
@@ -111,14 +114,17 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
                             attach_btf_id=attach_btf_id, attach_btf_obj_fd=attach_btf_obj_fd, prog_btf_fd=btf_fd,
                             func_info_rec_size=8 if func_info else 0, func_info=addr(finfo),
                             func_info_cnt=len(func_info), prog_flags=prog_flags)
-        fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
+        for _ in range(LOAD_ATTEMPTS):
+            fd, err = bpf_errno(Cmd.PROG_LOAD, attr)
+            if fd >= 0 or err != errno.EAGAIN:
+                break
         text = log.value.decode(errors="replace") if log is not None else ""
         return fd, err, text
 
     fd, err, text = attempt(log_level, LOG_START if log_level else 0)
     if fd >= 0:
         return Program(FD(fd), name, resolved, text)
-    if err == errno.EPERM:  # a policy refusal: a log would say nothing more
+    if err in (errno.EPERM, errno.EAGAIN):  # a policy refusal (a log would say nothing more), or never let finish
         raise SyscallError(op, err)
     size = LOG_START
     level = log_level or 1
@@ -129,6 +135,6 @@ def load(prog_type: ProgType, insns: Iterable[asm.Item], *, name: str = "", lice
         if err2 == errno.ENOSPC and size < LOG_MAX:
             size = min(size * 4, LOG_MAX)
             continue
-        if text.strip():
+        if text.strip() and err2 != errno.EAGAIN:
             raise VerifierError(op, err2 if err2 != errno.ENOSPC else err, text)
-        raise SyscallError(op, err)
+        raise SyscallError(op, err2 if err2 == errno.EAGAIN else err)

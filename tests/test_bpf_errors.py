@@ -1,15 +1,18 @@
 """bpf/'s errors: one root (bpf.BPFError), errno kept as data, the stdlib bases existing handlers rely on."""
 
 import errno
+import signal
+import time
 
 import pytest
 
 import bpf
-from bpf import probes
+from bpf import asm, probes
+from bpf import prog as prog_module
 from bpf.btf import BTF
 from bpf.cbpf import CBPFError
 from bpf.errors import AsmError, BPFError, BTFError, NotSupported, PointerKindError, SyscallError, VerifierError
-from bpf.uapi import AttachType
+from bpf.uapi import AttachType, ProgType
 
 
 def test_one_root():
@@ -55,3 +58,38 @@ def test_a_refused_probe_keeps_the_errno():
         pytest.skip("this kernel loads fentry programs")
     assert isinstance(err, NotSupported) and isinstance(err.errno, int)
     assert errno.errorcode[err.errno] in err.reason   # the text says it too, but the errno is what callers test
+
+
+def test_a_load_a_signal_cuts_short_is_tried_again(monkeypatch):
+    """The verifier gives up with EAGAIN when a signal is pending for the loading thread (a child's SIGCHLD, a
+    profiler's ptrace stop): prog.load tries again, as libbpf does, rather than report a rejection. A real SIGALRM
+    is timed to arrive halfway through each of the first two verifications of a long program."""
+    insns = [asm.movi(0, 0)] + [asm.addi(0, 1)] * 100_000 + [asm.exit_()]
+    calls, timer = [], []
+    real = prog_module.bpf_errno
+
+    def watched(cmd, attr):
+        if timer:
+            signal.setitimer(signal.ITIMER_REAL, timer.pop())
+        t = time.perf_counter()
+        fd, err = real(cmd, attr)
+        calls.append((err if fd < 0 else 0, time.perf_counter() - t))
+        return fd, err
+
+    monkeypatch.setattr(prog_module, "bpf_errno", watched)
+    old = signal.signal(signal.SIGALRM, lambda *_: None)
+    try:
+        prog_module.load(ProgType.SOCKET_FILTER, insns, check_kinds=False)
+        once = calls[-1][1]
+        for _ in range(5):   # (the signal must land inside the call: tried until it does)
+            calls.clear()
+            timer[:] = [once / 2, once / 2]
+            p = prog_module.load(ProgType.SOCKET_FILTER, insns, check_kinds=False)
+            assert p.fd.fileno() >= 0 and calls[-1][0] == 0
+            if [err for err, _ in calls[:2]] == [errno.EAGAIN] * 2:
+                break
+        else:
+            pytest.fail(f"no signal landed inside a verification of {once * 1e3:.1f} ms: {calls}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

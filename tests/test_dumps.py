@@ -166,6 +166,38 @@ def test_pcapng_carries_dumps_to_reader_fcap_r_and_tshark(sink, tmp_path, tshark
     assert len(rows) == 2 and all("dump skb->dev @0x" in row and '.name = (char[16])"lo"' in row for row in rows)
 
 
+def test_each_block_of_a_flood_has_its_own_records_dumps(sink, tmp_path):
+    """Into a file the drain caches each block's options by the record's metadata and dump area together
+    (fcap.live.drain.FileDrain's lead): thousands of datagrams from four sockets, of sizes that vary, on recycled
+    skbs, each block's dumps those of its own packet: skb->len its length, the socket's port its UDP source port."""
+    import struct
+
+    import fcap
+    out = tmp_path / "flood.pcapng"
+    n = 3000
+    f = start_fcap(["-i", POINT, "-w", str(out), "-c", str(n), "--dump", "skb->len", "--dump",
+                    "skb->sk->__sk_common", f"udp and dst port {sink.port}"])
+    socks = [_connected(sink.port) for _ in range(4)]
+    ports = {s.getsockname()[1] for s in socks}
+    try:
+        for i in range(n):
+            socks[i % 4].send(b"d" * (1 + i * 7 % 61))
+        assert f.wait() == 0, f.stderr
+    finally:
+        f.kill()
+        for s in socks:
+            s.close()
+    pkts = list(fcap.read(out))
+    assert len(pkts) == n
+    seen = set()
+    for p in pkts:
+        sport = struct.unpack_from("!H", p.data, 14 + 20)[0]
+        assert p.dumps["skb->len"].value == p.orig_len
+        assert p.dumps["skb->sk->__sk_common"].value["skc_num"] == sport and sport in ports
+        seen.add((p.orig_len, sport))
+    assert len(seen) > 200 and len({p.skb for p in pkts}) < n   # (sizes and ports mixed; skbs recycled)
+
+
 def test_printed_under_each_packet_on_a_terminal(sink):
     need_root()
     master, slave = pty.openpty()

@@ -410,14 +410,15 @@ class _FakePerfRing:
             self.data[(self.head + k) & self.mask] = b
         self.head += len(rec)
 
-    def sample(self, ts: int, payload: bytes, **meta) -> None:
+    def sample(self, ts: int, payload: bytes, lead: bytes = b"", **meta) -> None:
+        """A sample as the programs write it: `lead` (--dump's area), META, the packet's bytes."""
         import struct as st
 
         from fcap.kernel.layout import META
         fields = dict.fromkeys(META.Tuple._fields, 0)
         fields.update(ts=ts, comm=b"", fast=len(payload), caplen=len(payload), orig=len(payload), copy=len(payload),
                       **meta)
-        raw = META.struct.pack(*fields.values()) + payload
+        raw = lead + META.struct.pack(*fields.values()) + payload
         raw += bytes(-(len(raw) + 4) % 8)
         self._put(st.pack("<IHHI", 9, 0, 12 + len(raw), len(raw)) + raw)   # PERF_RECORD_SAMPLE
 

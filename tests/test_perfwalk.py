@@ -33,9 +33,24 @@ def _pcapng():
     return w, lambda rec: {"comment": f"skb={rec.skb:#x} len={rec.len}" * (rec.skb % 3), "flags": rec.skb & 1}
 
 
-def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap") -> tuple[bytes, list, int, int]:
+LEAD = 16   # --dump's area before META (fcap.live.drain.FileDrain's lead): here its first byte, the payload's % 3
+
+
+def _lead_parse(raw):
+    """The session's parse where samples start with LEAD bytes: here (those bytes, the Record after them)."""
+    from fcap.kernel.layout import parse_record
+    return bytes(raw[:LEAD]), parse_record(memoryview(raw)[LEAD:])
+
+
+def _lead_options(rec) -> dict:
+    area, r = rec
+    return {"comment": f"area={area[0]} skb={r.skb:#x}", "flags": r.skb & 1}
+
+
+def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap",
+         lead: bool = False) -> tuple[bytes, list, int, int]:
     """Plays `script` into two CPUs' rings, a drain pass after each step; the bytes written, each pass's count, the
-    LOST count and how many passes the arrays took."""
+    LOST count and how many passes the arrays took. `lead`: each sample starts with LEAD bytes (pcapng)."""
     calls = {"arrays": 0}
     real = fdrain.FileDrain._arrays
 
@@ -50,6 +65,9 @@ def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap
     if fmt == "pcap":
         sink = _Sink()
         d = fdrain.FileDrain(buf, sink, limit=limit, fast=fast)
+    elif lead:
+        sink, _options = _pcapng()
+        d = fdrain.FileDrain(buf, sink, options=_lead_options, limit=limit, fast=fast, parse=_lead_parse, lead=LEAD)
     else:
         sink, options = _pcapng()
         d = fdrain.FileDrain(buf, sink, options=options, limit=limit, fast=fast)
@@ -58,13 +76,14 @@ def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap
     for step in script:
         for cpu, dt, size, lost in step:
             ring = buf.rings[cpu]
-            if ring.head - ring.tail + 24 + 160 + size > RING:
+            if ring.head - ring.tail + 24 + 160 + LEAD + size > RING:
                 continue
             if lost:
                 ring.lost(lost)
             else:
+                area = bytes([(dt & 0xFF) % 3]) * LEAD if lead else b""
                 ring.sample(t0 + 2 * dt + cpu, bytes([dt & 0xFF]) * size, skb=0xFFFF0000 + dt % 5, id=dt * 0x10001,
-                            len=size)   # (no two CPUs at one time: their order would be either)
+                            len=size, lead=area)   # (no two CPUs at one time: their order would be either)
         counts.append(d())
     counts.append(d(final=True))
     return bytes(sink.out if fmt == "pcap" else sink.out.getvalue()), counts, buf.lost, calls["arrays"]
@@ -86,6 +105,22 @@ def test_arrays_write_what_the_python_walk_writes(script, limit, fmt):
         slow = _run(script, False, mp, limit, fmt)
     assert fast[:3] == slow[:3]
     assert fast[3] == len(script) + 1 and slow[3] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(script=steps, limit=st.sampled_from([0, 0, 5, 17]))
+def test_a_lead_before_meta_is_in_each_blocks_options(script, limit):
+    """Samples with bytes before META (--dump's area, which the options depend on): the arrays and the Python walk
+    write the same blocks, and each block's comment tells its own sample's area (the cache is keyed by it too)."""
+    with pytest.MonkeyPatch.context() as mp:
+        fast = _run(script, True, mp, limit, "pcapng", lead=True)
+    with pytest.MonkeyPatch.context() as mp:
+        slow = _run(script, False, mp, limit, "pcapng", lead=True)
+    assert fast[:3] == slow[:3]
+    assert fast[3] == len(script) + 1 and slow[3] == 0
+    from fcap.files import pcapread
+    for r in pcapread.read(io.BytesIO(fast[0])):
+        assert f"area={r.data[0] % 3} " in r.comment
 
 
 def test_a_uniform_run_is_one_array(monkeypatch):

@@ -46,9 +46,14 @@ class RecordNotes:
         for n in self.notes:
             n.below(printer, rec)
 
+    def block(self, rec) -> dict:
+        """All of a record's block options: __call__'s and more()'s, where user space lays out the block (a file
+        drain's cache of blocks, fcap.live.drain; each block, fcap.live.output.FileSink)."""
+        return {**self(rec), **self.more(rec)} if self.optioned else self(rec)
+
     def more(self, rec) -> dict:
-        """The further pcapng options the features add to a record's block (PcapngWriter.write's comments and more),
-        where user space lays out each block (fcap.live.session's per_record)."""
+        """The further pcapng options the features add to a record's block (PcapngWriter.write's comments and more:
+        --dump's)."""
         out: dict = {}
         for n in self.optioned:
             out.update(n.options(rec))

@@ -383,14 +383,15 @@ class PcapngWriter(Writer):
         self._w(_block(BT_DSB, struct.pack("=II", secrets_type, len(secrets)) + secrets + b"\0" * (-len(secrets) & 3)))
 
     def epb_parts(self, caplen: int, flags: int | None = None, comment: str | None = None,
-                  packet_id: int | None = None, queue: int | None = None,
-                  verdict: tuple | None = None) -> tuple[bytes, bytes]:
+                  packet_id: int | None = None, comments: list | tuple = (), more: list | tuple = (),
+                  queue: int | None = None, verdict: tuple | None = None) -> tuple[bytes, bytes]:
         """For an Enhanced Packet Block whose other header fields (interface, timestamp, lengths) and caplen data
         bytes are laid out elsewhere: the 8 bytes that start it (type, total length) and the padding, options
         and trailer that end it; together byte for byte what write() makes."""
         pad = -caplen & 3
         opts = b"" if flags is None and comment is None and packet_id is None and queue is None and \
-            verdict is None else self._packet_options(flags, comment, packet_id, queue=queue, verdict=verdict)
+            verdict is None and not comments and not more else \
+            self._packet_options(flags, comment, packet_id, comments, more, queue, verdict)
         total = 32 + caplen + pad + len(opts)
         return struct.pack("=II", BT_EPB, total), b"\0" * pad + opts + self._U32.pack(total)
 

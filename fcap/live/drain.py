@@ -38,6 +38,7 @@ _PCAPNG = struct.Struct(f"<I2xH4xQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI")
 EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
+CACHE_BYTES = 32 << 20   # and at most this many bytes of options and keys (a --dump of whole structures: kilobytes each)
 
 # For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.notes.RecordNotes)
 RecordOptions = Callable[[layout.Record], dict]
@@ -50,10 +51,13 @@ class FileDrain:
     numpy (`fast`), a pass finds, reads, lays out and merges them as arrays instead (fcap.live.perfwalk).
     `limit` (when > 0) stops it after that many records in all, the oldest (fcap.live.order.reached). pcapng blocks
     get their options from `options(record)`, cached by the metadata they depend on (the record made by `parse`:
-    the session's, which names --stack's frames from META's stack id)."""
+    the session's, which names --stack's frames from META's stack id). `lead`: the bytes each sample holds before
+    its META (--dump's area, fcap.kernel.dumps.Area: its dumps' options depend on them, so the cache's key holds
+    them too)."""
 
     def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
-                 window: order.Window | None = None, parse: Callable = layout.parse_record, fast: bool = True):
+                 window: order.Window | None = None, parse: Callable = layout.parse_record, fast: bool = True,
+                 lead: int = 0):
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
@@ -65,10 +69,14 @@ class FileDrain:
         self.held = False   # (held records wait for the next wake-up: a perf ring wakes per watermark written)
         self.reached = False   # -c within reach: detach, then the last pass (fcap.live.order.reached)
         self._tails: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+        self._cached = 0   # (their bytes)
         self._addresses: list | None = None   # where each ring's data bytes lie (fcap.live.perfwalk reads them)
         self._blocks = None                     # pcapng's block parts as arrays (fcap.live.perfwalk.Blocks)
-        self.fast = fast and FAST.wait() is not None   # passes at C speed (fcap.live.perfwalk; made before
-        #  `listening on`, as RingDrain: a flood that starts at once is drained at C speed from its start)
+        self.lead = lead
+        self._lead_unpack = struct.Struct(f"<I2xH4x{lead}sQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI").unpack_from
+        # passes at C speed (fcap.live.perfwalk; made before `listening on`, as RingDrain: a flood that starts at
+        # once is drained at C speed from its start)
+        self.fast = fast and lead % 8 == 0 and FAST.wait() is not None
 
     @property
     def done(self) -> bool:
@@ -135,7 +143,7 @@ class FileDrain:
         rings = self.buffer.rings
         if self._addresses is None:
             self._addresses = [r.address() for r in rings]
-        got = [perfwalk.read(r, a) for r, a in zip(rings, self._addresses)]
+        got = [perfwalk.read(r, a, self.lead) for r, a in zip(rings, self._addresses)]
         return got if self._laid_out(perfwalk, got) else None
 
     def walks(self) -> list:
@@ -160,7 +168,7 @@ class FileDrain:
             for g in got:
                 perfwalk.pcap(g)
             return True
-        self._blocks = self._blocks or perfwalk.Blocks()
+        self._blocks = self._blocks or perfwalk.Blocks(self.lead)
         return all(perfwalk.epb(g, self._blocks, self._tail) for g in got)
 
     def _release(self, ring, w, k: int) -> None:
@@ -175,6 +183,9 @@ class FileDrain:
         w = Walk(tail)
         if tail >= head:
             w.end = tail
+            return w
+        if self.lead:
+            self._walk_lead(ring, w, tail, head)
             return w
         data, mask, size = ring.data, ring.mask, ring.size
         out, ts, ends = w.parts, w.ts, w.ends
@@ -226,6 +237,35 @@ class FileDrain:
         w.end = tail
         return w
 
+    def _walk_lead(self, ring, w: Walk, tail: int, head: int) -> None:
+        """_walk's pcapng loop where each sample holds `lead` bytes before its META, which the block's options depend
+        on: the cache's key is those bytes and META's."""
+        data, mask, size, lead = ring.data, ring.mask, ring.size, self.lead
+        unpack, tails, ext, tsapp, endapp = self._lead_unpack, self._tails, w.parts.extend, w.ts.append, w.ends.append
+        span, body = SPAN + lead, RAW + lead + META_SIZE
+        while tail < head:
+            off = tail & mask
+            if off + span <= size:
+                rtype, rsize, area, t, key, fast = unpack(data, off)
+                if rtype == SAMPLE and fast and off + body + fast <= size:
+                    key = (area, key)
+                    parts = tails.get(key) or self._tail(key, data[off + RAW:off + body])
+                    s = off + RAW + lead
+                    ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1], data[s + _ID_AT:s + _ID_AT + 8],
+                         parts[2]))
+                    tsapp(t)
+                    tail += rsize
+                    endapp(tail)
+                    continue
+            else:
+                rsize = _rsize(data, off, size)
+            if rsize < 8:   # corrupt: give up on this ring's backlog
+                tail = head
+                break
+            self._slow(w, data, off, size, rsize, tail)
+            tail += rsize
+        w.end = tail
+
     def _slow(self, w: Walk, data, off: int, size: int, rsize: int, pos: int) -> None:
         """A record the loop could not slice: LOST, wrapped around the ring's end, or not contiguous."""
         rec = data[off:off + rsize] if off + rsize <= size else _wrapped(data, off, rsize, size)
@@ -235,11 +275,15 @@ class FileDrain:
             return
         if rtype != SAMPLE:
             return
-        raw = rec[RAW:RAW + _RAWSIZE.unpack_from(rec)[0]]
+        sample = rec[RAW:RAW + _RAWSIZE.unpack_from(rec)[0]]
+        lead = self.lead
+        raw = sample[lead:]
         parsed = layout.parse_record(raw)
         if self.pcapng:
             key = bytes(raw[_KEY_AT:_KEY_END])
-            head8, before, after = self._tails.get(key) or self._tail(key, raw[:META_SIZE])
+            if lead:
+                key = (bytes(sample[:lead]), key)
+            head8, before, after = self._tails.get(key) or self._tail(key, sample[:lead + META_SIZE])
             w.parts += (head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + before + bytes(raw[_ID_AT:_ID_AT + 8])
                         + after, b"", b"", b"", b"")
         else:
@@ -247,15 +291,18 @@ class FileDrain:
         w.ts.append(parsed.ts_ns)
         w.ends.append(pos + rsize)
 
-    def _tail(self, key: bytes, meta) -> tuple[bytes, bytes, bytes]:
-        """The block's first 8 bytes and its options around the packet id's 8 bytes."""
+    def _tail(self, key, meta) -> tuple[bytes, bytes, bytes]:
+        """The block's first 8 bytes and its options around the packet id's 8 bytes (meta: the sample's bytes up
+        to the end of its META)."""
         rec = self.parse(bytes(meta))
-        caplen = META.unpack(meta).caplen
+        caplen = META.unpack(meta, self.lead).caplen
         head8, tail = self.writer.epb_parts(caplen, **dict(self.options(rec), packet_id=ID_MARK))
         at = tail.index(_ID_MARK)
         parts = head8, tail[:at], tail[at + 8:]
-        if len(self._tails) >= CACHE_MAX:
+        self._cached += len(tail) + self.lead
+        if len(self._tails) >= CACHE_MAX or self._cached > CACHE_BYTES:
             self._tails.clear()
+            self._cached = len(tail) + self.lead
         self._tails[key] = parts
         return parts
 

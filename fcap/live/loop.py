@@ -45,7 +45,7 @@ class CaptureLoop:
         self.session.buffer.watch(rfd)
         writer = self.out.writer
         if writer is not None and not self.session.per_record:
-            self.drain = self.session.file_drain(writer, limit=self.count, options=self.out.options)
+            self.drain = self.session.file_drain(writer, limit=self.count, options=self.out.options.block)
 
     def run(self) -> int:
         self._start_command()
@@ -78,7 +78,7 @@ class CaptureLoop:
             # each has its own dumps or stack)
             self.session.run(self._deliver, self._should_stop, limit=self.count)
             return
-        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options)
+        drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options.block)
         try:
             self.session.run_file(drain, self._should_stop)
         except OSError as e:

@@ -121,7 +121,7 @@ class FileSink(Sink):
     def write(self, rec) -> None:
         """When user space lays out each block (fcap.live.session's per_record: --dump's own options, ...)."""
         self.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
-                          **self.options(rec), **self.options.more(rec))
+                          **self.options.block(rec))
 
     @property
     def pipe(self) -> bool:

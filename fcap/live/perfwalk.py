@@ -5,7 +5,8 @@ headers alone. Each record's timestamp is then read as an array, and its file re
 laid out its header) or laid out for a whole ring at once (pcapng: the Enhanced Packet Block's options come from
 the drain's cache, one entry per metadata key, as in the per-record walk); the drain merges the CPUs' records as
 fcap.live.fastmerge does for the file rings. A pass with a record only Python can lay out (bytes not contiguous:
-`fast` 0) is left to the per-record walk."""
+`fast` 0) is left to the per-record walk. Samples may hold `lead` bytes before their META (--dump's area, a
+multiple of 8): the cache's key holds them too."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ _KEY_AT, _KEY_LEN = RAW + META.off("skb"), META.off("fast") - META.off("skb")
 _IFACE, _ID = RAW + META.off("iface"), RAW + META.off("id")   # an EPB's header after its first 8 bytes; packet id
 _MUL = U64(0x100000001B3)
 CACHE_MAX = 1 << 14   # block parts kept (Blocks), as the per-record walk's cache
+CACHE_BYTES = 32 << 20   # their bytes and keys' at most, as the per-record walk's
 RUN_MIN = 16      # a uniform run shorter than this: the next LOOP records are found one at a time
 LOOP = 256
 
@@ -34,10 +36,11 @@ class RingRecords:
     and once laid out (pcap(), epb()) where its file record lies in `out` and its length; LOST records as (end
     position, count); `end`, where the walk stopped; `simple`: every sample's bytes contiguous."""
 
-    __slots__ = ("seg", "rel", "fast", "ts", "out", "at", "size", "ends", "lost", "start", "end", "simple")
+    __slots__ = ("seg", "rel", "fast", "ts", "out", "at", "size", "ends", "lost", "start", "end", "simple", "lead")
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, lead: int = 0):
         self.start = self.end = start
+        self.lead = lead
         self.seg = self.out = None
         self.rel = self.fast = self.ts = self.at = self.size = self.ends = _NONE
         self.lost: list = []
@@ -47,10 +50,11 @@ class RingRecords:
         return len(self.ts)
 
 
-def read(ring, address: int) -> RingRecords:
-    """The records pending in `ring` (bpf.perfbuf's, whose data bytes lie at `address`)."""
+def read(ring, address: int, lead: int = 0) -> RingRecords:
+    """The records pending in `ring` (bpf.perfbuf's, whose data bytes lie at `address`), each sample's META after
+    `lead` bytes."""
     tail, head = ring.span()
-    out = RingRecords(tail)
+    out = RingRecords(tail, lead)
     if tail >= head:
         return out
     mem = words(address, ring.size // 8).view(np.uint8)
@@ -121,13 +125,14 @@ def _fields(out: RingRecords, seg, rel, tail: int) -> None:
         out.lost.append((tail + int(rel[i] + rsize[i]), int(seg64[(rel[i] >> 3) + 2])))
     pick = np.flatnonzero(rtype == SAMPLE)
     rel, rsize = rel[pick], rsize[pick]
-    if not np.all(rsize >= RAW + META_SIZE):
+    lead = out.lead
+    if not np.all(rsize >= RAW + lead + META_SIZE):
         out.simple = False
         return
-    fast = seg32[(rel + _FAST) >> 2].astype(np.int64)
-    out.simple = bool(np.all((fast > 0) & (RAW + META_SIZE + fast <= rsize)))
-    lo = seg32[(rel + _TS) >> 2].astype(U64)
-    out.ts = lo | (seg32[((rel + _TS) >> 2) + 1].astype(U64) << U64(32))
+    fast = seg32[(rel + (lead + _FAST)) >> 2].astype(np.int64)
+    out.simple = bool(np.all((fast > 0) & (RAW + lead + META_SIZE + fast <= rsize)))
+    ts = (rel + (lead + _TS)) >> 2
+    out.ts = seg32[ts].astype(U64) | (seg32[ts + 1].astype(U64) << U64(32))
     out.rel, out.fast = rel, fast
     out.ends = rel + rsize + tail
 
@@ -154,7 +159,7 @@ def merge(got: list, ks: list, limit: int, last: int) -> Plan:
 def pcap(g: RingRecords) -> None:
     """The samples' pcap records: in place, after the header the program laid out."""
     g.out = g.seg
-    g.at = (g.rel + (RAW + PCAP_REC)).astype(U64)
+    g.at = (g.rel + (RAW + g.lead + PCAP_REC)).astype(U64)
     g.size = (g.fast + (META_SIZE - PCAP_REC)).astype(U64)
 
 
@@ -165,9 +170,11 @@ def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
     id from its metadata. False (nothing laid out) where two keys share a hash: left to the per-record walk."""
     if not len(g):
         return True
-    seg, rel = g.seg, g.rel
-    keys = items(seg, _KEY_LEN)[rel + _KEY_AT].view(U64).reshape(len(rel), -1)
-    entry = blocks.entries(keys, lambda i, key: make(key, seg[rel[i] + RAW:rel[i] + RAW + META_SIZE]))
+    seg, rel, lead = g.seg, g.rel, g.lead
+    keys = items(seg, _KEY_LEN)[rel + (lead + _KEY_AT)].view(U64).reshape(len(rel), -1)
+    if lead:
+        keys = np.hstack((items(seg, lead)[rel + RAW].view(U64).reshape(len(rel), -1), keys))
+    entry = blocks.entries(keys, lambda i, key: make(key, seg[rel[i] + RAW:rel[i] + RAW + lead + META_SIZE]))
     if entry is None:
         return False
     tail, body = blocks.tail[entry], g.fast + (META_SIZE - META.off("iface"))
@@ -176,9 +183,9 @@ def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
     out = np.empty(int(size.sum()), np.uint8)
     off = blocks.off[entry]
     items(out, 8)[at] = items(blocks.buf, 8)[off]
-    _scatter(out, at + 8, seg, rel + _IFACE, body)
+    _scatter(out, at + 8, seg, rel + (lead + _IFACE), body)
     _scatter(out, at + 8 + body, blocks.buf, off + 8, tail)
-    items(out, 8)[at + 8 + body + blocks.mark[entry]] = items(seg, 8)[rel + _ID]
+    items(out, 8)[at + 8 + body + blocks.mark[entry]] = items(seg, 8)[rel + (lead + _ID)]
     g.out, g.at, g.size = out, at.astype(U64), size.astype(U64)
     return True
 
@@ -188,10 +195,11 @@ class Blocks:
     `buf` (the first 8 bytes, then the options with the packet id's 8 bytes), how long the part after the first 8
     bytes is and where the id lies in it."""
 
-    def __init__(self):
+    def __init__(self, lead: int = 0):
+        self.lead = lead
         self.hash = self.hashes = np.empty(0, U64)   # each entry's, and all of them sorted (by_hash: whose)
         self.by_hash = np.empty(0, np.int64)
-        self.keys = np.empty((0, _KEY_LEN // 8), U64)
+        self.keys = np.empty((0, (lead + _KEY_LEN) // 8), U64)
         self.buf = np.empty(0, np.uint8)
         self.off = self.tail = self.mark = np.empty(0, np.int64)
 
@@ -203,8 +211,8 @@ class Blocks:
         hit = pos < len(self.hashes)
         hit[hit] = self.hashes[pos[hit]] == h[hit]
         if not hit.all():
-            if len(self.hashes) >= CACHE_MAX:
-                self.__init__()
+            if len(self.hashes) >= CACHE_MAX or len(self.buf) + self.keys.nbytes >= CACHE_BYTES:
+                self.__init__(self.lead)
                 hit[:] = False
             self._add(keys, h, np.flatnonzero(~hit), parts)
             pos = np.searchsorted(self.hashes, h)

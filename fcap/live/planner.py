@@ -100,6 +100,11 @@ class Planner:
         self.given_up: set[str] = set()    # options of conservative variants in force (fcap.kernel.variants)
         self.fallbacks: dict[str, str] = {}   # variant option -> the one-line note of why it is in force
 
+    @property
+    def lead(self) -> int:
+        """The bytes each perf sample holds before its META: the dump area's (fcap.kernel.dumps.Area)."""
+        return self.dump_area.size if self.dump_area is not None else 0
+
     def resolve(self) -> None:
         if not os.path.exists("/sys/kernel/btf/vmlinux"):
             raise CaptureError("this kernel has no BTF (/sys/kernel/btf/vmlinux): fcap needs CONFIG_DEBUG_INFO_BTF")

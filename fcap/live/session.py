@@ -91,7 +91,7 @@ class Session(Planner, Attach):
                 from fcap.kernel.kstack import Stacks
                 self.stacks = Stacks.create(self.maps)
                 maps.stack = self.stacks.map.fileno()
-                self.parse = self.stacks.parser(self.parse, self.dump_area.size if self.dump_area is not None else 0)
+                self.parse = self.stacks.parser(self.parse, self.lead)
             if self.cfg.file and (len(plan.cpus) > 1 or not plan.kfunc):
                 from fcap.live.drain import FAST   # the drain's merge (the perf buffer's walk) at C speed, imported
                 FAST.load()                         # while the programs load
@@ -186,7 +186,8 @@ class Session(Planner, Attach):
             self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window,
                                    side=side)
             return self.drain
-        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window, parse=self.parse)
+        return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window, parse=self.parse,
+                         lead=self.lead)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = POLL_MS,

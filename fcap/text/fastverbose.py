@@ -129,8 +129,9 @@ def ip_headers(head, v4, v6) -> tuple:
         _u8(head, 20) >> 5, _u8(head, 23)
     cls, flow = (_u8(head, 14) & 15) << 4 | _u8(head, 15) >> 4, (_u8(head, 15) & 15) << 16 | _u16(head, 16)
     hlim, nh, plen = _u8(head, 21), _u8(head, 20), _u16(head, 18)
-    variant = np.select([v4, v6], [1 << 20 | (tos & 3) | (ttl > 0) << 2 | flags << 3 | proto << 6,
-                                   2 << 20 | (cls > 0) | (flow > 0) << 1 | nh << 2], 0)
+    # (a variant per header text: what seldom changes is in the text, the id, flow label and length are values)
+    variant = np.select([v4, v6], [_V4 | tos | ttl << 8 | flags << 16 | proto << 19,
+                                   _V6 | cls | (flow > 0) << 8 | nh << 9 | hlim << 17], 0)
     values = np.where(v4[:, None], np.column_stack((tos, ttl, ident, total)),
                       np.column_stack((cls, flow, hlim, plen)))
     present = np.zeros((n, 4), bool)
@@ -150,20 +151,22 @@ def ip_headers(head, v4, v6) -> tuple:
 _FRAG = ((1, "+"), (2, "DF"), (4, "rsvd"))
 
 
+_V4, _V6 = 1 << 40, 2 << 40   # ip_headers' variants: IPv4's, IPv6's
+
+
 def _header_template(v: int) -> tuple[str, tuple]:
     """The header text of a variant (ip_headers) and which of its four values it shows."""
-    if v >> 20 == 1:
-        proto, flags = v >> 6 & 0xFF, v >> 3 & 7
+    if v >> 40 == 1:
+        tos, ttl, flags, proto = v & 0xFF, v >> 8 & 0xFF, v >> 16 & 7, v >> 19 & 0xFF
         names = ", ".join(name for bit, name in _FRAG if flags & bit) or "none"
-        ttl = bool(v >> 2 & 1)
-        return (f"IP (tos 0x%x{ECN[v & 3]}" + (", ttl %d" if ttl else "")
+        return (f"IP (tos 0x{tos:x}{ECN[tos & 3]}" + (f", ttl {ttl}" if ttl else "")
                 + f", id %d, offset 0, flags [{names}], proto {IPPROTO_NAMES.get(proto, 'unknown')} ({proto}),"
-                " length %d)\n    "), (True, ttl, True, True)
-    if v >> 20 == 2:
-        nh, cls, flow = v >> 2 & 0xFF, bool(v & 1), bool(v & 2)
-        return ("IP6 (" + ("class 0x%02x, " if cls else "") + ("flowlabel 0x%05x, " if flow else "")
-                + f"hlim %d, next-header {IPPROTO_NAMES.get(nh, 'unknown')} ({nh}) payload length: %d) "), \
-            (cls, flow, True, True)
+                " length %d)\n    "), (False, False, True, True)
+    if v >> 40 == 2:
+        cls, flow, nh, hlim = v & 0xFF, bool(v >> 8 & 1), v >> 9 & 0xFF, v >> 17 & 0xFF
+        return ("IP6 (" + (f"class 0x{cls:02x}, " if cls else "") + ("flowlabel 0x%05x, " if flow else "")
+                + f"hlim {hlim}, next-header {IPPROTO_NAMES.get(nh, 'unknown')} ({nh}) payload length: %d) "), \
+            (False, flow, False, True)
     return "", (False, False, False, False)
 
 
