@@ -38,7 +38,7 @@ _PCAPNG = struct.Struct(f"<I2xH4xQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI")
 EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
-CACHE_BYTES = 32 << 20   # and at most this many bytes of options and keys (a --dump of whole structures: kilobytes each)
+CACHE_BYTES = 32 << 20   # and at most this many bytes of options and keys (a --dump of whole structures: KiBs each)
 
 # For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.notes.RecordNotes)
 RecordOptions = Callable[[layout.Record], dict]
