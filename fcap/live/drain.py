@@ -29,12 +29,12 @@ _PCAP = struct.Struct(f"<I2xH4xQ{_FAST - _TS_END}xI")
 # the blocks' options are cached by the metadata they show, from skb to fast (every field user space reads but ts
 # and id lies there: fcap.kernel.layout.meta_fields refuses a layout where one does not; --stack's id among them: a
 # stack's frames never change, fcap.kernel.kstack); the packet id (before them) is each record's own, written into
-# the cached options at ID_MARK's place
+# the cached options at ID_MARK's place (pcapng's unpack, per drain: FileDrain's _unpack_ng, its key after the bytes
+# before META too)
 _KEY_AT, _KEY_END = META.off("skb"), _FAST
 _ID_AT = META.off("id")
 ID_MARK = 0xFCA1D0FCA1D0FCA1
 _ID_MARK = ID_MARK.to_bytes(8, "little")
-_PCAPNG = struct.Struct(f"<I2xH4xQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI")
 EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
 CACHE_MAX = 1 << 14
@@ -73,7 +73,7 @@ class FileDrain:
         self._addresses: list | None = None   # where each ring's data bytes lie (fcap.live.perfwalk reads them)
         self._blocks = None                     # pcapng's block parts as arrays (fcap.live.perfwalk.Blocks)
         self.lead = lead
-        self._lead_unpack = struct.Struct(f"<I2xH4x{lead}sQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI").unpack_from
+        self._unpack_ng = struct.Struct(f"<I2xH4x{lead}sQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI").unpack_from
         # passes at C speed (fcap.live.perfwalk; made before `listening on`, as RingDrain: a flood that starts at
         # once is drained at C speed from its start)
         self.fast = fast and lead % 8 == 0 and FAST.wait() is not None
@@ -184,23 +184,23 @@ class FileDrain:
         if tail >= head:
             w.end = tail
             return w
-        if self.lead:
-            self._walk_lead(ring, w, tail, head)
-            return w
         data, mask, size = ring.data, ring.mask, ring.size
         out, ts, ends = w.parts, w.ts, w.ends
         app, tsapp, endapp = out.append, ts.append, ends.append
         if self.pcapng:
-            unpack, tails, ext = _PCAPNG.unpack_from, self._tails, out.extend
+            # (the cache's key: the bytes before META, --dump's area, and META's; b"" + bytes is the bytes as they are)
+            unpack, tails, ext, lead = self._unpack_ng, self._tails, out.extend, self.lead
+            span, body = SPAN + lead, RAW + lead + META_SIZE
             while tail < head:
                 off = tail & mask
-                if off + SPAN <= size:
-                    rtype, rsize, t, key, fast = unpack(data, off)
-                    if rtype == SAMPLE and fast and off + RAW + META_SIZE + fast <= size:
+                if off + span <= size:
+                    rtype, rsize, area, t, key, fast = unpack(data, off)
+                    if rtype == SAMPLE and fast and off + body + fast <= size:
+                        key = area + key
                         parts = tails.get(key)
                         if parts is None:
-                            parts = self._tail(key, data[off + RAW:off + RAW + META_SIZE])
-                        s = off + RAW
+                            parts = self._tail(key, data[off + RAW:off + body])
+                        s = off + RAW + lead
                         ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1],
                              data[s + _ID_AT:s + _ID_AT + 8], parts[2]))
                         tsapp(t)
@@ -237,35 +237,6 @@ class FileDrain:
         w.end = tail
         return w
 
-    def _walk_lead(self, ring, w: Walk, tail: int, head: int) -> None:
-        """_walk's pcapng loop where each sample holds `lead` bytes before its META, which the block's options depend
-        on: the cache's key is those bytes and META's."""
-        data, mask, size, lead = ring.data, ring.mask, ring.size, self.lead
-        unpack, tails, ext, tsapp, endapp = self._lead_unpack, self._tails, w.parts.extend, w.ts.append, w.ends.append
-        span, body = SPAN + lead, RAW + lead + META_SIZE
-        while tail < head:
-            off = tail & mask
-            if off + span <= size:
-                rtype, rsize, area, t, key, fast = unpack(data, off)
-                if rtype == SAMPLE and fast and off + body + fast <= size:
-                    key = (area, key)
-                    parts = tails.get(key) or self._tail(key, data[off + RAW:off + body])
-                    s = off + RAW + lead
-                    ext((parts[0], data[s + _IFACE:s + META_SIZE + fast], parts[1], data[s + _ID_AT:s + _ID_AT + 8],
-                         parts[2]))
-                    tsapp(t)
-                    tail += rsize
-                    endapp(tail)
-                    continue
-            else:
-                rsize = _rsize(data, off, size)
-            if rsize < 8:   # corrupt: give up on this ring's backlog
-                tail = head
-                break
-            self._slow(w, data, off, size, rsize, tail)
-            tail += rsize
-        w.end = tail
-
     def _slow(self, w: Walk, data, off: int, size: int, rsize: int, pos: int) -> None:
         """A record the loop could not slice: LOST, wrapped around the ring's end, or not contiguous."""
         rec = data[off:off + rsize] if off + rsize <= size else _wrapped(data, off, rsize, size)
@@ -280,9 +251,7 @@ class FileDrain:
         raw = sample[lead:]
         parsed = layout.parse_record(raw)
         if self.pcapng:
-            key = bytes(raw[_KEY_AT:_KEY_END])
-            if lead:
-                key = (bytes(sample[:lead]), key)
+            key = bytes(sample[:lead]) + bytes(raw[_KEY_AT:_KEY_END])
             head8, before, after = self._tails.get(key) or self._tail(key, sample[:lead + META_SIZE])
             w.parts += (head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + before + bytes(raw[_ID_AT:_ID_AT + 8])
                         + after, b"", b"", b"", b"")
