@@ -30,5 +30,5 @@ FEATURE = PacketFeature(
                           "copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
                           "original and reply tuples: NAT per packet) as a dump named ct"),),
     annotator=lambda session: Dumps() if session.cfg.dump else None,
-    user_space=lambda cfg, points: bool(cfg.dump))   # (into a file: the perf buffer's drain, its cache of blocks
-#  keyed by each record's dump area too, fcap.live.drain.FileDrain's lead)
+    # (into a file: the perf buffer's drain, its blocks cached by each record's dump area too: FileDrain's lead)
+    user_space=lambda cfg, points: bool(cfg.dump))

@@ -74,8 +74,7 @@ class CaptureLoop:
 
     def _drain(self) -> None:
         writer = self.out.writer
-        if writer is None or self.session.per_record:   # records one by one (user space lays out every block,
-            # each has its own dumps or stack)
+        if writer is None or self.session.per_record:   # records one by one (printed, or --nft's blocks)
             self.session.run(self._deliver, self._should_stop, limit=self.count)
             return
         drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options.block)

@@ -172,7 +172,7 @@ class Session(Planner, Attach):
     @property
     def per_record(self) -> bool:
         """Whether user space lays out each record's block (run(), not run_file()): a feature asked for says so
-        (fcap.features: --dump's own options, --nft's rule matched by the packet's bytes)."""
+        (fcap.features: --nft's rule, matched by the packet's bytes)."""
         from fcap.features import FEATURES
         return any(f.whole_record and f.asked(self.cfg) for f in FEATURES)
 
