@@ -65,19 +65,20 @@ def address(value) -> str:
     return str(ip.ipv4_mapped or ip)
 
 
-def batches(path, size: int = BATCH) -> Iterator[Batch]:
+def batches(path, size: int = BATCH, decoded: bool = True) -> Iterator[Batch]:
     """The packets of a pcap or pcapng file, `size` at a time. PcapFormatError where the file is damaged (after
-    the batches before the damage)."""
+    the batches before the damage). decoded=False: the fields decode() fills are left zero (the printers read the
+    headers themselves)."""
     with open(path, "rb") as f:
         head = f.read(24)
         f.seek(0)
         fmt = _format(head)
-        if fmt is None:
-            yield from _from_records(path, size)
-        elif fmt == "pcapng":
-            yield from _pcapng(f, size)
-        else:
-            yield from _pcap(f, size, *fmt)
+        found = _from_records(path, size) if fmt is None else _pcapng(f, size) if fmt == "pcapng" else \
+            _pcap(f, size, *fmt)
+        for batch in found:
+            if decoded:
+                decode(batch.fields, batch.data)
+            yield batch
 
 
 def _format(head: bytes):
@@ -195,13 +196,13 @@ def _walk(buf: bytes, o: int, e: str, maxcap: int, most: int):
 
 def pcap_batch(records: bytes, at, e: str = "<", scale: int = 1, snaplen: int = SNAPLEN, linktype: int = 1) -> Batch:
     """The pcap records lying whole in `records` whose headers start at offsets `at` (an int64 array), in byte
-    order `e` (< or >), their fractions `scale` ns each (1: nanoseconds, 1000: microseconds), as a Batch."""
+    order `e` (< or >), their fractions `scale` ns each (1: nanoseconds, 1000: microseconds), as a Batch (not
+    decoded: decode() fills its 5-tuple)."""
     b = np.frombuffer(b"".join((records, bytes(_PAD))), np.uint8)
     fields = np.zeros(len(at), FIELDS)
     fields["ts_ns"] = _u32(b, at, e).astype(np.int64) * NS + _u32(b, at + 4, e).astype(np.int64) * scale
     fields["caplen"], fields["len"] = np.minimum(_u32(b, at + 8, e), snaplen), _u32(b, at + 12, e)
     fields["linktype"], fields["at"] = linktype, at + 16
-    decode(fields, b)
     return Batch(fields, b)
 
 
@@ -310,7 +311,6 @@ def _epbs(buf: bytes, at, ifs, section) -> Batch:
             fields["linktype"][pick] = iface.linktype
     fields["iface"], fields["caplen"], fields["len"] = ifs, _u32(b, at + 20, "<"), _u32(b, at + 24, "<")
     fields["at"] = at + 28
-    decode(fields, b)
     return Batch(fields, b)
 
 
@@ -367,9 +367,7 @@ def _from_records(path, size: int) -> Iterator[Batch]:
         fields["caplen"], fields["len"] = lengths, [r.orig_len for r in recs]
         fields["linktype"], fields["iface"] = [r.linktype for r in recs], [r.iface for r in recs]
         fields["at"] = np.cumsum(lengths) - lengths
-        b = np.frombuffer(data + bytes(_PAD), np.uint8)
-        decode(fields, b)
-        yield Batch(fields, b)
+        yield Batch(fields, np.frombuffer(data + bytes(_PAD), np.uint8))
 
 
 def _damage(what: str, number: int, at: int) -> PcapFormatError:

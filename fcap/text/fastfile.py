@@ -24,7 +24,7 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
         return 0, False
     printed = 0
     try:
-        for batch in batches.batches(path):
+        for batch in batches.batches(path, decoded=False):
             fields = batch.fields if not limit else batch.fields[:limit - printed]
             whole = len(fields) if fmt != "pcapng" else batches.plain_epbs(fields, batch.data)
             fields = fields[:whole]

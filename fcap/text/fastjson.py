@@ -106,7 +106,7 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
             return 0, False
     written = 0
     try:
-        for batch in batches.batches(path):
+        for batch in batches.batches(path, decoded=False):
             fields = batch.fields if not limit else batch.fields[:limit - written]
             data = batch.data.base if isinstance(batch.data.base, bytes) else batch.data.tobytes()
 

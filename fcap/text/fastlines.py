@@ -17,6 +17,7 @@ from fcap.text.dissect.reader import hex_lines
 from fcap.text.dissect.transport import conversation, relative
 from fcap.text.fastverbose import ECN as _ECN
 from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
+from fcap.text import headcols
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
 _TS_OPTION = 0x0101080A   # nop, nop, TS of length 10: the options of nearly every segment after the handshake
@@ -32,11 +33,11 @@ class Columns:
 
     def byte(self, offset: int):
         """Each packet's byte at `offset` (< HEAD; past its end: what follows, or 0 past the batch's end)."""
-        return self.head[:, offset].astype(np.int64)
+        return headcols.u8(self.head, offset)
 
     def word(self, offset: int):
         """Each packet's 16 bits at `offset`, in network order (as byte())."""
-        return self.byte(offset) << 8 | self.byte(offset + 1)
+        return headcols.be16(self.head, offset)
 
 
 HEAD = 96   # the bytes of each packet the common lines show anything of (an IPv6 SYN's options end at 94)
@@ -58,17 +59,17 @@ def columns(fields, b, odd=None) -> Columns:
     head = first_bytes(b, at, HEAD)
 
     def u8(o):
-        return head[:, o].astype(np.int64)
+        return headcols.u8(head, o)
 
     def u16(o):
-        return u8(o) << 8 | u8(o + 1)
+        return headcols.be16(head, o)
 
     ok = (fields["linktype"] == 1) & (cap == fields["len"]) & (cap >= 42) & (cap <= SNAPLEN)
     if odd is not None:
         ok &= ~odd
     etype = u16(12)
     total, p4, plen, p6 = u16(16), u8(23), u16(18), u8(20)
-    v4 = ok & (etype == 0x0800) & (u8(14) == 0x45) & (u8(20) & 0x1F == 0) & (u8(21) == 0) & (total >= 20) \
+    v4 = ok & (etype == 0x0800) & (u8(14) == 0x45) & (u16(20) & 0x1FFF == 0) & (total >= 20) \
         & (total <= cap - 14) & ((p4 == 1) | (p4 == 6) | (p4 == 17))
     v6 = ok & (etype == 0x86DD) & (cap >= 54) & (u8(14) >> 4 == 6) & (plen > 0) & (plen <= cap - 54) \
         & ((p6 == 6) | (p6 == 17) | (p6 == 58))
@@ -82,8 +83,8 @@ def columns(fields, b, odd=None) -> Columns:
     arp = ok & (etype == 0x0806) & (u16(14) == 1) & (u16(16) == 0x0800) & (u16(18) == 0x0604) \
         & ((u16(20) == 1) | (u16(20) == 2))
     c.kind = np.where(arp, ARP, c.kind)
-    c.extra = np.where(arp, u16(20) | (c.byte(32) | c.byte(33) | c.byte(34) | c.byte(35) | c.byte(36) | c.byte(37)
-                                       != 0) << 8, c.extra)   # (the operation; a target's MAC address told)
+    told = head[:, 32:38].any(axis=1).astype(np.int64)   # (a target's MAC address)
+    c.extra = np.where(arp, u16(20) | told << 8, c.extra)   # (the operation, the target's MAC told)
     c.length = np.where(arp, cap - 14, c.length)
     return c
 
@@ -93,10 +94,10 @@ def _transport(head, v4, v6, proto, off, end, length, fragmented) -> Columns:
         return np.where(v4, head[:, 34 + o], head[:, 54 + o]).astype(np.int64)
 
     def u16(o):
-        return u8(o) << 8 | u8(o + 1)
+        return np.where(v4, headcols.be16(head, 34 + o), headcols.be16(head, 54 + o))
 
     def u32(o):
-        return u16(o) << 16 | u16(o + 2)
+        return np.where(v4, headcols.be32(head, 34 + o), headcols.be32(head, 54 + o))
 
     ip = v4 | v6
     hlen = (u8(12) >> 4) * 4
@@ -153,13 +154,13 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
     parts = np.empty((len(c.kind), 4 if verbose else 3), object)
     parts[:, 0] = heads if points is None else heads + points
     parts[:, -2] = _prefix_texts(c, fields, data, fast, verbose)
-    parts[:, -1], values, shown = _bodies(c, us, options, verbose)
+    lead = _HEADER_VALUES if verbose else 0
+    parts[:, -1], values, shown = _bodies(c, us, options, verbose, lead)
     if verbose:   # (the header's text and values go between the time's and the line's)
         ip = fast & (c.kind != ARP)
         parts[:, 1], header, present = ip_headers(c.head, ip & (c.ver == 4), ip & (c.ver == 6))
         t = 0 if us is None else 1
-        values = np.hstack((values[:, :t], header, values[:, t:]))
-        shown = np.hstack((shown[:, :t], present, shown[:, t:]))
+        values[:, t:t + lead], shown[:, t:t + lead] = header, present
     for i, text in texts.items():
         parts[i] = (text.replace("%", "%%"),) + ("",) * (parts.shape[1] - 1)
     return "".join(parts.ravel().tolist()) % tuple(values[shown].tolist())
@@ -311,7 +312,7 @@ def _relative(seqs: dict, c: Columns, rows, flow, rev, keys) -> None:
 def _tcp_flows(c: Columns, fields, data: bytes, rows) -> tuple:
     """For the segments of `rows`: their connection's number (either direction), whether they go the reverse way
     (the greater port, or address, first: common._tcp's rule) and the table's key of each connection."""
-    src, dst = _be_words(fields["src"]), _be_words(fields["dst"])
+    src, dst = _addresses(c)
     sport, dport = c.sport.astype(np.uint64), c.dport.astype(np.uint64)
     rev = (sport > dport) | ((sport == dport) & ((src[:, 0] > dst[:, 0]) | ((src[:, 0] == dst[:, 0]) &
                                                                            (src[:, 1] > dst[:, 1]))))
@@ -328,9 +329,18 @@ def _tcp_flows(c: Columns, fields, data: bytes, rows) -> tuple:
     return flow, rev, keys
 
 
-def _be_words(v16):
-    """16-byte values (fcap.files.batches' addresses) as two big-endian words each, compared as the bytes are."""
-    return np.ascontiguousarray(v16).view(np.uint8).reshape(-1, 16).view(">u8").astype(np.uint64)
+def _addresses(c: Columns) -> tuple:
+    """Each IP row's source and destination address as two big-endian words each, compared as the bytes are
+    (IPv4's as an IPv4-mapped IPv6 address), from the head; what the rows of other packets hold is no address."""
+    head, v4 = c.head, c.ver == 4
+
+    def word(o: int, n: int):
+        return head[:, o:o + n].view(">u8" if n == 8 else ">u4")[:, 0].astype(np.uint64)
+
+    mapped = np.uint64(0xFFFF << 32)
+    src = np.column_stack((np.where(v4, 0, word(22, 8)), np.where(v4, mapped | word(26, 4), word(30, 8))))
+    dst = np.column_stack((np.where(v4, 0, word(38, 8)), np.where(v4, mapped | word(30, 4), word(46, 8))))
+    return src, dst
 
 
 _MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
@@ -370,7 +380,7 @@ def _quoted_plain(c: Columns, verbose: int):
     (the ICMP message ends where its IP length says), not a fragment, its header's checksum right, its UDP length
     within it."""
     total, ulen = c.word(44), c.word(66)
-    words = sum(c.word(42 + 2 * k) for k in range(10))
+    words = headcols.sum16(c.head, 42, 10)
     return (verbose == 1) & (c.sport == 17) & (total == c.length - 8) & (c.word(48) & 0x3FFF == 0) \
         & (words % 0xFFFF == 0) & (words != 0) & (ulen >= 8) & (ulen <= total - 20)
 
@@ -381,8 +391,7 @@ def _prefix_texts(c: Columns, fields, data: bytes, fast, verbose: int = 0):
     ports = (c.kind == TCP) | (c.kind == UDP) | (c.kind == UDP_BAD)
     ip = fast & (c.kind != ARP)
     tag = c.ver.astype(np.uint64) << np.uint64(33) | ports.astype(np.uint64) << np.uint64(32)
-    words = np.column_stack((_be_words(fields["src"]), _be_words(fields["dst"]),
-                             tag | np.where(ports, c.sport << 16 | c.dport, 0).astype(np.uint64)))
+    words = np.column_stack((*_addresses(c), tag | np.where(ports, c.sport << 16 | c.dport, 0).astype(np.uint64)))
     flow, first = _ids(np.where(ip[:, None], words, 0))
     texts = []
     for row, ver, p in zip(first.tolist(), c.ver[first].tolist(), ports[first].tolist()):
@@ -396,9 +405,10 @@ def _prefix_texts(c: Columns, fields, data: bytes, fast, verbose: int = 0):
     return np.array(texts, object)[flow]
 
 
-def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
+def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, lead: int = 0) -> tuple:
     """Each fast row's template after its flow, from the kind of line it is, and the values of each row's
-    template (the time's fraction first) as a matrix with which of its cells are the row's."""
+    template (the time's fraction first, then `lead` columns left for the caller's, zero and shown) as a matrix
+    with which of its cells are the row's."""
     n = len(c.kind)
     kind, f = c.kind, c.flags
     span = np.where(c.length > 0, 2, np.where((f & 0x07 != 0) | (verbose > 1), 1, 0))
@@ -416,7 +426,10 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
         named.update(field=c.check.field, should=c.check.should, qid=c.word(46), qtotal=c.word(44),
                      qsport=c.word(62), qlength=c.word(66) - 8)
     bodies = np.full(n, "", object)
-    values = np.zeros((n, _MOST), np.int64)
+    t = 0 if us is None else 1
+    values = np.zeros((n, _MOST + lead), np.int64)
+    if us is not None:
+        values[:, 0] = us
     count = np.zeros(n, np.int64)
     order = np.argsort(variant, kind="stable")
     kinds, starts = np.unique(variant[order], return_index=True)
@@ -424,20 +437,20 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0) -> tuple:
         if (v >> 20) == SLOW:
             continue
         template, names = _template(v)
-        if us is not None:
-            names = ("us", *names)
         bodies[rows] = template
         if names:
-            values[rows, :len(names)] = np.column_stack([named[m][rows] if isinstance(m, str) else c.head[rows, m]
-                                                         for m in names])
+            values[rows, t + lead:t + lead + len(names)] = np.column_stack(
+                [named[m][rows] if isinstance(m, str) else c.head[rows, m] for m in names])
         count[rows] = len(names)
     for i, text in options.items():
         if kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
     _neighbours(c, bodies, verbose)
-    return bodies, values, np.arange(_MOST) < count[:, None]
+    shown = (np.arange(_MOST + lead) < t + lead + count[:, None]) & (kind != SLOW)[:, None]
+    return bodies, values, shown
 
 
+_HEADER_VALUES = 4   # -v's IP header's values (fcap.text.fastverbose.ip_headers)
 _MOST = 28   # values in one line's template at most (-v's port unreachable, its time's and a wrong checksum's: 25)
 _IP4 = "%d.%d.%d.%d"
 _MAC = "%02x:%02x:%02x:%02x:%02x:%02x"

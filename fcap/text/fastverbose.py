@@ -2,7 +2,7 @@
 numpy: the IP header's text ("IP (tos 0x0, ttl 64, id 1, offset 0, flags [DF], proto TCP (6), length 60)" and the
 line's break, or IPv6's "(hlim 64, next-header TCP (6) payload length: 40) "), one template per kind of header with
 its values from the arrays, and the checksums of TCP, UDP, ICMP and ICMPv6 (one's complement sums of each packet's
-range: numpy's reduceat over the batch's 16-bit words at either alignment, RangeSums). The text is the one the
+range: numpy's reduceat over the batch's 32-bit words at two alignments, RangeSums). The text is the one the
 printers (fcap.text.dissect) write; what the batch does not cover goes back to them (slow_rows)."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from typing import NamedTuple
 
 from fcap.live.fastmerge import np
 from fcap.text.dissect.ip import IPPROTO_NAMES
+from fcap.text.headcols import be16 as _u16
+from fcap.text.headcols import sum16
+from fcap.text.headcols import u8 as _u8
 
 ECN = ("", ",ECT(1)", ",ECT(0)", ",CE")   # (what -v adds to the TOS for its low bits)
 NONE, CORRECT, INCORRECT, NO_CKSUM = range(4)   # a checksum: not shown, right, wrong, absent (UDP over IPv4)
@@ -24,19 +27,11 @@ class Checks(NamedTuple):
     should: object
 
 
-def _u8(head, o):
-    return head[:, o].astype(np.int64)
-
-
-def _u16(head, o):
-    return _u8(head, o) << 8 | _u8(head, o + 1)
-
-
 def slow_rows(head, v4) -> object:
     """IPv4 rows the printers must make with -v: with more fragments (no transport checksum then, by tcpdump's
     rule) or a wrong header checksum."""
     more_fragments = v4 & (_u8(head, 20) & 0x20 != 0)
-    words = sum(_u16(head, 14 + 2 * k) for k in range(10))
+    words = sum16(head, 14, 10)
     return more_fragments | v4 & (_fold(words) != 0xFFFF)
 
 
@@ -50,47 +45,57 @@ def _fold(s):
 class RangeSums:
     """One's complement sums of the big-endian 16-bit words of ranges of the batch's bytes, an odd last byte padded
     with zero, as _fold reads them: a value congruent to the words' sum modulo 0xFFFF, zero only where that sum is.
-    The words of each range are added as the machine's own (little-endian) by numpy's reduceat over the batch seen
-    as words at even offsets, or at odd ones (no copy of the batch, no array as long as it; a big-endian view is
-    ~35 times slower); the sum of the same bytes as big-endian words is congruent to 256 times it (RFC 1071's
-    byte order independence)."""
+    Each range is added as the machine's own (little-endian) 32-bit words by numpy's reduceat over the batch seen as
+    words at offsets 0 or 1 modulo 4 (no copy of the batch, no array as long as it; 16-bit words cost ~4 times
+    more, a big-endian view ~35 times), a 16-bit word before them where the range starts at 2 or 3 modulo 4 and
+    one after them where one is left. A 32-bit word is congruent to the sum of its two 16-bit ones (2**16 is 1
+    modulo 0xFFFF), and the sum of the same bytes as big-endian words to 256 times theirs (RFC 1071's byte order
+    independence)."""
 
     def __init__(self, b) -> None:
         a = np.asarray(b, np.uint8)   # (its words cast to 64 bits a group of ranges at a time: _GROUP)
-        self.a = a if len(a) >= 4 and len(a) % 2 == 0 else np.concatenate((a, np.zeros(4 + len(a) % 2, np.uint8)))
+        self.a = np.concatenate((a, np.zeros(8, np.uint8)))
+
+    def _word(self, at):
+        """The little-endian 16-bit word at each offset."""
+        return self.a[at].astype(np.uint64) | self.a[at + 1].astype(np.uint64) << np.uint64(8)
 
     def __call__(self, start, length):
         a, start, length = self.a, start.astype(np.int64), length.astype(np.int64)
-        out = np.zeros(len(start), np.uint64)
         words = length // 2
+        lead = (start & 2 != 0) & (words > 0)   # (a 16-bit word to the next multiple of 4 of its parity)
+        out = np.where(lead, self._word(start), 0).astype(np.uint64)
+        start, words = start + 2 * lead, words - lead
+        quads = words // 2
         for parity in (0, 1):
-            rows = np.flatnonzero((words > 0) & (start & 1 == parity))
+            rows = np.flatnonzero((quads > 0) & (start & 1 == parity))
             if not len(rows):
                 continue
-            view = a[parity:parity + 2 * ((len(a) - parity) // 2)].view("<u2")
-            k = (start[rows] - parity) // 2
-            end = k + words[rows]
-            if end.max() >= len(view):   # (a range to the very end: words past it to stop at)
-                view = np.concatenate((view, np.zeros(1, "<u2")))
+            view = a[parity:parity + 4 * ((len(a) - 1 - parity) // 4)].view("<u4")
+            k = (start[rows] - parity) // 4
+            end = k + quads[rows]
             for g in range(0, len(rows), _GROUP):   # (reduceat's cast copy of the words each group spans: small)
-                lo, hi = int(k[g:g + _GROUP].min()), int(end[g:g + _GROUP].max())
-                bounds = np.empty(2 * len(k[g:g + _GROUP]), np.int64)
-                bounds[0::2], bounds[1::2] = k[g:g + _GROUP] - lo, end[g:g + _GROUP] - lo
-                out[rows[g:g + _GROUP]] = np.add.reduceat(view[lo:hi + 1], bounds, dtype=np.uint64)[0::2]
+                kg, eg = k[g:g + _GROUP], end[g:g + _GROUP]
+                lo, hi = int(kg.min()), int(eg.max())
+                bounds = np.empty(2 * len(kg), np.int64)
+                bounds[0::2], bounds[1::2] = kg - lo, eg - lo
+                out[rows[g:g + _GROUP]] += np.add.reduceat(view[lo:hi + 1], bounds, dtype=np.uint64)[0::2]
+        trail = np.flatnonzero(words & 1)
+        out[trail] += self._word(start[trail] + 4 * quads[trail])
         out = _fold(out * np.uint64(256))   # (the big-endian words' sum, folded)
         odd = np.flatnonzero(length & 1)
-        out[odd] += a[start[odd] + length[odd] - 1].astype(np.uint64) << np.uint64(8)
+        out[odd] += a[start[odd] + 2 * words[odd]].astype(np.uint64) << np.uint64(8)
         return out.astype(np.int64)
 
 
-_GROUP = 4096   # ranges summed by one reduceat: the words they span cast to 64 bits, ~2 MB for packets of ~500
-# bytes (a cast of the whole batch's words, ~36 MB, cost ~0.2 s of the kernel's huge page faults the first time)
+_GROUP = 4096   # ranges summed by one reduceat: the words they span cast to 64 bits, ~1 MB for packets of ~500
+# bytes (a cast of the whole batch's words, ~18 MB, cost ~0.2 s of the kernel's huge page faults the first time)
 
 
 def _pseudo(head, v4, proto, length):
-    """The pseudo-header's sum: addresses, protocol and length (IPv4's or IPv6's)."""
-    s4 = sum(_u16(head, 26 + 2 * k) for k in range(4))
-    s6 = sum(_u16(head, 22 + 2 * k) for k in range(16))
+    """The pseudo-header's sum (as sum16's, congruent modulo 0xFFFF): addresses, protocol and length (IPv4's or
+    IPv6's)."""
+    s4, s6 = sum16(head, 26, 4), sum16(head, 22, 16)
     return np.where(v4, s4 + proto + length, s6 + (length >> 16) + (length & 0xFFFF) + proto)
 
 
