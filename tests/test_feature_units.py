@@ -42,11 +42,32 @@ def test_a_units_keys_are_packet_attributes_and_json_keys():
     assert attrs & PACKET <= set(packet_object(p))
 
 
+def test_the_units_name_their_kernel_halves_without_importing_them():
+    """Each unit's program parts are parts the builder runs, by name; the kernel's own messages name --dump's and
+    --ct's flag as the unit declares them; and reading a file imports no module of the kernel's halves (the
+    command line reads every unit: their imports were most of `fcap -r`'s start-up)."""
+    import subprocess
+    import sys
+    from fcap.features import typed_dumps
+    from fcap.kernel import dumps
+    names = {p.name for p in cprog.PARTS}
+    assert all(set(f.program) <= names for f in FEATURES) and any(f.program for f in FEATURES)
+    assert typed_dumps.FEATURE.flag == dumps.FLAG and typed_dumps.FEATURE.shorthands[0].value == dumps.CT_PATH
+    probe = ("import sys\nfrom fcap.commands.cli import main\nmain(['-r', sys.argv[1], '-nn'])\n"
+             "print('MODULES', *(m for m in sys.modules if m.startswith(('bpf', 'fcap.kernel.', 'fcap.host.', "
+             "'fcap.points'))))")
+    path = os.path.join(os.path.dirname(__file__), "..", "pcaps")
+    pcap = next(os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".pcap"))
+    out = subprocess.run([sys.executable, "-c", probe, pcap], capture_output=True, text=True, check=True).stdout
+    loaded = out.splitlines()[-1].split()[1:]
+    assert out.splitlines()[-1].startswith("MODULES") and "IP " in out
+    assert set(loaded) <= {"fcap.kernel.layout", "fcap.kernel.record"}, loaded
+
+
 def test_each_flag_is_a_config_field_an_option_and_an_api_keyword():
     for f in FLAGGED:
         assert f.flag.startswith("--") and f.help and f.name in Config._fields, f.name
         assert (f.name in ProgramOptions._fields) == f.option, f.name
-        assert all(p in cprog.PARTS for p in f.program), f"{f.name}: a program part the builder does not run"
         assert f.room or f.annotator is None, f"{f.name}: says something in the comment, so refuses pcap"
     for f in FLAGGED:
         for setting in f.settings:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from fcap.features.unit import Annotator, PacketFeature, keyed_text
-from fcap.kernel import drops
 
 # What a drop point's comment adds after the metadata's: (text before, attribute, style); the reason and the location
 # as names, ' reason=NO_SOCKET at=FUNC+0xOFF' (no reason where the kernel's drop point has none)
@@ -15,6 +14,7 @@ class DropNames(Annotator):
     """The reason and location of the records of drop points (has_reason: point id -> its records have a reason)."""
 
     def __init__(self, has_reason: dict):
+        from fcap.kernel import drops
         self.has_reason = has_reason
         self.names = drops.Names()
 
@@ -39,11 +39,17 @@ class DropNames(Annotator):
 
 def drop_names(points) -> DropNames | None:
     """The names of a capture's drop records, None where no point is a drop point."""
+    from fcap.kernel import drops
     has_reason = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
     return DropNames(has_reason) if has_reason else None
 
 
+def _at_drop_points(cfg, points) -> bool:
+    from fcap.kernel.drops import is_drop_point
+    return any(is_drop_point(p) for p in points)
+
+
 FEATURE = PacketFeature(
-    "drop", comment=COMMENT, program=(drops.DROP_META,),
+    "drop", comment=COMMENT, program=("drop reason",),
     annotator=lambda session: drop_names(session.points),
-    user_space=lambda cfg, points: any(drops.is_drop_point(p) for p in points))   # (names: user space's)
+    user_space=_at_drop_points)   # (names: user space's)

@@ -4,15 +4,18 @@ stack ids (fcap.kernel.kstack) named from /proc/kallsyms; the comment ends with 
 from __future__ import annotations
 
 from fcap.features.unit import Annotator, PacketFeature, keyed_text
-from fcap.kernel import kstack
 
 # What a record's comment ends with: ' stack=FUNC+0xOFF<CALLER+0xOFF<...' (fcap.kernel.kstack.text: '?' unknown)
 COMMENT = ((" stack=", "stack", "str"),)
 
 
 class StackFrames(Annotator):
+    def __init__(self) -> None:
+        from fcap.kernel.kstack import text
+        self.frames = text
+
     def text(self, rec) -> str:
-        return keyed_text(COMMENT, {"stack": kstack.text(rec.stack)}) if rec.stack is not None else ""
+        return keyed_text(COMMENT, {"stack": self.frames(rec.stack)}) if rec.stack is not None else ""
 
     def values(self, rec) -> dict:
         return {"stack": rec.stack}
@@ -28,7 +31,7 @@ class StackFrames(Annotator):
 # (the frames are user space's: no file rings; into a file, the perf buffer's blocks, each comment made once per stack
 # id and metadata: fcap.live.drain.FileDrain's options cache)
 FEATURE = PacketFeature(
-    "stack", comment=COMMENT, flag="--stack", room="stack", option=True, program=(kstack.STACKS,),
+    "stack", comment=COMMENT, flag="--stack", room="stack", option=True, program=("stack",),
     help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
     annotator=lambda session: StackFrames() if session.cfg.stack else None,
     user_space=lambda cfg, points: cfg.stack)

@@ -7,8 +7,6 @@ from __future__ import annotations
 from fcap.features.drop_reason import drop_names
 from fcap.features.unit import Annotator, PacketFeature, Setting, keyed_text
 from fcap.files import linktypes
-from fcap.host import nftrace
-from fcap.kernel.drops import is_drop_point
 
 # What a netfilter drop's comment adds after the drop's reason and location: (text before, Packet attribute, style).
 # A rule decided: its handle (`nft -a list ruleset`); the base chain's policy decided: nft_policy=drop, no rule.
@@ -22,7 +20,9 @@ class NftRules(Annotator):
     """The rule of each netfilter drop (tracer: the session's fcap.host.nftrace.Tracers; linktype: the records')."""
 
     def __init__(self, tracer, linktype: int, drops):
+        from fcap.host.nftrace import is_netfilter_drop
         self.tracer, self.linktype, self.drops = tracer, linktype, drops
+        self.is_netfilter_drop = is_netfilter_drop
         self._last: tuple = (None, {})    # (record, its values): each record matched once
 
     def values(self, rec) -> dict:
@@ -32,7 +32,7 @@ class NftRules(Annotator):
         if last is not rec:
             reason, location = self.drops.drop(rec)
             values = {}
-            if nftrace.is_netfilter_drop(reason, location):
+            if self.is_netfilter_drop(reason, location):
                 d = self.tracer.attribute(linktypes.network_header(bytes(rec.data), self.linktype), rec.mark, rec.ts_ns,
                                           rec.netns)
                 values = d.values() if d is not None else {}
@@ -51,6 +51,7 @@ def _annotator(session) -> NftRules | None:
 
 
 def _refuse(points) -> str:
+    from fcap.kernel.drops import is_drop_point
     if any(is_drop_point(p) for p in points):
         return ""
     return "names the nftables rule of each netfilter drop: capture at a drop point (-i skb:drop, tp_btf/kfree_skb)"

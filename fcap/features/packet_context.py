@@ -4,8 +4,6 @@ named in user space (fcap.host.ctxnames): cgroup path, container, pod and the ne
 from __future__ import annotations
 
 from fcap.features.unit import Annotator, PacketFeature, keyed_text
-from fcap.host.ctxnames import Context
-from fcap.kernel.context import CGROUP
 
 # What the comment of a --context capture adds after the metadata's: (text before, Packet attribute, style); a key
 # whose value is unknown is left out
@@ -15,6 +13,7 @@ COMMENT = ((" cgroup=", "cgroup", "dec64"), (" cgroup_path=", "cgroup_path", "st
 
 class ContextNames(Annotator):
     def __init__(self):
+        from fcap.host.ctxnames import Context
         self.context = Context()
 
     def text(self, rec) -> str:
@@ -25,7 +24,7 @@ class ContextNames(Annotator):
 
 
 FEATURE = PacketFeature(
-    "context", comment=COMMENT, flag="--context", room="context", option=True, program=(CGROUP,),
+    "context", comment=COMMENT, flag="--context", room="context", option=True, program=("cgroup",),
     help="record each packet's cgroup (its socket's, else the task's) and name it: cgroup path, container, pod and "
          "network namespace name in the comment, --json and the API",
     annotator=lambda session: ContextNames() if session.cfg.context else None,

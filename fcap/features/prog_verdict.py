@@ -5,7 +5,6 @@ carries its number (fcap.features.notes)."""
 from __future__ import annotations
 
 from fcap.features.unit import Annotator, PacketFeature, keyed_text
-from fcap.kernel import verdicts
 
 # What the comment adds at a BPF program's exit: the verdict's name (' verdict=XDP_DROP')
 COMMENT = ((" verdict=", "verdict_name", "str"),)
@@ -15,15 +14,17 @@ class VerdictNames(Annotator):
     """The verdict's name of the records of BPF programs' exits (decided: point id -> its Point)."""
 
     def __init__(self, decided: dict):
-        self.decided = decided
+        from fcap.kernel import verdicts
+        self.decided, self.name = decided, verdicts.name
 
     def text(self, rec) -> str:
         p = self.decided.get(rec.point)
-        return keyed_text(COMMENT, {"verdict_name": verdicts.name(p, rec.retval)}) if p is not None else ""
+        return keyed_text(COMMENT, {"verdict_name": self.name(p, rec.retval)}) if p is not None else ""
 
 
 def decided(points) -> dict:
     """{point id: point} of the points whose records carry their program's own verdict (BPF programs' exits)."""
+    from fcap.kernel import verdicts
     return {p.id: p for p in points if verdicts.records_verdict(p)}
 
 
@@ -32,5 +33,5 @@ def _annotator(session) -> VerdictNames | None:
     return VerdictNames(found) if found else None
 
 
-FEATURE = PacketFeature("verdict", comment=COMMENT, program=(verdicts.VERDICT,),
+FEATURE = PacketFeature("verdict", comment=COMMENT, program=("verdict",),
                         annotator=_annotator)

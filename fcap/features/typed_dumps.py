@@ -6,7 +6,6 @@ fcap's reader turns back into Dumps)."""
 from __future__ import annotations
 
 from fcap.features.unit import Annotator, PacketFeature, Shorthand
-from fcap.kernel import dumps
 
 
 class Dumps(Annotator):
@@ -18,15 +17,16 @@ class Dumps(Annotator):
             printer.dumps(rec.dumps)
 
     def options(self, rec) -> dict:
+        from fcap.kernel import dumps
         comments, more = dumps.records_options(rec.dumps)
         return {"comments": comments, "more": more}
 
 
 FEATURE = PacketFeature(
-    "dump", flag=dumps.FLAG, metavar="PATH", room="dumps", program=(dumps.DUMPS,),
+    "dump", flag="--dump", metavar="PATH", room="dumps", program=("dumps",),
     help="an argument, a member chain ('skb->dev', 'skb->sk->__sk_common') or return (fexit), copied per packet and "
          "shown typed (repeatable)",
-    shorthands=(Shorthand("--ct", "ct", dumps.CT_PATH, "conntrack entry",
+    shorthands=(Shorthand("--ct", "ct", "ct", "conntrack entry",
                           "copy each packet's conntrack entry (skb->_nfct: struct nf_conn, with its state, zone, mark, "
                           "original and reply tuples: NAT per packet) as a dump named ct"),),
     annotator=lambda session: Dumps() if session.cfg.dump else None,

@@ -1,7 +1,11 @@
 """What a per-packet feature is, as one unit (fcap.features.FEATURES holds them): the program's half it puts in
 (fcap.kernel.parts.Parts), the flag and API keyword that ask for it, what it refuses, its keys in the record's
 comment, and user space's half for each capture (an Annotator: the comment's text, the Packet's attributes, the
-printed line's words and what prints under it)."""
+printed line's words and what prints under it).
+
+A unit imports its kernel half (fcap.kernel, fcap.host) where it uses it, not at the top of its module: the command
+line reads every unit's declaration, and `fcap -r` needs none of the kernel's modules (their imports were ~60% of
+its start-up)."""
 
 from __future__ import annotations
 
@@ -77,7 +81,7 @@ class PacketFeature:
     room: str = ""               # what it writes into pcapng's comment ("the context"): pcap and --no-comment refuse
                                  # it ("": nothing of it is refused)
     option: bool = False         # the capture programs take it as the ProgramOptions field `name`
-    program: tuple = ()          # its fcap.kernel.parts.Parts (the program's half), for the reader
+    program: tuple = ()          # the names of its fcap.kernel.parts.Parts (the program's half), for the reader
     annotator: Callable | None = None   # (session) -> Annotator, or None where it has nothing to say in this capture
     refuse: Callable | None = None      # (points) -> why the capture cannot have it (a line), or "" (asked for)
     user_space: Callable | None = None  # (cfg, points) -> the records must be laid out in user space (no file

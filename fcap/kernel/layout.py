@@ -9,9 +9,6 @@ import struct
 from collections import namedtuple
 from typing import NamedTuple
 
-from bpf import asm
-from bpf.asm import BYTES_SIZE
-
 from fcap.defaults import SNAPLEN
 from fcap.errors import ProgramError
 from fcap.kernel import record
@@ -48,18 +45,22 @@ class Layout:
     def unpack(self, buf, at: int = 0):
         return self.Tuple._make(self.struct.unpack_from(buf, at))
 
-    def load(self, dst: int, base: int, name: str, at: int = 0) -> asm.Insn:
-        """dst = the field `name` of the structure at base + at."""
+    # (the assembler imported where a program is made, not by the readers: fcap -r's start-up)
+    def load(self, dst: int, base: int, name: str, at: int = 0):
+        """dst = the field `name` of the structure at base + at (a bpf.asm.Insn)."""
+        from bpf.asm import BYTES_SIZE, ldx
         off, width = self._at[name]
-        return asm.ldx(BYTES_SIZE[width], dst, base, at + off)
+        return ldx(BYTES_SIZE[width], dst, base, at + off)
 
-    def store(self, base: int, name: str, src: int, at: int = 0) -> asm.Insn:
+    def store(self, base: int, name: str, src: int, at: int = 0):
+        from bpf.asm import BYTES_SIZE, stx
         off, width = self._at[name]
-        return asm.stx(BYTES_SIZE[width], base, at + off, src)
+        return stx(BYTES_SIZE[width], base, at + off, src)
 
-    def store_imm(self, base: int, name: str, imm: int, at: int = 0) -> asm.Insn:
+    def store_imm(self, base: int, name: str, imm: int, at: int = 0):
+        from bpf.asm import BYTES_SIZE, st
         off, width = self._at[name]
-        return asm.st(BYTES_SIZE[width], base, at + off, imm)
+        return st(BYTES_SIZE[width], base, at + off, imm)
 
     def words(self, names: tuple) -> list[tuple[int, int]]:
         """(offset, bytes) loads of at most 8 aligned bytes that cover the named fields, adjacent ones merged."""

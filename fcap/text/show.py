@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import NamedTuple
 
@@ -262,6 +261,7 @@ def scapy_decode(data: bytes, linktype: int) -> str:
         from scapy import all as scapy  # noqa: PLC0415 - optional, and slow to import
     except ImportError as e:
         raise ScapyMissing(f"decoding with scapy needs scapy: pip install 'fcap[decode]' ({e})") from e
+    import logging   # (scapy's own import has it)
     logging.getLogger("scapy").setLevel(logging.ERROR)   # (its warnings about odd packets are not ours to print)
     cls = scapy_class(scapy, data, linktype)
     try:
