@@ -4,14 +4,13 @@ programs write it (fcap.kernel.layout: META, COMMENT)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from fcap.features.unit import Annotator, PacketFeature
 from fcap.kernel.layout import COMMENT, format_comment
-from fcap.packet import Packet
+from fcap.kernel.record import FIELDS
 
-# the Packet attributes the comment shows, taken by name from a capture's record or a file's comment
-METADATA = tuple(f.name for f in fields(Packet) if f.name in {attr for _pre, attr, _s in COMMENT})
+# the Packet attributes the comment shows (fcap.packet's from the record's fields with a key), in its order, taken by
+# name from a capture's record or a file's comment
+METADATA = tuple(a.name for f in FIELDS for a in f.attrs if a.packet and a.key)
 
 
 class Metadata(Annotator):
