@@ -44,8 +44,9 @@ def test_a_units_keys_are_packet_attributes_and_json_keys():
 
 def test_the_units_name_their_kernel_halves_without_importing_them():
     """Each unit's program parts are parts the builder runs, by name; the kernel's own messages name --dump's and
-    --ct's flag as the unit declares them; and reading a file imports no module of the kernel's halves (the
-    command line reads every unit: their imports were most of `fcap -r`'s start-up)."""
+    --ct's flag as the unit declares them; and printing a file imports no module of the kernel's halves, nor the
+    API's Packet and the dataclass machinery (the command line reads every unit: those imports were most of `fcap
+    -r`'s start-up)."""
     import subprocess
     import sys
     from fcap.features import typed_dumps
@@ -55,7 +56,7 @@ def test_the_units_name_their_kernel_halves_without_importing_them():
     assert typed_dumps.FEATURE.flag == dumps.FLAG and typed_dumps.FEATURE.shorthands[0].value == dumps.CT_PATH
     probe = ("import sys\nfrom fcap.commands.cli import main\nmain(['-r', sys.argv[1], '-nn'])\n"
              "print('MODULES', *(m for m in sys.modules if m.startswith(('bpf', 'fcap.kernel.', 'fcap.host.', "
-             "'fcap.points'))))")
+             "'fcap.points', 'fcap.packet', 'dataclasses'))))")
     path = os.path.join(os.path.dirname(__file__), "..", "pcaps")
     pcap = next(os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".pcap"))
     out = subprocess.run([sys.executable, "-c", probe, pcap], capture_output=True, text=True, check=True).stdout

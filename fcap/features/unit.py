@@ -9,8 +9,7 @@ its start-up)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 
 class Annotator:
@@ -42,8 +41,7 @@ def keyed_text(keys: tuple, values: dict) -> str:
     return "".join(f"{pre}{values[attr]}" for pre, attr, _s in keys if values.get(attr) is not None)
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """A further flag of a flagged feature (repeatable: its values a tuple), the Config field and API keyword
     `name`; given without the feature's own flag, it is refused."""
 
@@ -53,8 +51,7 @@ class Setting:
     help: str
 
 
-@dataclass(frozen=True)
-class Shorthand:
+class Shorthand(NamedTuple):
     """A flag (and API keyword `name`) that stands for one value of a valued feature's flag, as --ct for the dump of
     the conntrack entry; it needs no other flag."""
 
@@ -65,8 +62,7 @@ class Shorthand:
     help: str
 
 
-@dataclass(frozen=True, eq=False)
-class PacketFeature:
+class PacketFeature(NamedTuple):
     """One per-packet feature (see the module's docstring). A flagged feature is asked for by `flag` on the command
     line and by the keyword `name` in the API, both becoming the capture Config's field `name`: True, or with a
     metavar the values given (the flag repeatable), its shorthands' values among them."""

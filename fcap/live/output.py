@@ -11,11 +11,13 @@ import functools
 import os
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from fcap.defaults import FILE_BUFFERING
 from fcap.errors import CaptureError, FcapError
-from fcap.packet import Packet
+
+if TYPE_CHECKING:
+    from fcap.packet import Packet
 
 PCAP, PCAPNG = "pcap", "pcapng"
 
@@ -301,13 +303,14 @@ class PacketSink(Sink):
 
     def open(self, session) -> None:
         super().open(session)
+        self.new = _packet()[0]
         self.names = {p.id: p.if_name for p in session.points}   # as the command line's files name them
         self.directions = {p.id: p.direction for p in session.points}
         self.linktype = session.linktype.number
 
     def packet(self, r) -> Packet:
         opts = self.options(r)
-        return Packet(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
+        return self.new(ts_ns=r.ts_ns + self.session.clock_offset_ns, point=self.names.get(r.point), data=r.data,
                       orig_len=r.orig_len, linktype=self.linktype,
                       packet_id=opts["packet_id"], verdict=opts["verdict"], comment=opts["comment"],
                       direction=self.directions.get(r.point), queue=r.queue, **self.options.values(r))
@@ -385,38 +388,48 @@ def _comment_reader() -> tuple:
 
 
 @functools.cache
+def _packet() -> tuple:
+    """fcap.Packet and its attributes' (name, default), imported on first use (the printed lines of `fcap -r` need
+    neither it nor the dataclass machinery: their start-up)."""
+    from dataclasses import fields
+    from fcap.packet import Packet
+    return Packet, tuple((f.name, f.default) for f in fields(Packet))
+
+
+@functools.cache
 def _file_packet() -> tuple:
     """The Packet class of a file's packets (the comment's attributes decoded on demand), the attributes neither
     the record nor the comment gives, as Packet's defaults, and the comment's attributes where there is none."""
     lazy = set(_from_comment()) | {"skb"}
+    Packet, attrs = _packet()
     cls = type("Packet", (Packet,), {"__doc__": Packet.__doc__, "__module__": Packet.__module__,
                                      "__reduce__": _as_packet, "__eq__": _equal, "__hash__": None,
                                      **{a: _FromComment(a) for a in lazy}})
     given = {"ts_ns", "point", "data", "orig_len", "linktype", "packet_id", "verdict", "comment", "direction",
              "queue", "dumps"}
-    blank = {f.name: f.default for f in fields(Packet) if f.name not in lazy | given}
+    blank = {name: default for name, default in attrs if name not in lazy | given}
     return cls, blank, dict.fromkeys(lazy)
 
 
 def _as_packet(p) -> tuple:
     """A file Packet pickled (or copied) as the Packet it stands for."""
-    return Packet, _values(p)
+    return _packet()[0], _values(p)
 
 
 def _equal(p, other):
     """A file Packet equals any Packet with the same attributes, as Packets do."""
-    return _values(p) == _values(other) if isinstance(other, Packet) else NotImplemented
+    return _values(p) == _values(other) if isinstance(other, _packet()[0]) else NotImplemented
 
 
 def _values(p) -> tuple:
-    return tuple(getattr(p, f.name) for f in fields(Packet))
+    return tuple(getattr(p, name) for name, _default in _packet()[1])
 
 
 @functools.cache
 def _from_comment() -> tuple:
     """The Packet attributes a file's comment gives back (every feature's keys that are Packet attributes)."""
     from fcap.features.comments import KEYS
-    attrs = {f.name for f in fields(Packet)}
+    attrs = {name for name, _default in _packet()[1]}
     return tuple(attr for _pre, attr, _s in KEYS if attr in attrs)
 
 
