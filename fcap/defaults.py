@@ -18,6 +18,8 @@ FILE_BUFFERING = 1 << 20  # bytes an output file buffers before it writes
 NS = 1_000_000_000        # nanoseconds in a second: timestamps are integer ns everywhere
 POLL_MS = 100             # how long a drain waits for records before it looks again (at what may stop it)
 POLL_MS_IMMEDIATE = 5     # ... with --immediate-mode (printing, the API): records as soon as they are published
+BLOCK_CACHE_MAX = 1 << 14   # pcapng block options a perf buffer's drain keeps made, by metadata key (both walks) ...
+BLOCK_CACHE_BYTES = 32 << 20   # ... and their bytes and keys' at most (a --dump of whole structures: KiBs a key)
 
 
 def buffer_kib(cpus: int, pcapng: bool = False) -> int:

@@ -11,6 +11,7 @@ from typing import Callable
 from bpf.perfbuf import PerfBuffer
 from bpf.uapi import PerfRecord
 
+from fcap.defaults import BLOCK_CACHE_BYTES, BLOCK_CACHE_MAX
 from fcap.kernel import layout
 
 from fcap.live import order
@@ -37,8 +38,6 @@ ID_MARK = 0xFCA1D0FCA1D0FCA1
 _ID_MARK = ID_MARK.to_bytes(8, "little")
 EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
-CACHE_MAX = 1 << 14
-CACHE_BYTES = 32 << 20   # and at most this many bytes of options and keys (a --dump of whole structures: KiBs each)
 
 # For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.notes.RecordNotes)
 RecordOptions = Callable[[layout.Record], dict]
@@ -269,7 +268,7 @@ class FileDrain:
         at = tail.index(_ID_MARK)
         parts = head8, tail[:at], tail[at + 8:]
         self._cached += len(tail) + self.lead
-        if len(self._tails) >= CACHE_MAX or self._cached > CACHE_BYTES:
+        if len(self._tails) >= BLOCK_CACHE_MAX or self._cached > BLOCK_CACHE_BYTES:
             self._tails.clear()
             self._cached = len(tail) + self.lead
         self._tails[key] = parts

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from fcap.defaults import BLOCK_CACHE_BYTES, BLOCK_CACHE_MAX
 from fcap.kernel.layout import META, META_SIZE, PCAP_REC
 from fcap.live.fastmerge import U64, Plan, items, chosen, np, words
 
@@ -24,8 +25,6 @@ assert _TS % 4 == 0 and _FAST % 4 == 0 and META.end("ts") - META.off("ts") == 8
 _KEY_AT, _KEY_LEN = RAW + META.off("skb"), META.off("fast") - META.off("skb")
 _IFACE, _ID = RAW + META.off("iface"), RAW + META.off("id")   # an EPB's header after its first 8 bytes; packet id
 _MUL = U64(0x100000001B3)
-CACHE_MAX = 1 << 14   # block parts kept (Blocks), as the per-record walk's cache
-CACHE_BYTES = 32 << 20   # their bytes and keys' at most, as the per-record walk's
 RUN_MIN = 16      # a uniform run shorter than this: the next LOOP records are found one at a time
 LOOP = 256
 
@@ -211,7 +210,7 @@ class Blocks:
         hit = pos < len(self.hashes)
         hit[hit] = self.hashes[pos[hit]] == h[hit]
         if not hit.all():
-            if len(self.hashes) >= CACHE_MAX or len(self.buf) + self.keys.nbytes >= CACHE_BYTES:
+            if len(self.hashes) >= BLOCK_CACHE_MAX or len(self.buf) + self.keys.nbytes >= BLOCK_CACHE_BYTES:
                 self.__init__(self.lead)
                 hit[:] = False
             self._add(keys, h, np.flatnonzero(~hit), parts)
