@@ -123,6 +123,20 @@ def test_a_lead_before_meta_is_in_each_blocks_options(script, limit):
         assert f"area={r.data[0] % 3} " in r.comment
 
 
+@settings(max_examples=60, deadline=None)
+@given(script=steps, limit=st.sampled_from([0, 5]))
+def test_a_full_block_cache_is_emptied_between_passes_not_within_one(script, limit):
+    """pcapng with a cache bound of 2 entries and records of 10 keys on both CPUs: a pass plans every CPU's
+    blocks before it lays any out, so the cache is emptied only between passes; the arrays write what the Python
+    walk writes."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(perfwalk, "BLOCK_CACHE_MAX", 2)
+        fast = _run(script, True, mp, limit, "pcapng")
+    with pytest.MonkeyPatch.context() as mp:
+        slow = _run(script, False, mp, limit, "pcapng")
+    assert fast[:3] == slow[:3]
+
+
 def test_a_uniform_run_is_one_array(monkeypatch):
     """A flood of one packet size: the run is found with one array operation, not a record at a time."""
     loops = []

@@ -119,7 +119,7 @@ class FileDrain:
         """The pass at C speed: each ring's records found, read and laid out as arrays (fcap.live.perfwalk), merged
         by one sort (fcap.live.fastmerge); None, with nothing taken, where a record needs Python to lay it out."""
         from fcap.live import perfwalk
-        got = self.arrays()
+        got = self.arrays(planned=True)
         if got is None:
             return None
         if self.pressed(got):
@@ -129,21 +129,22 @@ class FileDrain:
             self.reached = True
             return 0
         ks = before_cutoff(fast, got, cutoff)
-        p = perfwalk.merge(got, ks, left or -1, self.window.last)
+        p = perfwalk.merge(got, ks, left or -1, self.window.last, self._blocks if self.pcapng else None)
         write_plan(self.writer, self.window, p)
         self.release(got, p.takes)
         self.written += p.count
         return p.count
 
-    def arrays(self) -> list | None:
-        """Each ring's pending records found, read and laid out as arrays (fcap.live.perfwalk's RingRecords); None
-        where one needs Python to lay it out (the per-record walk: walks())."""
+    def arrays(self, planned: bool = False) -> list | None:
+        """Each ring's pending records found, read and laid out as arrays (fcap.live.perfwalk's RingRecords; pcapng's
+        blocks only `planned`, for perfwalk.merge to lay out in time order); None where one needs Python to lay it
+        out (the per-record walk: walks())."""
         from fcap.live import perfwalk
         rings = self.buffer.rings
         if self._addresses is None:
             self._addresses = [r.address() for r in rings]
         got = [perfwalk.read(r, a, self.lead) for r, a in zip(rings, self._addresses)]
-        return got if self._laid_out(perfwalk, got) else None
+        return got if self._laid_out(perfwalk, got, planned) else None
 
     def walks(self) -> list:
         """Each ring's pending records walked one by one (Walk: their file records as parts, EPB_PARTS each for
@@ -159,8 +160,9 @@ class FileDrain:
         for r, g, k in zip(self.buffer.rings, got, takes):
             self._release(r, g, k)
 
-    def _laid_out(self, perfwalk, got: list) -> bool:
-        """The rings' file records located (pcap) or laid out (pcapng); False where one needs Python."""
+    def _laid_out(self, perfwalk, got: list, planned: bool = False) -> bool:
+        """The rings' file records located (pcap) or laid out (pcapng; only planned where `planned`); False where one
+        needs Python."""
         if not all(g.simple for g in got):
             return False
         if not self.pcapng:
@@ -168,7 +170,9 @@ class FileDrain:
                 perfwalk.pcap(g)
             return True
         self._blocks = self._blocks or perfwalk.Blocks(self.lead)
-        return all(perfwalk.epb(g, self._blocks, self._tail) for g in got)
+        self._blocks.trim()
+        lay = perfwalk.planned_epb if planned else perfwalk.epb
+        return all(lay(g, self._blocks, self._tail) for g in got)
 
     def _release(self, ring, w, k: int) -> None:
         """Give back the ring's bytes up to the k records taken (all of them: the whole walk); LOST records before

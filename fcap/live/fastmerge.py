@@ -110,10 +110,9 @@ def _ring_arrays(entries: list, firsts: list, rings: list, ring_size: int):
     return ts, at, size, ks
 
 
-def chosen(ts, at, size, ks, limit: int, last: int, memory, src=None) -> Plan:
-    """The merge of records given as flat arrays, each CPU's (`ks[j]` of them) after the one before: timestamps,
-    offsets in `memory` and lengths (fcap.live.perfwalk's, or plan's). `memory`: one array, or a list of them and
-    per record `src`, the one it lies in (plan_with's)."""
+def ordered(ts, ks, limit: int, last: int) -> tuple[Plan, object]:
+    """The merge's order of records given CPU after CPU (`ks[j]` each: their timestamps `ts`), and its plan without
+    the records: what it takes of each CPU and when the records lie, -c's `limit` (>= 0) applied."""
     offsets = np.cumsum(ks) - ks                  # where each CPU's records start
     n = len(ts)
     order = np.argsort(ts, kind="stable")         # each CPU's records keep their order among equal times
@@ -125,10 +124,20 @@ def chosen(ts, at, size, ks, limit: int, last: int, memory, src=None) -> Plan:
         np.maximum.at(upto, cpu, order - offsets[cpu] + 1)   # a CPU's records go as a prefix
         takes = upto.tolist()
     if not len(order):
-        return Plan(takes)
-    at, size, picked = at[order], size[order], ts[order]
+        return Plan(takes), order
+    picked = ts[order]
     late = int(np.count_nonzero(picked < U64(last))) if last else 0
-    p = Plan(takes, len(order), late=late, newest=int(picked[-1]), oldest=int(picked[0]))
+    return Plan(takes, len(order), late=late, newest=int(picked[-1]), oldest=int(picked[0])), order
+
+
+def chosen(ts, at, size, ks, limit: int, last: int, memory, src=None) -> Plan:
+    """The merge of records given as flat arrays, each CPU's (`ks[j]` of them) after the one before: timestamps,
+    offsets in `memory` and lengths (fcap.live.perfwalk's, or plan's). `memory`: one array, or a list of them and
+    per record `src`, the one it lies in (plan_with's)."""
+    p, order = ordered(ts, ks, limit, last)
+    if not len(order):
+        return p
+    at, size = at[order], size[order]
     if src is not None:
         _from_many(p, memory, src[order], at, size)
     elif len(at) > 1 and (at[1:] == at[:-1] + size[:-1]).all():   # one stretch of memory already: as it is

@@ -2,11 +2,11 @@
 ring's records follow one another, each's size in its header, so where they are is a chain; a run of records of one
 size (a flood of one kind of packet) is found with one array operation, the rest a record at a time over the
 headers alone. Each record's timestamp is then read as an array, and its file record located (pcap: the program
-laid out its header) or laid out for a whole ring at once (pcapng: the Enhanced Packet Block's options come from
-the drain's cache, one entry per metadata key, as in the per-record walk); the drain merges the CPUs' records as
-fcap.live.fastmerge does for the file rings. A pass with a record only Python can lay out (bytes not contiguous:
-`fast` 0) is left to the per-record walk. Samples may hold `lead` bytes before their META (--dump's area, a
-multiple of 8): the cache's key holds them too."""
+laid out its header) or planned for a whole ring at once (pcapng: the Enhanced Packet Block's options come from
+the drain's cache, one entry per metadata key, as in the per-record walk). merge() sorts the CPUs' records by time
+(fcap.live.fastmerge's order) and copies each file record once, straight to its place in the pass's buffer. A
+pass with a record only Python can lay out (bytes not contiguous: `fast` 0) is left to the per-record walk.
+Samples may hold `lead` bytes before their META (--dump's area, a multiple of 8): the cache's key holds them too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 from fcap.defaults import BLOCK_CACHE_BYTES, BLOCK_CACHE_MAX
 from fcap.kernel.layout import META, META_SIZE, PCAP_REC
-from fcap.live.fastmerge import U64, Plan, items, chosen, np, words
+from fcap.live.fastmerge import U64, Plan, items, np, ordered, words
 
 SAMPLE, LOST = 9, 2             # PerfRecord (bpf.uapi)
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
@@ -32,16 +32,18 @@ LOOP = 256
 class RingRecords:
     """One ring's records in a pass: `seg`, its bytes from tail to head (a view of the ring, or a copy where they
     wrap around its end); per sample its offset in seg, `fast`, its timestamp and the ring position where it ends,
-    and once laid out (pcap(), epb()) where its file record lies in `out` and its length; LOST records as (end
-    position, count); `end`, where the walk stopped; `simple`: every sample's bytes contiguous."""
+    and once located or laid out (pcap(), epb()) where its file record lies in `out` and its length (planned only,
+    planned_epb(): its length, its entry in the block cache and its header's and bytes' length, `body`); LOST records
+    as (end position, count); `end`, where the walk stopped; `simple`: every sample's bytes contiguous."""
 
-    __slots__ = ("seg", "rel", "fast", "ts", "out", "at", "size", "ends", "lost", "start", "end", "simple", "lead")
+    __slots__ = ("seg", "rel", "fast", "ts", "out", "at", "size", "ends", "lost", "start", "end", "simple", "lead",
+                 "entry", "body")
 
     def __init__(self, start: int, lead: int = 0):
         self.start = self.end = start
         self.lead = lead
         self.seg = self.out = None
-        self.rel = self.fast = self.ts = self.at = self.size = self.ends = _NONE
+        self.rel = self.fast = self.ts = self.at = self.size = self.ends = self.entry = self.body = _NONE
         self.lost: list = []
         self.simple = True
 
@@ -136,23 +138,40 @@ def _fields(out: RingRecords, seg, rel, tail: int) -> None:
     out.ends = rel + rsize + tail
 
 
-def merge(got: list, ks: list, limit: int, last: int) -> Plan:
-    """The CPUs' laid-out records in time order (fcap.live.fastmerge.chosen): the first ks[j] of got[j]'s; the
-    plan's takes, one per ring."""
+def merge(got: list, ks: list, limit: int, last: int, blocks: Blocks | None = None) -> Plan:
+    """The CPUs' records in time order, the first ks[j] of got[j]'s, laid out straight into one buffer, each copied
+    once: pcap's from their rings (sized by pcap()), pcapng's Enhanced Packet Blocks as epb() makes them (planned by
+    planned_epb(), from `blocks`). The plan's takes, one per ring."""
     live = [(g, k) for g, k in zip(got, ks) if k]
     if not live:
         return Plan([0] * len(got))
-    if len(live) == 1:
-        memory, at = live[0][0].out, live[0][0].at[:live[0][1]]
-    else:
-        memory = np.concatenate([g.out for g, _k in live])
-        bases = (np.cumsum([len(g.out) for g, _k in live]) - [len(g.out) for g, _k in live]).tolist()
-        at = np.concatenate([g.at[:k] + U64(b) for (g, k), b in zip(live, bases)])
-    p = chosen(np.concatenate([g.ts[:k] for g, k in live]), at, np.concatenate([g.size[:k] for g, k in live]),
-               np.array([k for _g, k in live], np.int64), limit, last, memory)
+    ts = np.concatenate([g.ts[:k] for g, k in live]) if len(live) > 1 else live[0][0].ts[:live[0][1]]
+    p, order = ordered(ts, np.array([k for _g, k in live], np.int64), limit, last)
     takes = iter(p.takes)
     p.takes = [next(takes) if k else 0 for k in ks]
+    if not len(order):
+        return p
+    size = np.concatenate([g.size[:k] for g, k in live]).astype(np.int64)[order]
+    where = np.full(len(ts), -1, np.int64)   # each record's place in the buffer (-1: not taken, past -c's limit)
+    where[order] = np.cumsum(size) - size
+    out = np.empty(int(size.sum()), np.uint8)
+    first = 0
+    for g, k in live:
+        at = where[first:first + k]
+        first += k
+        rows = None if len(order) == len(ts) and k == len(g) else np.flatnonzero(at >= 0)
+        if rows is not None:
+            at = at[rows]
+        if blocks is None:
+            _scatter(out, at, g.seg, _rows(g.at, rows).astype(np.int64), _rows(g.size, rows).astype(np.int64))
+        else:
+            _lay_epb(g, blocks, out, at, rows)
+    p.data = memoryview(out)
     return p
+
+
+def _rows(a, rows):
+    return a if rows is None else a[rows]
 
 
 def pcap(g: RingRecords) -> None:
@@ -163,10 +182,27 @@ def pcap(g: RingRecords) -> None:
 
 
 def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
-    """The samples' Enhanced Packet Blocks, laid out in a buffer of their own: the first 8 bytes and the options
-    around the packet id from `blocks` (`make(key, meta)` gives those of a key it lacks: (first 8 bytes, options
-    before the id, after it)), the header after the first 8 bytes and the packet's bytes from the sample, the packet
-    id from its metadata. False (nothing laid out) where two keys share a hash: left to the per-record walk."""
+    """The samples' Enhanced Packet Blocks, laid out in a buffer of their own (planned_epb()'s, then _lay_epb()'s);
+    False where planned_epb() found none."""
+    if not planned_epb(g, blocks, make):
+        return False
+    if not len(g):
+        return True
+    size = g.size.astype(np.int64)
+    at = np.cumsum(size) - size
+    g.out = np.empty(int(size.sum()), np.uint8)
+    _lay_epb(g, blocks, g.out, at, None)
+    g.at = at.astype(U64)
+    return True
+
+
+def planned_epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
+    """The samples' Enhanced Packet Blocks planned, not laid out: each one's entry in `blocks` (`make(key, meta)`
+    gives the parts of a key it lacks: (first 8 bytes, options before the id, after it)), the length of its header
+    after the first 8 bytes with the packet's bytes (`body`), its size. False (nothing planned) where two keys
+    share a hash: left to the per-record walk. Each block: the first 8 bytes and the options around the packet id
+    from `blocks`, the header after the first 8 bytes and the packet's bytes from the sample, the packet id from its
+    metadata (_lay_epb)."""
     if not len(g):
         return True
     seg, rel, lead = g.seg, g.rel, g.lead
@@ -176,17 +212,22 @@ def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:
     entry = blocks.entries(keys, lambda i, key: make(key, seg[rel[i] + RAW:rel[i] + RAW + lead + META_SIZE]))
     if entry is None:
         return False
-    tail, body = blocks.tail[entry], g.fast + (META_SIZE - META.off("iface"))
-    size = 8 + body + tail
-    at = np.cumsum(size) - size
-    out = np.empty(int(size.sum()), np.uint8)
-    off = blocks.off[entry]
+    g.entry, g.body = entry, g.fast + (META_SIZE - META.off("iface"))
+    g.size = (8 + g.body + blocks.tail[entry]).astype(U64)
+    return True
+
+
+def _lay_epb(g: RingRecords, blocks: Blocks, out, at, rows) -> None:
+    """The blocks planned by planned_epb() (those at `rows`, or all) laid out in `out`, each at its `at`."""
+    rel, entry, body = g.rel, g.entry, g.body
+    if rows is not None:
+        rel, entry, body = rel[rows], entry[rows], body[rows]
+    seg, lead = g.seg, g.lead
+    off, tail = blocks.off[entry], blocks.tail[entry]
     items(out, 8)[at] = items(blocks.buf, 8)[off]
     _scatter(out, at + 8, seg, rel + (lead + _IFACE), body)
     _scatter(out, at + 8 + body, blocks.buf, off + 8, tail)
     items(out, 8)[at + 8 + body + blocks.mark[entry]] = items(seg, 8)[rel + (lead + _ID)]
-    g.out, g.at, g.size = out, at.astype(U64), size.astype(U64)
-    return True
 
 
 class Blocks:
@@ -202,6 +243,12 @@ class Blocks:
         self.buf = np.empty(0, np.uint8)
         self.off = self.tail = self.mark = np.empty(0, np.int64)
 
+    def trim(self) -> None:
+        """Forget every entry once the cache holds its most (called between passes: a pass's planned blocks keep
+        their entries until they are laid out)."""
+        if len(self.hashes) >= BLOCK_CACHE_MAX or len(self.buf) + self.keys.nbytes >= BLOCK_CACHE_BYTES:
+            self.__init__(self.lead)
+
     def entries(self, keys, parts: Callable):
         """Each row's entry (`parts(i, key bytes)` makes those of a key not seen yet), or None where two keys
         share a hash."""
@@ -210,9 +257,6 @@ class Blocks:
         hit = pos < len(self.hashes)
         hit[hit] = self.hashes[pos[hit]] == h[hit]
         if not hit.all():
-            if len(self.hashes) >= BLOCK_CACHE_MAX or len(self.buf) + self.keys.nbytes >= BLOCK_CACHE_BYTES:
-                self.__init__(self.lead)
-                hit[:] = False
             self._add(keys, h, np.flatnonzero(~hit), parts)
             pos = np.searchsorted(self.hashes, h)
         entry = self.by_hash[pos]
