@@ -19,6 +19,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fcap.host import nftables as nft
 from fcap.files import linktypes
@@ -83,6 +85,57 @@ def test_a_drop_record_matches_its_packets_headers():
     assert not nftrace.Decision("inet", "t", "c", 5, IP, UDP, 7, 0).matches(IP + UDP, 0)   # another mark
     eth = bytes(12) + b"\x81\x00\x00\x05\x08\x00"
     assert linktypes.network_header(eth + IP, 1) == IP and linktypes.network_header(IP, 101) == IP
+
+
+def _scan_take(waiting: list, l3: bytes, mark: int):
+    """The verdict a record takes by a scan of every one waiting, oldest first (what Waiting must agree with)."""
+    for i, d in enumerate(waiting):
+        if d.matches(l3, mark):
+            return waiting.pop(i)
+    return None
+
+
+def _header(k: int, length: int = 20) -> bytes:
+    return bytes([0x45]) + k.to_bytes(4, "big") + bytes(length - 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "take", "expire"]), st.integers(0, 5), st.sampled_from([20, 24]),
+                          st.integers(0, 1), st.integers(0, 3)), max_size=60))
+def test_waiting_verdicts_are_taken_as_a_scan_of_every_one_would_take_them(ops):
+    """The index by header takes, for each record, the verdict a scan of all of them, oldest first, would take:
+    headers of two lengths, marks, transport bytes, records cut inside the header, expiry and the cap."""
+    waiting, scan, clock = nftrace.Waiting(most=8), [], 0
+    for op, k, length, mark, cut in ops:
+        clock += 1
+        head = _header(k, length)
+        if op == "add":
+            d = nftrace.Decision("inet", "t", "c", k, head, UDP[:4] if cut % 2 else b"", mark, clock)
+            waiting.add(d)
+            scan.append(d)
+            del scan[:-8]
+        elif op == "take":
+            l3 = (head + UDP)[:length - 2 * cut] if cut < 3 else head + UDP
+            assert waiting.take(l3, mark) is _scan_take(scan, l3, mark)
+        else:
+            waiting.expire(clock - 5)
+            scan[:] = [d for d in scan if d.read_ns >= clock - 5]
+        assert len(waiting) == len(scan)
+
+
+def test_a_record_is_matched_against_its_own_headers_verdicts_only(monkeypatch):
+    """A drop flood whose trace events were lost leaves verdicts no record takes: a record is matched against the
+    verdicts of its own header, not every one waiting (a scan of 65,536 per record kept fcap busy for minutes)."""
+    waiting = nftrace.Waiting()
+    for k in range(nftrace.VERDICTS_MAX + 10):
+        waiting.add(nftrace.Decision("inet", "t", "c", k, _header(k), b"", 0, k))
+    assert len(waiting) == nftrace.VERDICTS_MAX
+    calls = []
+    real = nftrace.Decision.matches
+    monkeypatch.setattr(nftrace.Decision, "matches", lambda self, *a: calls.append(1) or real(self, *a))
+    assert waiting.take(_header(1 << 20) + UDP, 0) is None and calls == []
+    assert waiting.take(_header(nftrace.VERDICTS_MAX) + UDP, 0).rule == nftrace.VERDICTS_MAX and calls == [1]
+    assert waiting.take(_header(5) + UDP, 0) is None   # (forgotten: the cap keeps the newest)
 
 
 def test_names_with_spaces_stay_one_word_of_the_comment():

@@ -85,6 +85,77 @@ def is_netfilter_drop(reason: str | None, location: str | None) -> bool:
     return bool(location) and location.split("+", 1)[0] == "nf_hook_slow"
 
 
+class Waiting:
+    """The drop verdicts waiting for their records, oldest first (at most `most`), found by their packet's network
+    header: a record is looked up once per length of header waiting, not matched against every verdict (a drop
+    flood whose trace events were lost leaves up to `most` verdicts no record takes)."""
+
+    def __init__(self, most: int = VERDICTS_MAX):
+        self.most = most
+        self.order: collections.deque = collections.deque()   # (number, Decision), oldest first; taken ones too
+        self.live: dict[int, Decision] = {}                     # number -> those not taken nor expired
+        self.by_header: dict[int, dict[bytes, collections.deque]] = {}   # header length -> header -> numbers
+        self.added = 0
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def add(self, d: Decision) -> None:
+        self.added += 1
+        self.order.append((self.added, d))
+        self.live[self.added] = d
+        self.by_header.setdefault(len(d.network), {}).setdefault(d.network, collections.deque()).append(self.added)
+        while len(self.live) > self.most or self.order and self.order[0][0] not in self.live:
+            self._forget_oldest()
+
+    def expire(self, before_ns: int) -> None:
+        """Forget those read before `before_ns` (CLOCK_MONOTONIC)."""
+        while self.order and (self.order[0][0] not in self.live or self.order[0][1].read_ns < before_ns):
+            self._forget_oldest()
+
+    def take(self, l3: bytes, mark: int) -> Decision | None:
+        """The oldest waiting verdict whose packet a record's bytes from the network header and mark are, taken."""
+        best, l3 = None, bytes(l3)
+        for length, headers in self.by_header.items():
+            if len(l3) >= length:
+                numbers = headers.get(l3[:length], ())
+            else:   # (the record's bytes end inside the header: every header they begin)
+                numbers = sorted(n for head, ns in headers.items() if head.startswith(l3) for n in ns)
+            found = self._oldest(numbers, l3, mark)
+            if found is not None and (best is None or found < best):
+                best = found
+        if best is None:
+            return None
+        d = self.live.pop(best)
+        numbers = self.by_header[len(d.network)][d.network]
+        numbers.remove(best)
+        if not numbers:
+            self._drop_header(d.network)
+        return d
+
+    def _oldest(self, numbers, l3: bytes, mark: int) -> int | None:
+        for n in numbers:
+            d = self.live.get(n)
+            if d is not None and d.matches(l3, mark):
+                return n
+        return None
+
+    def _forget_oldest(self) -> None:
+        n, d = self.order.popleft()
+        if self.live.pop(n, None) is None:
+            return   # (taken: gone from its header's numbers then)
+        numbers = self.by_header[len(d.network)][d.network]
+        numbers.remove(n)
+        if not numbers:
+            self._drop_header(d.network)
+
+    def _drop_header(self, network: bytes) -> None:
+        headers = self.by_header[len(network)]
+        del headers[network]
+        if not headers:
+            del self.by_header[len(network)]
+
+
 class Tracer:
     """The trace table (made when this is made) and the trace events, matched to drop records: take().
     close() deletes the table; the kernel deletes it too when the socket goes (kernels with owner tables)."""
@@ -113,7 +184,7 @@ class Tracer:
             raise CaptureError(f"--nft: cannot add the trace table inet {self.table} ({why})")
         self.added = True
         self.headers: collections.OrderedDict = collections.OrderedDict()   # trace id -> (network, transport)
-        self.waiting: collections.deque = collections.deque()
+        self.waiting = Waiting()
         self.lost = 0             # reads of trace events that failed for want of buffer
 
     def _parts(self, owner: bool) -> list:
@@ -139,22 +210,15 @@ class Tracer:
             head = self.headers.get(t.id)
             if head is None:
                 continue
-            self.waiting.append(Decision(t.family, t.table, t.chain, t.rule if t.type == nft.TraceType.RULE
-                                         else None, head[0], head[1], t.mark, now, self.netns if self.elsewhere else 0))
-            if len(self.waiting) > VERDICTS_MAX:
-                self.waiting.popleft()
+            self.waiting.add(Decision(t.family, t.table, t.chain, t.rule if t.type == nft.TraceType.RULE
+                                      else None, head[0], head[1], t.mark, now, self.netns if self.elsewhere else 0))
 
     def take(self, l3: bytes, mark: int, ts_ns: int) -> Decision | None:
         """The drop verdict of a netfilter drop record (its bytes from the network header, skb mark and
         CLOCK_MONOTONIC time): the oldest waiting one of the same packet, taken; None when none is."""
         self.pump()
-        while self.waiting and self.waiting[0].read_ns < ts_ns - EXPIRE_NS:
-            self.waiting.popleft()
-        for i, d in enumerate(self.waiting):
-            if d.matches(l3, mark):
-                del self.waiting[i]
-                return d
-        return None
+        self.waiting.expire(ts_ns - EXPIRE_NS)
+        return self.waiting.take(l3, mark)
 
     def close(self) -> None:
         """Delete the trace table (once) and close the sockets."""
