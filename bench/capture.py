@@ -235,12 +235,28 @@ def count_in_file(path: str, port: int | set) -> int:
         ends = tuple(form.format(p).encode() for p in (port if isinstance(port, set) else {port}))
         return sum(1 for line in data.splitlines() if any(e in line for e in ends))
     seen = set()
-    magic_at = 14 + 20 + 8
+    link = _link_header(data)
+    magic_at, dport_at = link + 20 + 8, link + 20 + 2
     dports = {struct.pack(">H", p) for p in (port if isinstance(port, set) else {port})}
     for rec in _records(data):
-        if rec[magic_at:magic_at + 8] == MAGIC and rec[36:38] in dports:
-            seen.add(bytes(rec[36:38]) + rec[magic_at + 8:magic_at + 16])
+        if rec[magic_at:magic_at + 8] == MAGIC and rec[dport_at:dport_at + 2] in dports:
+            seen.add(bytes(rec[dport_at:dport_at + 2]) + rec[magic_at + 8:magic_at + 16])
     return len(seen)
+
+
+LINK_HEADER = {1: 14, 113: 16, 276: 20}   # EN10MB, LINUX_SLL, LINUX_SLL2 (a drop point's)
+
+
+def _link_header(data: bytes) -> int:
+    """The length of the link header of the file's (first interface's) link type."""
+    if data[:4] == b"\n\r\r\n":
+        total = struct.unpack_from("<I", data, 4)[0]   # (the section header; the first interface's block next)
+        linktype = struct.unpack_from("<H", data, total + 8)[0] if len(data) >= total + 10 else 1
+    else:
+        linktype = struct.unpack_from("<I", data, 20)[0] if len(data) >= 24 else 1
+    if linktype not in LINK_HEADER:
+        raise BenchError(f"link type {linktype}: not one the bench counts datagrams in")
+    return LINK_HEADER[linktype]
 
 
 def _records(data: bytes):

@@ -9,6 +9,7 @@ and the reader shares them, as on a 2-CPU laptop."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -148,6 +149,30 @@ def table(results: list[FloodResult], names: list[str]) -> list[str]:
     return out
 
 
+NFT_TABLE = "fcap_bench_drop"
+
+
+@contextlib.contextmanager
+def nft_drop():
+    """While it lasts: the flood's datagrams dropped by nftables at input (a table of the bench's, `udp length`),
+    and fcap's capture point the drop point."""
+    from . import capture
+    rules = [f"add table inet {NFT_TABLE}",
+             f"add chain inet {NFT_TABLE} in {{ type filter hook input priority 0; }}",
+             f"add rule inet {NFT_TABLE} in udp length {PAYLOAD + 8} drop"]
+    for r in rules:
+        p = subprocess.run(["nft", *shlex.split(r)], capture_output=True, text=True)
+        if p.returncode:
+            subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], capture_output=True)
+            raise BenchError(f"nft {r}: {p.stderr.strip()}")
+    point, capture.POINT = capture.POINT, "tp_btf/kfree_skb"
+    try:
+        yield
+    finally:
+        capture.POINT = point
+        subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], capture_output=True)
+
+
 def default_senders(ncpu: int) -> list[int]:
     """1, 2, 4, ... below the CPU count, and one sender per CPU but the reader's (2 CPUs: 1 and 2, the reader
     sharing)."""
@@ -168,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                     "fcap.commands.cli', to measure another version)")
     ap.add_argument("--baseline", metavar="CMD", help="also run fcap as CMD in the same rounds (its rows marked "
                     "'(baseline)'), e.g. an older checkout: 'env PYTHONPATH=/tmp/old python3 -m fcap.commands.cli'")
+    ap.add_argument("--nft-drop", action="store_true",
+                    help="a flood nftables drops: a table of the bench's drops the senders' datagrams at input "
+                         "(udp length), fcap captures at the drop point (tp_btf/kfree_skb): for --nft beside a plain "
+                         "capture there, e.g. --tools 'fcap pcapng' --fcap '... --nft' --baseline '...'")
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -183,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import capture
         capture.FCAP[:] = shlex.split(args.fcap)
     try:
-        results = measure(ns, args.count, args.rounds, names, args.fcap_args.split(), args.dir,
-                          lambda m: print(m, file=sys.stderr, flush=True),
-                          shlex.split(args.baseline) if args.baseline else None)
+        with nft_drop() if args.nft_drop else contextlib.nullcontext():
+            results = measure(ns, args.count, args.rounds, names, args.fcap_args.split(), args.dir,
+                              lambda m: print(m, file=sys.stderr, flush=True),
+                              shlex.split(args.baseline) if args.baseline else None)
     except BenchError as e:
         print(f"bench.flood: {e}", file=sys.stderr)
         return 1
