@@ -102,8 +102,9 @@ class ArrayMap(Map):
 class HashMap(Map):
     """A hash map (lru=True: the kernel evicts the least recently used entry when it is full)."""
 
-    def __init__(self, key_size: int, value_size: int, max_entries: int, name: str = "", lru: bool = False):
-        super().__init__(MapType.LRU_HASH if lru else MapType.HASH, key_size, value_size, max_entries, 0, name)
+    def __init__(self, key_size: int, value_size: int, max_entries: int, name: str = "", lru: bool = False,
+                 flags: int = 0):
+        super().__init__(MapType.LRU_HASH if lru else MapType.HASH, key_size, value_size, max_entries, flags, name)
 
     def keys(self):
         """Every key, as bytes (BPF_MAP_GET_NEXT_KEY from the start; a map changing meanwhile may repeat or skip

@@ -342,15 +342,15 @@ def ipv6_loopback() -> bool:
 # ---- bpf objects a process holds ----------------------------------------------------------------------
 
 def bpf_ids_of(pid: int) -> dict[str, set[int]]:
-    """prog_id / link_id of every BPF fd process `pid` holds (from /proc/PID/fdinfo)."""
-    ids: dict[str, set[int]] = {"prog": set(), "link": set()}
+    """prog_id / link_id / map_id of every BPF fd process `pid` holds (from /proc/PID/fdinfo)."""
+    ids: dict[str, set[int]] = {"prog": set(), "link": set(), "map": set()}
     d = Path(f"/proc/{pid}/fdinfo")
     for fd in d.iterdir():
         try:
             text = fd.read_text()
         except OSError:
             continue
-        for key in ("prog", "link"):
+        for key in ("prog", "link", "map"):
             m = re.search(rf"^{key}_id:\s*(\d+)", text, re.M)
             if m:
                 ids[key].add(int(m.group(1)))

@@ -13,13 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from fcap.host import containers
 from fcap.host.ctxnames import CgroupNames, cgroup2_mount
-from netns import free_port, read_packets, run_fcap, sh, start_fcap, start_tcpdump, subprocess_env
+from netns import bpf_ids_of, free_port, read_packets, run_fcap, sh, start_fcap, start_tcpdump, subprocess_env
 
 ID = "0123456789abcdef" * 4
 ID2 = "fedcba9876543210" * 4
@@ -299,6 +300,117 @@ def test_netns_names(root, tmp_path):
         assert (p.netns, p.netns_name) == (inum, name) and f"netns_name={name}" in p.comment
     finally:
         sh("ip", "netns", "del", name, check=False)
+
+
+def _names_ride_the_rings() -> None:
+    """Skip unless a --context pcapng capture's programs write the file rings here (fcap's own plan for it)."""
+    from fcap.live.session import Config, Session
+    s = Session(Config(points=["tp_btf/net_dev_queue"], context=True))
+    s.resolve()
+    s.write_file("pcapng")
+    if not s.map_plan().context:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the names are user "
+                    "space's, as test_context_names_the_sockets_cgroup_and_container checks")
+
+
+def _map_of(pid: int, name: str) -> list:
+    """bpftool's dump of the map named `name` that process `pid` holds (JSON)."""
+    for i in bpf_ids_of(pid)["map"]:
+        shown = json.loads(subprocess.run(["bpftool", "-j", "map", "show", "id", str(i)], capture_output=True,
+                                          text=True, timeout=30).stdout or "{}")
+        if shown.get("name") == name:
+            r = subprocess.run(["bpftool", "-j", "map", "dump", "id", str(i)], capture_output=True, text=True,
+                               timeout=30)
+            return json.loads(r.stdout)
+    raise AssertionError(f"fcap (pid {pid}) holds no map {name}")
+
+
+def _u64(hexes: list, at: int) -> int:
+    return int.from_bytes(bytes(int(h, 16) for h in hexes[at:at + 8]), "little")
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-skb-dynptr"]], ids=["rings", "rings and frags by perf"])
+def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra):
+    """--context into pcapng where the programs write the file rings: the first packet of a (cgroup, netns) goes
+    through the perf buffer, user space names it and gives the text to the programs (the map fcap_ctxtext, read with
+    bpftool), which write it into the comments of the packets after it themselves: the programs' count of records
+    through the perf buffer (fcap_counters' seen, read with bpftool) stays at that first packet, and every comment
+    ends with what user space says."""
+    _names_ride_the_rings()
+    from fcap.kernel.layout import CTX_KEY, CTX_TEXT
+    port = free_port()
+    path = tmp_path / "named.pcapng"
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--context", "-c", "41", "-w", str(path), *extra,
+                     f"udp dst port {port}"])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"first", ("127.0.0.1", port))
+            for _ in range(200):   # (user space names it at its next pass: at most POLL_MS, more on a slow guest)
+                given = _map_of(fc.pid, "fcap_ctxtext")
+                if given:
+                    break
+                time.sleep(0.05)
+            for i in range(40):
+                s.sendto(b"n%02d" % i, ("127.0.0.1", port))
+            counted = _map_of(fc.pid, "fcap_counters")
+        assert fc.wait() == 0, fc.stderr
+    finally:
+        fc.kill()
+    own_path, own_id = own_cgroup()
+    (entry,) = given
+    value = bytes(int(h, 16) for h in entry["value"])
+    key = CTX_KEY.unpack(bytes(int(h, 16) for h in entry["key"]))
+    n = CTX_TEXT.unpack(value).len
+    text = value[CTX_TEXT.off("text"):CTX_TEXT.off("text") + n].decode()
+    assert key.cgroup == own_id and text == f" cgroup={own_id} cgroup_path={own_path}", (key, text)
+    pkts = packets(path)
+    assert len(pkts) == 41 and all(p.comment.endswith(text) and p.cgroup_path == own_path for p in pkts)
+    perf_path = sum(_u64(v["value"], 0) for v in counted[0]["values"])
+    assert 1 <= perf_path <= 3, f"{perf_path} records went through the perf buffer (1: the first packet's)"
+
+
+def test_a_namespace_named_while_fcap_runs_is_named_a_second_later(root, tmp_path):
+    """The names given to the programs last a second, the file drain's blocks' options half of one: a network
+    namespace given its `ip netns` name while fcap runs is named in the record of a datagram sent from it 2.5 s
+    later, not in the one sent before (the file rings where the kernel has them, else the perf buffer)."""
+    if shutil.which("ip") is None or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.skip("no ip, unshare or nsenter command")
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "120"])
+    name = f"fcaplate{os.getpid() % 100000}"
+    try:
+        ns = f"/proc/{holder.pid}/ns/net"
+        for _ in range(100):   # (unshare's own process becomes sleep once the namespace is made)
+            if os.path.exists(ns) and os.stat(ns).st_ino != os.stat("/proc/self/ns/net").st_ino:
+                break
+            time.sleep(0.05)
+        inum = os.stat(ns).st_ino
+        sh("nsenter", f"--net={ns}", "ip", "link", "set", "lo", "up")
+        port = free_port()
+        path = tmp_path / "late.pcapng"
+        fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--context", "--netns", str(inum), "-c", "2", "-w",
+                         str(path), f"udp dst port {port}"])
+        code = "import socket, sys; socket.socket(2, 2).sendto(sys.argv[1].encode(), ('127.0.0.1', int(sys.argv[2])))"
+        try:
+            for payload in ("before", "after"):
+                subprocess.run(["nsenter", f"--net={ns}", sys.executable, "-c", code, payload, str(port)], check=True,
+                               timeout=30, env=subprocess_env())
+                if payload == "before":
+                    time.sleep(0.5)
+                    sh("ip", "netns", "attach", name, str(holder.pid))
+                    time.sleep(2.5)
+            assert fc.wait() == 0, fc.stderr
+        finally:
+            fc.kill()
+        got = {bytes(p.data[-6:]).lstrip(b"\x00").decode(errors="replace")[-6:]: p for p in packets(path)}
+        before = next(p for k, p in got.items() if k.endswith("before"))
+        after = next(p for k, p in got.items() if k.endswith("after"))
+        assert before.netns == after.netns == inum
+        assert before.netns_name is None and "netns_name=" not in before.comment, before.comment
+        assert after.netns_name == name and after.comment.endswith(f" netns_name={name}"), after.comment
+    finally:
+        sh("ip", "netns", "del", name, check=False)
+        holder.kill()
+        holder.wait()
 
 
 def test_the_api_and_printed_lines_carry_the_context(tree):

@@ -214,12 +214,16 @@ class _Stack(NamedTuple):
     drop_key: int = -296     # fcap drops: the counting map's key (DROP_KEY, 16 bytes)
     drop_one: int = -304     # fcap drops: the value 1 to insert
     frames: int = -384       # a drop function's stack, where its caller is found (fcap.points.kinds.CALLER_FRAMES)
+    ctx_key: int = -400      # --context into the file rings: the names' key (CTX_KEY, 16 bytes)
+    ctx_val: int = -408      # ... the map value found (CTX_TEXT)
+    ctx_copy: int = -416     # ... the record's copy length, kept across the lookup
+    ctx_len: int = -424      # ... the text's length, read once
 
 
 STACK = _Stack()
 _STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
                 "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
-                "drop_key": 16, "frames": 48}
+                "drop_key": 16, "frames": 48, "ctx_key": 16}
 
 
 def _check_stack() -> None:
@@ -326,6 +330,13 @@ CAREA = Layout("CommentArea", (
     ("len_text", "16s"),
     ("text", f"{TEXT_POS_MASK + 1 + 16}s"),
 ))
+# --context into the file rings: the names user space gave a (cgroup, netns), which the program copies after the
+# comment's text (fcap.kernel.ringrec; a hash map's key and value, filled by fcap.features.packet_context). `expires`:
+# CLOCK_MONOTONIC ns after which the program asks again (names found later: a namespace named since). Only read by
+# the programs: the CPUs share its cache lines.
+CTX_MAX = 248
+CTX_KEY = Layout("ContextKey", (("cgroup", "Q"), ("netns", "Q")))
+CTX_TEXT = Layout("ContextText", (("len", "Q"), ("expires", "Q"), ("text", f"{CTX_MAX}s")))
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
 TEXT_MID = TEXT_SKB + 16                  # then the middle
 assert CAREA.off("text") % 8 == 0

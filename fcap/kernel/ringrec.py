@@ -20,7 +20,8 @@ from fcap.kernel.parts import WRITE, Part, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
-                     RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX)
+                     RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX, CTX_KEY,
+                     CTX_MAX, CTX_TEXT)
 from fcap.kernel.layout import COPY_MAX as SAMPLE_COPY_MAX   # what a perf sample holds
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
@@ -32,10 +33,11 @@ CAPLEN_MAX, COPY_MAX = RING_CAPLEN_MAX, RING_COPY_MAX   # a record holds a whole
 
 SMALL_COPY = 256          # linear packets up to this long are copied by direct loads where the verifier allows
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
+CTX_SPILL = SPILL + CTX_MAX   # ... and --context's text after it (fcap.kernel.layout's CTX_TEXT)
 QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
-OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + 4 + 4
+OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
-RING_SLACK = (REC_MAX + SPILL + 4095) & ~4095
+RING_SLACK = (REC_MAX + CTX_SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
 assert RING_INDEX.size == 1 << 4, "_publish finds an index entry by a shift"
 
@@ -58,7 +60,10 @@ def emit(b) -> None:
     """The record into this CPU's file ring. In: R2 = copy, R8 = hdr_total (<= HDR_MAX), R7 scratch, R6 skb.
     Out: R0 = 0, or -1 when the record was dropped (no room, a nested writer, a failed read)."""
     r = b.fresh_names("r", "copied", "count", "done", "fail", "frags", "in_order", "link_done", "noq", "opt_noq",
-                      "orig", "perf", "pos", "probe", "publish", "sample", "sec", "sec_set", "unlock", "words")
+                      "orig", "perf", "pos", "probe", "publish", "sample", "sec", "sec_set", "unlock", "words",
+                      "ctx_hit", "ctx_miss")
+    if names_context(b):
+        _context(b, r)
     if frags_by_perf(b.maps):
         _frags_to_perf(b, r)
     # n = bytes from the skb (from offset skip), caplen = hdr + n
@@ -77,6 +82,27 @@ def frags_by_perf(maps) -> bool:
     bpf_skb_output appending the frags) rather than the ring: a kernel without skb dynptrs in tracing programs
     (before 6.12). The rest, linear, still go to the ring."""
     return bool(maps.ring and not maps.dynptr_kfunc)
+
+
+def names_context(b) -> bool:
+    """Whether the comment ends with --context's names, which user space gives the program in a map (maps.ctxtext:
+    layout.CTX_KEY -> CTX_TEXT, fcap.features.packet_context fills it); the records of a key it lacks go through
+    the perf buffer (maps.frags), where user space names them."""
+    return bool(b.maps.ring and b.maps.ctxtext and b.maps.frags and b.options.record == RECORD_PCAPNG and
+                b.options.comment)
+
+
+def _context(b, r) -> None:
+    """STACK.ctx_val: the names user space gave this packet's (cgroup, netns), and their length at STACK.ctx_len;
+    none yet, longer than CTX_MAX or expired: on to r.perf. In and out: R2 = copy (kept across the lookup)."""
+    b.emit(stx(DW, FP, STACK.ctx_copy, R2), META.load(R0, R7, "cgroup"), CTX_KEY.store(FP, "cgroup", R0, STACK.ctx_key),
+           META.load(R0, R7, "netns"), CTX_KEY.store(FP, "netns", R0, STACK.ctx_key),
+           ld_map_fd(R1, b.maps.ctxtext), mov(R2, FP), addi(R2, STACK.ctx_key), call(Helper.map_lookup_elem),
+           asm.jmp(JEQ, R0, 0, r.ctx_miss),
+           CTX_TEXT.load(R1, R0, "len"), asm.jmp(JGT, R1, CTX_MAX, r.ctx_miss), stx(DW, FP, STACK.ctx_len, R1),
+           CTX_TEXT.load(R1, R0, "expires"), META.load(R3, R7, "ts"), asm.jmp(JGE, R3, R1, r.ctx_miss, reg=True),
+           stx(DW, FP, STACK.ctx_val, R0), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.ctx_hit),
+           label(r.ctx_miss), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.perf), label(r.ctx_hit))
 
 
 def can_publish() -> bool:
@@ -104,7 +130,11 @@ FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("cap
                     layouts=("RING", "RING_INDEX"),
                     maps=(MapUse("ring", "mmapable ARRAY, an element (RING, the ring, RING_INDEX) per possible CPU; "
                                          "the session's"),
-                          MapUse("events", "PERF_EVENT_ARRAY: the doorbell that wakes user space; the session's")),
+                          MapUse("events", "PERF_EVENT_ARRAY: the doorbell that wakes user space; the session's"),
+                          MapUse("frags", "PERF_EVENT_ARRAY: the records the rings cannot take (bytes in frags without "
+                                          "skb dynptrs, --context's names not given yet); the session's"),
+                          MapUse("ctxtext", "HASH, CTX_KEY -> CTX_TEXT: --context's names, given by user space "
+                                            "(fcap.features.packet_context); the session's")),
                     reads="fcap.live.ringdrain.RingDrain")
 
 
@@ -152,14 +182,17 @@ def _pcapng(b, r) -> None:
     # to 4) + end + trailer
     b.emit(META.load(R4, R7, "caplen"), addi(R4, EPB_HDR + 3 + opts), andi(R4, -4))
     if b.options.comment:
-        b.emit(ldx(DW, R5, FP, STACK.text_len), addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+        b.emit(ldx(DW, R5, FP, STACK.text_len))
+        if names_context(b):
+            b.emit(ldx(DW, R0, FP, STACK.ctx_len), alu64(ADD, R5, R0, reg=True))
+        b.emit(addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
     else:
         b.emit(addi(R4, 4))
     if not queue:
         b.emit(META.load(R5, R7, "flags"), andi(R5, FLAG_QUEUE), asm.jmp(JEQ, R5, 0, r.noq), addi(R4, QUEUE_OPT),
                label(r.noq))
     b.emit(stx(DW, FP, STACK.ring_len, R4))
-    _reserve(b, r, SPILL)
+    _reserve(b, r, CTX_SPILL if names_context(b) else SPILL)
     if track.in_ring(b.point, b.options, b.maps):
         _take_id(b)
     # the block's header in place (R1 + RING_CTRL), laid out as META's: two fields a store (fewer stores to fresh
@@ -210,10 +243,17 @@ def _options(b, r, flags: int | None, queue: bool, verdict: tuple | None, text: 
     if not b.options.comment:   # end of options, trailer
         b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k, R0))
         return
-    b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, r.unlock),
-           mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
+    b.emit(ldx(DW, R2, FP, STACK.text_len), asm.jmp(JGT, R2, TEXT_MAX, r.unlock))
+    if names_context(b):   # (the comment: the metadata's text, then the names')
+        b.emit(ldx(DW, R0, FP, STACK.ctx_len), asm.jmp(JGT, R0, CTX_MAX, r.unlock), alu64(ADD, R2, R0, reg=True))
+    b.emit(mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
     for j in range(0, TEXT_MAX, 8):
         b.emit(ldx(DW, R0, R7, text + j), stx(DW, R1, k + 4 + j, R0))
+    if names_context(b):
+        b.emit(ldx(DW, R3, FP, STACK.text_len), asm.jmp(JGT, R3, TEXT_MAX, r.unlock), alu64(ADD, R3, R1, reg=True),
+               ldx(DW, R4, FP, STACK.ctx_val))
+        for j in range(0, CTX_MAX, 8):
+            b.emit(ldx(DW, R0, R4, CTX_TEXT.off("text") + j), stx(DW, R3, k + 4 + j, R0))
     b.emit(mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, k + 4, 0),             # the text's padding
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True),
            ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k + 4, R0))     # end of options, trailer
@@ -365,8 +405,8 @@ def _publish(b, r) -> None:
            # per-point counts of a multi-point pcapng file's ISBs)
            label(r.done), RING.store_imm(R9, "busy", 0),
            [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"))
-    if frags_by_perf(m):   # (counted as the perf buffer's records are: seen, and lost where it had no room)
-        b.emit(label(r.perf), asm.jmp(JLE, R2, SAMPLE_COPY_MAX, r.sample), movi(R2, SAMPLE_COPY_MAX),
+    if frags_by_perf(m) or names_context(b):   # (counted as the perf buffer's records are: seen, and lost where it
+        b.emit(label(r.perf), asm.jmp(JLE, R2, SAMPLE_COPY_MAX, r.sample), movi(R2, SAMPLE_COPY_MAX),   # had no room)
                label(r.sample))
         b.perf_output(m.frags)
         b.emit(ja(r.count))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from typing import Callable
 
 from bpf.perfbuf import PerfBuffer
@@ -56,7 +57,7 @@ class FileDrain:
 
     def __init__(self, buffer: PerfBuffer, writer, options: RecordOptions | None = None, limit: int = 0,
                  window: order.Window | None = None, parse: Callable = layout.parse_record, fast: bool = True,
-                 lead: int = 0):
+                 lead: int = 0, refresh_ns: int = 0):
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
@@ -72,6 +73,8 @@ class FileDrain:
         self._addresses: list | None = None   # where each ring's data bytes lie (fcap.live.perfwalk reads them)
         self._blocks = None                     # pcapng's block parts as arrays (fcap.live.perfwalk.Blocks)
         self.lead = lead
+        self.refresh_ns = refresh_ns   # (> 0: the options cached are made again after this long: names found since)
+        self._since = time.monotonic_ns()
         self._unpack_ng = struct.Struct(f"<I2xH4x{lead}sQ{_KEY_AT - _TS_END}x{_KEY_END - _KEY_AT}sI").unpack_from
         # passes at C speed (fcap.live.perfwalk; made before `listening on`, as RingDrain: a flood that starts at
         # once is drained at C speed from its start)
@@ -140,6 +143,7 @@ class FileDrain:
         blocks only `planned`, for perfwalk.merge to lay out in time order); None where one needs Python to lay it
         out (the per-record walk: walks())."""
         from fcap.live import perfwalk
+        self._refresh()
         rings = self.buffer.rings
         if self._addresses is None:
             self._addresses = [r.address() for r in rings]
@@ -149,7 +153,14 @@ class FileDrain:
     def walks(self) -> list:
         """Each ring's pending records walked one by one (Walk: their file records as parts, EPB_PARTS each for
         pcapng; their timestamps). Clear their parts before the rings are released."""
+        self._refresh()
         return [self._walk(ring) for ring in self.buffer.rings]
+
+    def _refresh(self) -> None:
+        """Forget the options cached, once refresh_ns have passed (between passes)."""
+        if self.refresh_ns and time.monotonic_ns() - self._since >= self.refresh_ns:
+            self._tails, self._cached, self._blocks = {}, 0, None
+            self._since = time.monotonic_ns()
 
     def pressed(self, got: list) -> bool:
         """Whether a ring is a quarter full or more (got: arrays() or walks())."""

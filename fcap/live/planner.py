@@ -274,8 +274,8 @@ class Planner:
                 any(g.kind is not None for g in self.groups):
             return False, 0   # (an skb the helpers take at every point; one program per point)
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return False, 0   # (a feature says what only user space can: a drop's names, --context's, --stack's frames,
-            #  --dump's options)
+            return False, 0   # (a feature says what only user space can: a drop's names, --stack's frames, --dump's
+            #  options; --context's names ride the rings: a map user space fills, fcap.kernel.ringrec)
         ids = {self._dynptr_kfunc(p) for p in self.points}
         kfunc = ids.pop() if len(ids) == 1 and 0 not in ids else 0
         return ringrec.can_publish(), kfunc
@@ -288,7 +288,9 @@ class Planner:
         rings, kfunc = self._file_rings()
         return MapPlan(scratch_size=max(cprog.scratch_size(p, self.options(p)) for p in self._program_points()),
                        track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
-                       kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0)
+                       kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0,
+                       context=bool(rings and self.cfg.context and self.cfg.comment and
+                                    self.cfg.record == layout.RECORD_PCAPNG))
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -300,8 +302,9 @@ class Planner:
         if plan.stack:
             maps.stack = -7
         if plan.ring_size:   # the programs that write the file rings (map fd -4; -8: the perf buffer of packets with
-            maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags)
-            maps.frags = 0 if plan.kfunc else -8
+            maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags, or
+            maps.frags = 0 if plan.kfunc and not plan.context else -8                        # names to give; -9:
+            maps.ctxtext = -9 if plan.context else 0                                          # --context's names)
         out = []
         for group, p in zip(self.groups, self._program_points()):
             if group.kind is None:
@@ -329,6 +332,7 @@ class MapPlan(NamedTuple):
     pages: int
     kfunc: int
     ring_size: int
+    context: bool = False   # the file rings' comments end with --context's names (a map user space fills)
 
 
 def protocol_predicate(ethertype: int) -> Callable:

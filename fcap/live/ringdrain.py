@@ -24,7 +24,8 @@ class RingDrain:
     (fcap.live.order, written as byte ranges). Records past the cutoff stay in their ring (tail stops before them)
     until a later pass. `limit` (> 0) stops it after that many, the oldest (fcap.live.order.reached). The perf
     buffer only carries doorbells. `side`: where the kernel has no skb dynptrs, the drain of the perf buffer that
-    carries the records of packets with bytes in page frags (fcap.kernel.ringrec.frags_by_perf), merged in by time."""
+    carries the records of packets with bytes in page frags (fcap.kernel.ringrec.frags_by_perf), and with --context
+    those whose names user space has not given the programs yet (ringrec.names_context), merged in by time."""
 
     def __init__(self, ring_map, ring_size: int, buffer: PerfBuffer, writer, limit: int = 0,
                  window: order.Window | None = None, fast: bool = True, side: FileDrain | None = None):

@@ -10,12 +10,12 @@ from typing import Callable
 from bpf import probes
 from bpf.errors import BPFError
 from bpf.link import Link
-from bpf.maps import ArrayMap, PerCPUArrayMap, PerfEventArrayMap, possible_cpus
+from bpf.maps import ArrayMap, HashMap, PerCPUArrayMap, PerfEventArrayMap, possible_cpus
 from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
-from fcap.defaults import POLL_MS, POLL_MS_IMMEDIATE
+from fcap.defaults import CTX_ENTRIES, POLL_MS, POLL_MS_IMMEDIATE
 from fcap.errors import CaptureError
 from fcap.kernel import layout, stats, track
 from fcap.kernel import program as cprog
@@ -47,7 +47,8 @@ class Session(Planner, Attach):
         self.links: list[Link] = []
         self.maps: list = []
         self.buffer: PerfBuffer | None = None
-        self.frags: PerfBuffer | None = None   # file rings without skb dynptrs: the packets with bytes in frags
+        self.frags: PerfBuffer | None = None   # file rings' side: packets with bytes in frags (no skb dynptrs),
+                                               # --context's not named yet (fcap.kernel.ringrec)
         self.stats = Stats()
         self.counters: PerCPUArrayMap | None = None   # per point: seen, lost
         self.ring = None          # the file rings' map when the programs write pcap records there
@@ -61,6 +62,7 @@ class Session(Planner, Attach):
         self.track_report: dict = {}
         self.follows_copies = False   # --track: the copy functions' helpers are loaded (fcap.kernel.track)
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
+        self.ctx_names = None    # --context into the file rings: the names' map (fcap.features.packet_context)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
         self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
 
@@ -126,7 +128,6 @@ class Session(Planner, Attach):
             self.buffer = PerfBuffer(events, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)
 
     def _make_track_maps(self, maps: cprog.Maps) -> None:
-        from bpf.maps import HashMap
         self.track_counters = PerCPUArrayMap(layout.TRACK_COUNTERS.size, 1, name="fcap_trackcnt")
         self.maps.append(self.track_counters)
         maps.track_counters = self.track_counters.fileno()
@@ -142,11 +143,17 @@ class Session(Planner, Attach):
 
 
     def _make_rings(self, plan, maps: cprog.Maps):
-        """The file rings, and where the kernel has no skb dynptrs the perf event array of the packets with bytes in
-        frags (returned; None where the rings take every packet)."""
+        """The file rings, and the perf event array of the records they cannot take (returned; None where they take
+        every one): where the kernel has no skb dynptrs, the packets with bytes in frags; with --context's names in
+        the comments (plan.context), those whose names user space has not given the programs yet (their map)."""
         ring_size = self._make_ring(plan.ring_size)
         maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
-        if plan.kfunc:
+        if plan.context:
+            self.ctx_names = HashMap(layout.CTX_KEY.size, layout.CTX_TEXT.size, CTX_ENTRIES, name="fcap_ctxtext",
+                                     flags=MapFlags.NO_PREALLOC)   # (a value the programs hold is never reused)
+            self.maps.append(self.ctx_names)
+            maps.ctxtext = self.ctx_names.fileno()
+        if plan.kfunc and not plan.context:
             return None
         frags = PerfEventArrayMap(possible_cpus(), name="fcap_frags")
         self.maps.append(frags)
@@ -180,14 +187,23 @@ class Session(Planner, Attach):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from fcap.live.drain import FileDrain
         from fcap.live.ringdrain import RingDrain
+        refresh = self._names_refresh()
         if self.ring is not None:
             side = None if self.frags is None else FileDrain(self.frags, writer, options=options, window=self.window,
-                                                             parse=self.parse)
+                                                             parse=self.parse, refresh_ns=refresh)
             self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window,
                                    side=side)
             return self.drain
         return FileDrain(self.buffer, writer, options=options, limit=limit, window=self.window, parse=self.parse,
-                         lead=self.lead)
+                         lead=self.lead, refresh_ns=refresh)
+
+    def _names_refresh(self) -> int:
+        """How long a file drain keeps a block's options before --context's names are made again (0: for good): half
+        the time the programs keep the names given them (fcap.features.packet_context)."""
+        if not self.cfg.context:
+            return 0
+        from fcap.host.ctxnames import REFRESH_NS
+        return REFRESH_NS // 2
 
     # -- running -------------------------------------------------------------------------------
     def run(self, on_record: Callable[[layout.Record], bool], stop: Callable[[], bool], poll_ms: int = POLL_MS,
