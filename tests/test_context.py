@@ -321,7 +321,9 @@ def _map_of(pid: int, name: str) -> list:
         if shown.get("name") == name:
             r = subprocess.run(["bpftool", "-j", "map", "dump", "id", str(i)], capture_output=True, text=True,
                                timeout=30)
-            return json.loads(r.stdout)
+            dumped = json.loads(r.stdout)
+            assert isinstance(dumped, list), f"bpftool map dump id {i}: {dumped}"
+            return dumped
     raise AssertionError(f"fcap (pid {pid}) holds no map {name}")
 
 
@@ -340,7 +342,7 @@ def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra
     from fcap.kernel.layout import CTX_KEY, CTX_TEXT
     port = free_port()
     path = tmp_path / "named.pcapng"
-    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--context", "-c", "41", "-w", str(path), *extra,
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--context", "-c", "42", "-w", str(path), *extra,
                      f"udp dst port {port}"])
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -352,7 +354,9 @@ def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra
                 time.sleep(0.05)
             for i in range(40):
                 s.sendto(b"n%02d" % i, ("127.0.0.1", port))
+            time.sleep(0.2)   # (the 40 through the kernel)
             counted = _map_of(fc.pid, "fcap_counters")
+            s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
         assert fc.wait() == 0, fc.stderr
     finally:
         fc.kill()
@@ -364,7 +368,7 @@ def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra
     text = value[CTX_TEXT.off("text"):CTX_TEXT.off("text") + n].decode()
     assert key.cgroup == own_id and text == f" cgroup={own_id} cgroup_path={own_path}", (key, text)
     pkts = packets(path)
-    assert len(pkts) == 41 and all(p.comment.endswith(text) and p.cgroup_path == own_path for p in pkts)
+    assert len(pkts) == 42 and all(p.comment.endswith(text) and p.cgroup_path == own_path for p in pkts)
     perf_path = sum(_u64(v["value"], 0) for v in counted[0]["values"])
     assert 1 <= perf_path <= 3, f"{perf_path} records went through the perf buffer (1: the first packet's)"
 
