@@ -25,6 +25,8 @@ class ContextNames(Annotator):
         from fcap.host.ctxnames import Context
         self.context = Context()
         self.given = given
+        if given is not None:
+            self.context.warm()
         self.until: dict = {}   # key -> when what the map holds for it expires
 
     def text(self, rec) -> str:

@@ -164,6 +164,15 @@ class Context:
     def __init__(self):
         self.cgroups, self.netns = CgroupNames(), NetnsNames()
 
+    def warm(self) -> None:
+        """Walk the cgroup2 tree and the namespaces' names now, not at the first record (which a flood's first
+        milliseconds wait for where the programs ask for the names: fcap.features.packet_context)."""
+        self.cgroups.path(1)
+        try:
+            self.netns.name(os.stat("/proc/self/ns/net").st_ino)
+        except OSError:
+            pass
+
     def values(self, rec) -> dict:
         """{Packet attribute: value}: cgroup, cgroup_path, container, pod, netns_name (None: unknown)."""
         path = self.cgroups.path(rec.cgroup)

@@ -104,8 +104,9 @@ class Session(Planner, Attach):
             if track.uses_map(self.ident()):
                 self._load_helpers(maps)
             self._make_buffer(events, plan, maps.ring_size)
-            if frags is not None:   # (its wake-ups wake the loop's poll of the doorbells)
-                self.frags = PerfBuffer(frags, pages=plan.pages, wakeup_bytes=plan.pages * PAGE // 4, cpus=plan.cpus)
+            if frags is not None:   # (its wake-ups wake the loop's poll of the doorbells; with names to give, at
+                wake = PAGE if plan.context else plan.pages * PAGE // 4   # a page: the packets after a key's first
+                self.frags = PerfBuffer(frags, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)   # are named soon)
                 self.buffer.watch(self.frags.fileno())
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
                 from fcap.host.nftrace import Tracers
