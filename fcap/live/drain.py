@@ -341,7 +341,7 @@ class _Fast:
     def _import(self) -> None:
         try:
             from fcap.live import fastmerge
-            from fcap.live import perfwalk  # noqa: F401 (the perf buffers' walk: a side drain's first pass waits not)
+            from fcap.live import perfwalk  # noqa: F401 (the perf buffers' walk: a first pass waits not for it)
         except ImportError as e:
             self.missing = str(e)
             return

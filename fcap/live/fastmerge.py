@@ -21,7 +21,6 @@ def _import_numpy():
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
         import numpy
-        import numpy.ma  # noqa: F401 (numpy.unique imports it at its first call: ~30 ms a drain's first pass waited)
     finally:
         if set_here:
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
@@ -159,7 +158,7 @@ def _from_many(p: Plan, memories: list, src, at, size) -> None:
     if int(size.min()) == int(size.max()) and bool((src == src[0]).all()):
         p.data = gathered(memories[int(src[0])], at, size)
         return
-    lengths = [(j, L) for j in range(len(memories)) for L in np.unique(size[src == j]).tolist()]
+    lengths = [(j, L) for j in range(len(memories)) for L in lengths_of(size[src == j]).tolist()]
     if len(lengths) > 2 * GATHER_LENGTHS:
         p.memory = memories
         bases = np.array([m.ctypes.data for m in memories], U64)
@@ -181,13 +180,19 @@ def items(buf, length: int):
     return np.ndarray((len(buf) - length + 1,), dtype=np.dtype((np.void, length)), buffer=buf, strides=(1,))
 
 
+def lengths_of(size):
+    """The distinct lengths among `size`, ascending (counted, not sorted: no numpy.unique, whose first call imports
+    numpy.ma, ~7 ms of a drain's first pass)."""
+    return np.flatnonzero(np.bincount(size.astype(np.intp)))
+
+
 def gathered(memory, at, size):
     """The records (`size` bytes at offset `at` of memory, in order) copied into one buffer, one gather (and, when
     their lengths differ, one scatter) per length; None when they come in more than GATHER_LENGTHS lengths."""
     lo, hi = int(size.min()), int(size.max())
     if lo == hi:
         return memoryview(items(memory, lo)[at.astype(np.intp)].view(np.uint8))
-    lengths = np.flatnonzero(np.bincount(size.astype(np.intp)))
+    lengths = lengths_of(size)
     if len(lengths) > GATHER_LENGTHS:
         return None
     out = np.empty(int(size.sum()), np.uint8)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from fcap.defaults import BLOCK_CACHE_BYTES, BLOCK_CACHE_MAX
 from fcap.kernel.layout import META, META_SIZE, PCAP_REC
-from fcap.live.fastmerge import U64, Plan, items, np, ordered, words
+from fcap.live.fastmerge import U64, Plan, items, lengths_of, np, ordered, words
 
 SAMPLE, LOST = 9, 2             # PerfRecord (bpf.uapi)
 RAW = 12                        # perf_event_header + the raw sample's u32 size: the sample's bytes start here
@@ -263,8 +263,9 @@ class Blocks:
         return entry if (keys == self.keys[entry]).all() else None
 
     def _add(self, keys, h, rows, parts: Callable) -> None:
-        _u, first = np.unique(h[rows], return_index=True)
-        rows = rows[first]
+        by = np.argsort(h[rows], kind="stable")   # (the first row of each hash, no numpy.unique: see lengths_of)
+        hs = h[rows][by]
+        rows = rows[by[np.flatnonzero(np.concatenate(([True], hs[1:] != hs[:-1])))]]
         made = [parts(i, keys[i].tobytes()) for i in rows.tolist()]
         blobs = [head8 + before + bytes(8) + after for head8, before, after in made]   # (the id's place)
         lengths = np.array([len(b) for b in blobs], np.int64)
@@ -289,7 +290,7 @@ def _hash(keys):
 
 def _scatter(dst, dst_at, src, src_at, lengths) -> None:
     """Copies lengths[i] bytes from src at src_at[i] to dst at dst_at[i]: one copy per distinct length."""
-    for length in np.flatnonzero(np.bincount(lengths)).tolist():
+    for length in lengths_of(lengths).tolist():
         pick = np.flatnonzero(lengths == length)
         items(dst, length)[dst_at[pick]] = items(src, length)[src_at[pick]]
 
