@@ -79,8 +79,9 @@ def test_a_load_a_signal_cuts_short_is_tried_again(monkeypatch):
     monkeypatch.setattr(prog_module, "bpf_errno", watched)
     old = signal.signal(signal.SIGALRM, lambda *_: None)
     try:
-        prog_module.load(ProgType.SOCKET_FILTER, insns, check_kinds=False)
-        once = calls[-1][1]
+        for _ in range(3):   # (a verification's time, the least of a few: the first, cold, takes longer)
+            prog_module.load(ProgType.SOCKET_FILTER, insns, check_kinds=False)
+        once = min(t for _, t in calls)
         for _ in range(5):   # (the signal must land inside the call: tried until it does)
             calls.clear()
             timer[:] = [once / 2, once / 2]
@@ -88,6 +89,7 @@ def test_a_load_a_signal_cuts_short_is_tried_again(monkeypatch):
             assert p.fd.fileno() >= 0 and calls[-1][0] == 0
             if [err for err, _ in calls[:2]] == [errno.EAGAIN] * 2:
                 break
+            once = min(once, calls[-1][1])
         else:
             pytest.fail(f"no signal landed inside a verification of {once * 1e3:.1f} ms: {calls}")
     finally:
