@@ -6,6 +6,7 @@ Traffic goes only to 127.0.0.0/8, ::1, or to a namespace these helpers create (1
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import random
@@ -355,6 +356,25 @@ def bpf_ids_of(pid: int) -> dict[str, set[int]]:
             if m:
                 ids[key].add(int(m.group(1)))
     return ids
+
+
+def map_of(pid: int, name: str) -> list:
+    """bpftool's dump of the map named `name` that process `pid` holds (JSON)."""
+    for i in bpf_ids_of(pid)["map"]:
+        shown = json.loads(subprocess.run(["bpftool", "-j", "map", "show", "id", str(i)], capture_output=True,
+                                          text=True, timeout=30).stdout or "{}")
+        if shown.get("name") == name:
+            r = subprocess.run(["bpftool", "-j", "map", "dump", "id", str(i)], capture_output=True, text=True,
+                               timeout=30)
+            dumped = json.loads(r.stdout)
+            assert isinstance(dumped, list), f"bpftool map dump id {i}: {dumped}"
+            return dumped
+    raise AssertionError(f"fcap (pid {pid}) holds no map {name}")
+
+
+def perf_seen(counters: list) -> int:
+    """The programs' count of records through the perf buffer (seen, a counters value's first u64), all CPUs'."""
+    return sum(int.from_bytes(bytes(int(h, 16) for h in v["value"][:8]), "little") for v in counters[0]["values"])
 
 
 # ---- a veth pair into a network namespace --------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 
 from fcap.host import containers
 from fcap.host.ctxnames import CgroupNames, cgroup2_mount
-from netns import bpf_ids_of, free_port, read_packets, run_fcap, sh, start_fcap, start_tcpdump, subprocess_env
+from netns import free_port, map_of, perf_seen, read_packets, run_fcap, sh, start_fcap, start_tcpdump, subprocess_env
 
 ID = "0123456789abcdef" * 4
 ID2 = "fedcba9876543210" * 4
@@ -313,25 +313,6 @@ def _names_ride_the_rings() -> None:
                     "space's, as test_context_names_the_sockets_cgroup_and_container checks")
 
 
-def _map_of(pid: int, name: str) -> list:
-    """bpftool's dump of the map named `name` that process `pid` holds (JSON)."""
-    for i in bpf_ids_of(pid)["map"]:
-        shown = json.loads(subprocess.run(["bpftool", "-j", "map", "show", "id", str(i)], capture_output=True,
-                                          text=True, timeout=30).stdout or "{}")
-        if shown.get("name") == name:
-            r = subprocess.run(["bpftool", "-j", "map", "dump", "id", str(i)], capture_output=True, text=True,
-                               timeout=30)
-            dumped = json.loads(r.stdout)
-            assert isinstance(dumped, list), f"bpftool map dump id {i}: {dumped}"
-            return dumped
-    raise AssertionError(f"fcap (pid {pid}) holds no map {name}")
-
-
-def _seen(counters: list) -> int:
-    """The programs' count of records through the perf buffer (seen, a counters value's first u64), all CPUs'."""
-    return sum(int.from_bytes(bytes(int(h, 16) for h in v["value"][:8]), "little") for v in counters[0]["values"])
-
-
 @pytest.mark.parametrize("extra", [[], ["--no-skb-dynptr"]], ids=["rings", "rings and frags by perf"])
 def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra):
     """--context into pcapng where the programs write the file rings: the first packet of a (cgroup, netns) goes
@@ -349,15 +330,15 @@ def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(b"first", ("127.0.0.1", port))
             for _ in range(200):   # (user space names it at its next pass: at most POLL_MS, more on a slow guest)
-                given = _map_of(fc.pid, "fcap_ctxtext")
+                given = map_of(fc.pid, "fcap_ctxtext")
                 if given:
                     break
                 time.sleep(0.05)
-            first = _seen(_map_of(fc.pid, "fcap_counters"))
+            first = perf_seen(map_of(fc.pid, "fcap_counters"))
             for i in range(40):
                 s.sendto(b"n%02d" % i, ("127.0.0.1", port))
             time.sleep(0.2)   # (the 40 through the kernel)
-            counted = _seen(_map_of(fc.pid, "fcap_counters"))
+            counted = perf_seen(map_of(fc.pid, "fcap_counters"))
             s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
         assert fc.wait() == 0, fc.stderr
     finally:

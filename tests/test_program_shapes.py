@@ -241,6 +241,11 @@ def point_shapes(kind: str, out: str, inp: str, inp2: str, drop: str) -> list[Sh
     for us, point, filt in ((out_units, out, None), (out_units, out, BYTES), (in_units, inp, ANCILLARY)):
         said, fields = all_of(us)
         shapes.append(Shape(f"every unit '{filt or ''}'", [point], filt, said=said, fields=fields, attach=True))
+    # every unit the file rings take (--dump's do not), the texts user space gives their programs among them
+    said, fields = all_of([u for u in out_units if u[0] not in ("--dump", "--ct")])
+    shapes += [Shape(f"every unit of the rings '{BYTES}'", [out], BYTES, said=said, fields=fields),
+               Shape(f"every unit of the rings '{BYTES}' --no-skb-dynptr", [out], BYTES, said=said,
+                     fields={**fields, "skb_dynptr": False})]
     # several points into one pcapng (ISBs: each point counts its records; packet ids from the identity map)
     shapes += [Shape("several points", [out, inp], None, attach=True),
                Shape(f"several points '{BYTES}'", [out, inp], BYTES),

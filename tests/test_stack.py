@@ -13,10 +13,11 @@ import random
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 
-from netns import SLOW, run_fcap, send_udp, start_fcap, subprocess_env, tcp_bulk
+from netns import SLOW, map_of, perf_seen, run_fcap, send_udp, start_fcap, subprocess_env, tcp_bulk
 
 TRACEFS = "/sys/kernel/tracing"
 # frames the kernel's trigger adds before the tracepoint's caller (its own machinery)
@@ -148,8 +149,10 @@ def _unmixed(packets: list, n: int) -> list:
 
 
 def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
-    """The same into a file: -w lays out the blocks from the perf buffer's records, each comment made once per stack
-    id and metadata and reused (fcap.live.drain.FileDrain); a block never carries another stack's frames."""
+    """The same into a file: where the programs write the file rings, each id's first record goes through the perf
+    buffer and they write the frames user space then gives them into the records after it; else -w lays out the
+    blocks from the perf buffer's records, each comment made once per stack id and metadata and reused
+    (fcap.live.drain.FileDrain). Either way, a block never carries another stack's frames."""
     import fcap
     port, n, path = _closed_port(), 30, tmp_path / "mixed.pcapng"
     fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-w", str(path), f"(udp and dst port {port}) or tcp"])
@@ -160,6 +163,64 @@ def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
         fc.kill()
     tcp = _unmixed(list(fcap.read(str(path))), n)
     assert len({p.stack for p in tcp}) >= 2, "a TCP transfer's sends come from more than one path"
+
+
+def _frames_ride_the_rings() -> None:
+    """Skip unless a --stack pcapng capture's programs write the file rings here (fcap's own plan for it)."""
+    from fcap.live.session import Config, Session
+    s = Session(Config(points=["tp_btf/net_dev_queue"], stack=True))
+    s.resolve()
+    s.write_file("pcapng")
+    if not s.map_plan().stack_texts:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the frames are user "
+                    "space's, as test_a_files_tcp_and_udp_stacks_do_not_mix checks")
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-skb-dynptr"], ["--context"]],
+                         ids=["rings", "rings and frags by perf", "after --context's names"])
+def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extra):
+    """--stack into pcapng where the programs write the file rings: the first packet of a stack id goes through the
+    perf buffer, user space reads its frames and gives the comment's text to the programs (the map fcap_stktext,
+    read with bpftool), which write it into the comments of the packets of that id after it themselves: the
+    programs' count of records through the perf buffer (fcap_counters' seen) is one per distinct stack, and every
+    comment ends with the text user space gave for its id (after --context's names, which the programs also write:
+    their first packet is the same, and they ask again after a second)."""
+    _frames_ride_the_rings()
+    import fcap
+    from fcap.kernel.layout import STK_KEY, STK_TEXT
+    port, path = _closed_port(), tmp_path / "frames.pcapng"
+    fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-c", "42", "-w", str(path), *extra,
+                     f"udp dst port {port}"])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"first", ("127.0.0.1", port))
+            for _ in range(200):   # (user space reads the id at its next pass: at most POLL_MS, more on a slow guest)
+                if map_of(fc.pid, "fcap_stktext"):
+                    break
+                time.sleep(0.05)
+            for i in range(40):
+                s.sendto(b"n%02d" % i, ("127.0.0.1", port))
+            time.sleep(0.2)   # (the 40 through the kernel)
+            counted = perf_seen(map_of(fc.pid, "fcap_counters"))
+            given = map_of(fc.pid, "fcap_stktext")
+            s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
+        assert fc.wait() == 0, fc.stderr
+    finally:
+        fc.kill()
+    texts = {}
+    for entry in given:
+        value = bytes(int(h, 16) for h in entry["value"])
+        stack_id = STK_KEY.unpack(bytes(int(h, 16) for h in entry["key"])).id
+        texts[stack_id] = value[STK_TEXT.off("text"):STK_TEXT.off("text") + STK_TEXT.unpack(value).len].decode()
+    pkts = list(fcap.read(str(path)))[:41]
+    assert len(pkts) == 41 and all("udp_send_skb" in map(_func, p.stack) for p in pkts), [p.stack for p in pkts]
+    assert all(any(p.comment.endswith(t) for t in texts.values()) for p in pkts), (texts, pkts[0].comment)
+    assert all(t.startswith(" stack=") for t in texts.values()), texts
+    distinct = len({p.stack for p in pkts})
+    asked = 2 if "--context" in extra else 0   # (an expiry's asking: test_context)
+    assert distinct <= counted <= distinct + asked, \
+        f"{counted} records went through the perf buffer, {distinct} distinct stacks (each one's first: the " \
+        "programs write the rest)"
 
 
 def _small_map(monkeypatch, size: int) -> tuple[list, list]:

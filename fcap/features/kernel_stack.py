@@ -10,12 +10,8 @@ COMMENT = ((" stack=", "stack", "str"),)
 
 
 class StackFrames(Annotator):
-    def __init__(self) -> None:
-        from fcap.kernel.kstack import text
-        self.frames = text
-
     def text(self, rec) -> str:
-        return keyed_text(COMMENT, {"stack": self.frames(rec.stack)}) if rec.stack is not None else ""
+        return comment_text(rec.stack) if rec.stack is not None else ""
 
     def values(self, rec) -> dict:
         return {"stack": rec.stack}
@@ -28,10 +24,16 @@ class StackFrames(Annotator):
             printer.stack(rec.stack)
 
 
-# (the frames are user space's: no file rings; into a file, the perf buffer's blocks, each comment made once per stack
-# id and metadata: fcap.live.drain.FileDrain's options cache)
+def comment_text(stack: tuple) -> str:
+    """What the comment of a record with these frames ends with (() unknown)."""
+    from fcap.kernel.kstack import text
+    return keyed_text(COMMENT, {"stack": text(stack)})
+
+
+# (into a file: where the programs write the file rings, they write each id's frames too, as user space gives them
+# when it first reads the id (fcap.kernel.kstack.Stacks); else the perf buffer's blocks, each comment made once per
+# stack id and metadata: fcap.live.drain.FileDrain's options cache)
 FEATURE = PacketFeature(
     "stack", comment=COMMENT, flag="--stack", room="stack", option=True, program=("stack",),
     help="the kernel stack of each packet at its point (FUNC+0xOFF, innermost first; names from /proc/kallsyms)",
-    annotator=lambda session: StackFrames() if session.cfg.stack else None,
-    user_space=lambda cfg, points: cfg.stack)
+    annotator=lambda session: StackFrames() if session.cfg.stack else None)

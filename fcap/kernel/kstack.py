@@ -1,7 +1,8 @@
 """--stack: the kernel stack of each record. The capture program stores the stack in a stack trace map with
 bpf_get_stackid (the kernel keeps one copy of each distinct stack: the record carries its id, META's stack); user
 space reads each id's addresses once and names them from /proc/kallsyms (fcap.host.kallsyms), innermost frame
-first.
+first. Where the programs write the file rings, user space gives them each id's comment text as it reads it
+(Stacks.give_to), and they write it into the records of that id after it themselves (fcap.kernel.ringrec).
 
 The ids stay true: without BPF_F_REUSE_STACKID a stack that hashes to a bucket another stack holds is not stored
 (-EEXIST: the record's stack is unknown, STACK_NONE) rather than replacing it, so an id read back later names the
@@ -11,13 +12,14 @@ be cached. A stack not stored, or an id the map does not hold, shows as unknown:
 from __future__ import annotations
 
 import struct
+from typing import Callable
 
 from bpf.asm import DW, FP, JSLT, R0, R1, R2, R3, R7, call, ja, jmp, label, ld_map_fd, ldx, movi
 from bpf.uapi import Helper
 
 from fcap.host import kallsyms
 from fcap.kernel.parts import RECORD_META, Part, MapUse
-from fcap.kernel.layout import META, STACK, STACK_NONE, Record
+from fcap.kernel.layout import META, STACK, STACK_NONE, STK_KEY, STK_MAX, STK_TEXT, Record
 from fcap.points import kinds
 
 DEPTH = 64               # frames kept of each stack (deeper stacks lose their outermost frames)
@@ -71,6 +73,7 @@ class Stacks:
         # a BPF program's frame names it, not a program of an earlier capture at the same address)
         self.symbols = symbols or kallsyms.Symbols()
         self._cache: dict[int, tuple[str, ...]] = {}
+        self._given = self._comment = None   # give_to's
 
     @classmethod
     def create(cls, maps: list, size: int = 0) -> Stacks:
@@ -85,7 +88,24 @@ class Stacks:
         got = self._cache.get(stack_id)
         if got is None:
             got = self._cache[stack_id] = self._read(stack_id)
+            if self._given is not None:
+                self._give(stack_id, got)
         return got
+
+    def give_to(self, texts, comment: Callable[[tuple], str]) -> None:
+        """From now on, give the programs each id's comment text (`comment` of its frames) when it is first read:
+        `texts`, their map (layout.STK_KEY -> STK_TEXT, fcap.kernel.ringrec), from which they write it into the
+        records of the packets after it themselves (an id's frames never change: given once, for good)."""
+        self._given, self._comment = texts, comment
+
+    def _give(self, stack_id: int, frames: tuple) -> None:
+        data = self._comment(frames).encode()
+        if len(data) > STK_MAX:
+            return   # (its packets go on through the perf buffer, named here)
+        try:
+            self._given.update(STK_KEY.struct.pack(stack_id), STK_TEXT.struct.pack(len(data), data))
+        except OSError:
+            pass     # (full: the same)
 
     def _read(self, stack_id: int) -> tuple[str, ...]:
         if stack_id == STACK_NONE:

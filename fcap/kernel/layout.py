@@ -218,12 +218,16 @@ class _Stack(NamedTuple):
     ctx_val: int = -408      # ... the map value found (CTX_TEXT)
     ctx_copy: int = -416     # ... the record's copy length, kept across the lookup
     ctx_len: int = -424      # ... the text's length, read once
+    stk_key: int = -432      # --stack into the file rings: the stack id whose text is looked up (STK_KEY, 4 bytes)
+    stk_val: int = -440      # ... the map value found (STK_TEXT)
+    stk_len: int = -448      # ... the text's length, read once
+    stk_at: int = -456       # ... where the comment's option starts, kept across the text's copy
 
 
 STACK = _Stack()
 _STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
                 "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
-                "drop_key": 16, "frames": 48, "ctx_key": 16}
+                "drop_key": 16, "frames": 48, "ctx_key": 16, "stk_key": 4}
 
 
 def _check_stack() -> None:
@@ -337,6 +341,12 @@ CAREA = Layout("CommentArea", (
 CTX_MAX = 248
 CTX_KEY = Layout("ContextKey", (("cgroup", "Q"), ("netns", "Q")))
 CTX_TEXT = Layout("ContextText", (("len", "Q"), ("expires", "Q"), ("text", f"{CTX_MAX}s")))
+# --stack into the file rings: the comment's text of a stack id, which user space gives the programs when it first
+# reads that id (fcap.kernel.kstack: an id's frames never change) and they copy after the metadata's (and
+# --context's) text (fcap.kernel.ringrec). A longer text: the perf buffer, every time.
+STK_MAX = 2040
+STK_KEY = Layout("StackKey", (("id", "I"),))
+STK_TEXT = Layout("StackText", (("len", "Q"), ("text", f"{STK_MAX}s")))
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
 TEXT_MID = TEXT_SKB + 16                  # then the middle
 assert CAREA.off("text") % 8 == 0

@@ -274,8 +274,8 @@ class Planner:
                 any(g.kind is not None for g in self.groups):
             return False, 0   # (an skb the helpers take at every point; one program per point)
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return False, 0   # (a feature says what only user space can: a drop's names, --stack's frames, --dump's
-            #  options; --context's names ride the rings: a map user space fills, fcap.kernel.ringrec)
+            return False, 0   # (a feature says what only user space can: a drop's names, --dump's options;
+            #  --context's names and --stack's frames ride the rings: maps user space fills, fcap.kernel.ringrec)
         ids = {self._dynptr_kfunc(p) for p in self.points}
         kfunc = ids.pop() if len(ids) == 1 and 0 not in ids else 0
         return ringrec.can_publish(), kfunc
@@ -286,11 +286,11 @@ class Planner:
         cpus = online_cpus()
         pages = self._pages(len(cpus))
         rings, kfunc = self._file_rings()
+        texts = rings and self.cfg.comment and self.cfg.record == layout.RECORD_PCAPNG
         return MapPlan(scratch_size=max(cprog.scratch_size(p, self.options(p)) for p in self._program_points()),
                        track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
                        kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0,
-                       context=bool(rings and self.cfg.context and self.cfg.comment and
-                                    self.cfg.record == layout.RECORD_PCAPNG))
+                       context=bool(texts and self.cfg.context), stack_texts=bool(texts and self.cfg.stack))
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -303,8 +303,9 @@ class Planner:
             maps.stack = -7
         if plan.ring_size:   # the programs that write the file rings (map fd -4; -8: the perf buffer of packets with
             maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags, or
-            maps.frags = 0 if plan.kfunc and not plan.context else -8                        # names to give; -9:
-            maps.ctxtext = -9 if plan.context else 0                                          # --context's names)
+            maps.frags = 0 if plan.kfunc and not plan.gives else -8                          # texts to give; -9:
+            maps.ctxtext = -9 if plan.context else 0                                          # --context's names,
+            maps.stktext = -10 if plan.stack_texts else 0                                     # -10: --stack's)
         out = []
         for group, p in zip(self.groups, self._program_points()):
             if group.kind is None:
@@ -333,6 +334,12 @@ class MapPlan(NamedTuple):
     kfunc: int
     ring_size: int
     context: bool = False   # the file rings' comments end with --context's names (a map user space fills)
+    stack_texts: bool = False   # ... and with --stack's frames (another)
+
+    @property
+    def gives(self) -> bool:
+        """Whether user space gives the programs texts (whose records go through the perf buffer until it has)."""
+        return self.context or self.stack_texts
 
 
 def protocol_predicate(ethertype: int) -> Callable:

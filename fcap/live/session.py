@@ -63,6 +63,7 @@ class Session(Planner, Attach):
         self.follows_copies = False   # --track: the copy functions' helpers are loaded (fcap.kernel.track)
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.ctx_names = None    # --context into the file rings: the names' map (fcap.features.packet_context)
+        self.stack_texts = None  # --stack into the file rings: the frames' map (fcap.kernel.kstack.Stacks fills it)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
         self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
 
@@ -105,7 +106,7 @@ class Session(Planner, Attach):
                 self._load_helpers(maps)
             self._make_buffer(events, plan, maps.ring_size)
             if frags is not None:   # (its wake-ups wake the loop's poll of the doorbells; with names to give, at
-                wake = PAGE if plan.context else plan.pages * PAGE // 4   # a page: the packets after a key's first
+                wake = PAGE if plan.gives else plan.pages * PAGE // 4   # a page: the packets after a key's first
                 self.frags = PerfBuffer(frags, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)   # are named soon)
                 self.buffer.watch(self.frags.fileno())
             if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
@@ -145,21 +146,33 @@ class Session(Planner, Attach):
 
     def _make_rings(self, plan, maps: cprog.Maps):
         """The file rings, and the perf event array of the records they cannot take (returned; None where they take
-        every one): where the kernel has no skb dynptrs, the packets with bytes in frags; with --context's names in
-        the comments (plan.context), those whose names user space has not given the programs yet (their map)."""
+        every one): where the kernel has no skb dynptrs, the packets with bytes in frags; with --context's names or
+        --stack's frames in the comments (plan.gives), those whose text user space has not given the programs yet
+        (a map each)."""
         ring_size = self._make_ring(plan.ring_size)
         maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
         if plan.context:
-            self.ctx_names = HashMap(layout.CTX_KEY.size, layout.CTX_TEXT.size, CTX_ENTRIES, name="fcap_ctxtext",
-                                     flags=MapFlags.NO_PREALLOC)   # (a value the programs hold is never reused)
-            self.maps.append(self.ctx_names)
+            self.ctx_names = self._texts_map(layout.CTX_KEY, layout.CTX_TEXT, CTX_ENTRIES, "fcap_ctxtext")
             maps.ctxtext = self.ctx_names.fileno()
-        if plan.kfunc and not plan.context:
+        if plan.stack_texts:
+            from fcap.features.kernel_stack import comment_text
+            from fcap.kernel.kstack import STACK_MAX
+            self.stack_texts = self._texts_map(layout.STK_KEY, layout.STK_TEXT, STACK_MAX + 1, "fcap_stktext")
+            maps.stktext = self.stack_texts.fileno()
+            self.stacks.give_to(self.stack_texts, comment_text)
+        if plan.kfunc and not plan.gives:
             return None
         frags = PerfEventArrayMap(possible_cpus(), name="fcap_frags")
         self.maps.append(frags)
         maps.frags = frags.fileno()
         return frags
+
+    def _texts_map(self, key, value, entries: int, name: str) -> HashMap:
+        """A map of texts user space gives the programs (fcap.kernel.ringrec), no value preallocated: a value a
+        program holds is never reused."""
+        texts = HashMap(key.size, value.size, entries, name=name, flags=MapFlags.NO_PREALLOC)
+        self.maps.append(texts)
+        return texts
 
     def _make_ring(self, want: int) -> int:
         """The file rings' map, each CPU's ring `want` bytes or, where the kernel caps a map value (4 MiB before
