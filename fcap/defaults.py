@@ -21,6 +21,7 @@ POLL_MS_IMMEDIATE = 5     # ... with --immediate-mode (printing, the API): recor
 BLOCK_CACHE_MAX = 1 << 14   # pcapng block options a perf buffer's drain keeps made, by metadata key (both walks) ...
 BLOCK_CACHE_BYTES = 32 << 20   # ... and their bytes and keys' at most (a --dump of whole structures: KiBs a key)
 CTX_ENTRIES = 4096   # --context into the file rings: (cgroup, netns) pairs whose names the programs hold at once
+DROP_TEXTS = 4096    # drop points into the file rings: (reason, location) pairs whose names the programs hold
 
 
 def buffer_kib(cpus: int, pcapng: bool = False) -> int:

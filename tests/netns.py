@@ -372,6 +372,17 @@ def map_of(pid: int, name: str) -> list:
     raise AssertionError(f"fcap (pid {pid}) holds no map {name}")
 
 
+def given_texts(pid: int, name: str, value) -> dict[bytes, str]:
+    """The texts fcap (process `pid`) gave its programs in its map `name` (bpftool's view): key bytes -> text, each
+    value laid out as `value` (fcap.kernel.layout: len, text)."""
+    texts = {}
+    for entry in map_of(pid, name):
+        raw = bytes(int(h, 16) for h in entry["value"])
+        at = value.off("text")
+        texts[bytes(int(h, 16) for h in entry["key"])] = raw[at:at + value.unpack(raw).len].decode()
+    return texts
+
+
 def perf_seen(counters: list) -> int:
     """The programs' count of records through the perf buffer (seen, a counters value's first u64), all CPUs'."""
     return sum(int.from_bytes(bytes(int(h, 16) for h in v["value"][:8]), "little") for v in counters[0]["values"])

@@ -352,6 +352,8 @@ def test_the_programs_write_the_names_user_space_gave_them(root, tmp_path, extra
     assert key.cgroup == own_id and text == f" cgroup={own_id} cgroup_path={own_path}", (key, text)
     pkts = packets(path)
     assert len(pkts) == 42 and all(p.comment.endswith(text) and p.cgroup_path == own_path for p in pkts)
+    assert all(p.packet_id for p in pkts) and len({p.packet_id for p in pkts}) == 42, \
+        "the perf buffer's records have ids of their own"
     assert first == 1, f"{first} records went through the perf buffer before the names were given (the first's)"
     assert counted - first <= 2, f"{counted - first} of the 40 after went through the perf buffer (at most an " \
                                  "expiry's asking: the rest the programs wrote)"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 from conftest import require_kind
-from netns import run_fcap
+from netns import free_port, given_texts, map_of, perf_seen, run_fcap, start_fcap
 from test_capture import _sender
 
 
@@ -47,3 +48,47 @@ def test_a_drop_function_names_where_the_tracepoint_does(tmp_path, kind):
 
 def by_ts(pkts: list) -> list:
     return sorted(pkts, key=lambda p: p.ts_ns)
+
+
+def test_the_programs_write_a_drops_names_user_space_gave_them(root, tmp_path):
+    """Into pcapng where the programs write the file rings: the first datagram dropped at a (reason, location)
+    goes through the perf buffer, user space names it and gives the text to the programs (the map fcap_droptext,
+    read with bpftool), which write it into the comments of the drops after it themselves: the programs' count of
+    records through the perf buffer (fcap_counters' seen) stays at that first one, and every comment ends with the
+    text given: the reason UDP's receive gives a datagram to a closed port, and where."""
+    from fcap.kernel.layout import DROP_TEXT, DROP_TEXT_KEY
+    from fcap.live.session import Config, Session
+    import fcap
+    s = Session(Config(points=["tp_btf/kfree_skb"]))
+    s.resolve()
+    s.write_file("pcapng")
+    if not s.map_plan().drop_texts:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the names are user "
+                    "space's")
+    port, path = free_port(), tmp_path / "drops.pcapng"
+    fc = start_fcap(["-i", "tp_btf/kfree_skb", "-c", "42", "-w", str(path), f"udp dst port {port}"])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"first", ("127.0.0.1", port))
+            for _ in range(200):   # (user space names it at its next pass: at most POLL_MS, more on a slow guest)
+                if map_of(fc.pid, "fcap_droptext"):
+                    break
+                time.sleep(0.05)
+            for i in range(40):
+                s.sendto(b"n%02d" % i, ("127.0.0.1", port))
+            time.sleep(0.2)   # (the 40 through the kernel)
+            counted = perf_seen(map_of(fc.pid, "fcap_counters"))
+            texts = given_texts(fc.pid, "fcap_droptext", DROP_TEXT)
+            s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
+        assert fc.wait() == 0, fc.stderr
+    finally:
+        fc.kill()
+    pkts = list(fcap.read(str(path)))
+    ((key, text),) = texts.items()
+    key = DROP_TEXT_KEY.unpack(key)
+    assert key.named == 1 and text == f" reason=NO_SOCKET at={pkts[0].location}", (key, text)
+    assert "udp" in pkts[0].location, pkts[0].location
+    assert len(pkts) == 42 and all(p.comment.endswith(text) and p.reason == "NO_SOCKET" for p in pkts)
+    assert all(p.packet_id for p in pkts) and len({p.packet_id for p in pkts}) == 42, \
+        "the perf buffer's records have ids of their own"
+    assert counted == 1, f"{counted} records went through the perf buffer (the first's: the programs write the rest)"

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from netns import SLOW, map_of, perf_seen, run_fcap, send_udp, start_fcap, subprocess_env, tcp_bulk
+from netns import SLOW, given_texts, map_of, perf_seen, run_fcap, send_udp, start_fcap, subprocess_env, tcp_bulk
 
 TRACEFS = "/sys/kernel/tracing"
 # frames the kernel's trigger adds before the tracepoint's caller (its own machinery)
@@ -187,6 +187,7 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
     their first packet is the same, and they ask again after a second)."""
     _frames_ride_the_rings()
     import fcap
+    from fcap.kernel import kstack
     from fcap.kernel.layout import STK_KEY, STK_TEXT
     port, path = _closed_port(), tmp_path / "frames.pcapng"
     fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-c", "42", "-w", str(path), *extra,
@@ -202,20 +203,18 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
                 s.sendto(b"n%02d" % i, ("127.0.0.1", port))
             time.sleep(0.2)   # (the 40 through the kernel)
             counted = perf_seen(map_of(fc.pid, "fcap_counters"))
-            given = map_of(fc.pid, "fcap_stktext")
+            texts = given_texts(fc.pid, "fcap_stktext", STK_TEXT)
             s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
         assert fc.wait() == 0, fc.stderr
     finally:
         fc.kill()
-    texts = {}
-    for entry in given:
-        value = bytes(int(h, 16) for h in entry["value"])
-        stack_id = STK_KEY.unpack(bytes(int(h, 16) for h in entry["key"])).id
-        texts[stack_id] = value[STK_TEXT.off("text"):STK_TEXT.off("text") + STK_TEXT.unpack(value).len].decode()
+    assert all(STK_KEY.unpack(k).id < kstack.STACK_MAX for k in texts), texts
     pkts = list(fcap.read(str(path)))[:41]
     assert len(pkts) == 41 and all("udp_send_skb" in map(_func, p.stack) for p in pkts), [p.stack for p in pkts]
     assert all(any(p.comment.endswith(t) for t in texts.values()) for p in pkts), (texts, pkts[0].comment)
     assert all(t.startswith(" stack=") for t in texts.values()), texts
+    assert all(p.packet_id for p in pkts) and len({p.packet_id for p in pkts}) == 41, \
+        "the perf buffer's records have ids of their own"
     distinct = len({p.stack for p in pkts})
     asked = 2 if "--context" in extra else 0   # (an expiry's asking: test_context)
     assert distinct <= counted <= distinct + asked, \

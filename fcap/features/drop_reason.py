@@ -1,5 +1,6 @@
 """A drop point's records: why the kernel dropped the packet (the reason's name from this kernel's BTF) and where
-(the freeing function from /proc/kallsyms), recorded by the programs and named by fcap.kernel.drops."""
+(the freeing function from /proc/kallsyms), recorded by the programs and named by fcap.kernel.drops. Where the
+programs write the file rings, they write the names too, as user space gives them (fcap.kernel.ringrec)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,35 @@ COMMENT = ((" reason=", "reason", "str"), (" at=", "location", "str"))
 
 
 class DropNames(Annotator):
-    """The reason and location of the records of drop points (has_reason: point id -> its records have a reason)."""
+    """The reason and location of the records of drop points (has_reason: point id -> its records have a reason).
+    Where the programs write the file rings (`given`: the session's map), each text made is given to them too, for
+    good (a reason's and a location's names never change): they write it into the records of the same (reason,
+    location) after it themselves."""
 
-    def __init__(self, has_reason: dict):
+    def __init__(self, has_reason: dict, given=None):
         from fcap.kernel import drops
         self.has_reason = has_reason
         self.names = drops.Names()
+        self.given = given
+        self._keys: set = set()   # (the keys given)
 
     def text(self, rec) -> str:
-        return keyed_text(COMMENT, self.values(rec))
+        text = keyed_text(COMMENT, self.values(rec))
+        if self.given is not None and rec.point in self.has_reason:
+            self._give(rec, text)
+        return text
+
+    def _give(self, rec, text: str) -> None:
+        from fcap.kernel.layout import DROP_MAX, DROP_TEXT, DROP_TEXT_KEY
+        key = DROP_TEXT_KEY.struct.pack(rec.reason, int(self.has_reason[rec.point]), rec.location)
+        data = text.encode()
+        if key in self._keys or len(data) > DROP_MAX:
+            return   # (given; or too long: its packets go on through the perf buffer, named here)
+        self._keys.add(key)
+        try:
+            self.given.update(key, DROP_TEXT.struct.pack(len(data), data))
+        except OSError:   # (full: the same)
+            pass
 
     def values(self, rec) -> dict:
         reason, location = self.drop(rec)
@@ -37,19 +58,14 @@ class DropNames(Annotator):
         return (names.reason(rec.reason) if self.has_reason[rec.point] else None), names.location(rec.location)
 
 
-def drop_names(points) -> DropNames | None:
-    """The names of a capture's drop records, None where no point is a drop point."""
+def drop_names(points, given=None) -> DropNames | None:
+    """The names of a capture's drop records, None where no point is a drop point (`given`: the map the file rings'
+    programs read them from)."""
     from fcap.kernel import drops
     has_reason = {p.id: drops.reason_arg(p) is not None for p in points if drops.is_drop_point(p)}
-    return DropNames(has_reason) if has_reason else None
-
-
-def _at_drop_points(cfg, points) -> bool:
-    from fcap.kernel.drops import is_drop_point
-    return any(is_drop_point(p) for p in points)
+    return DropNames(has_reason, given) if has_reason else None
 
 
 FEATURE = PacketFeature(
     "drop", comment=COMMENT, program=("drop reason",),
-    annotator=lambda session: drop_names(session.points),
-    user_space=_at_drop_points)   # (names: user space's)
+    annotator=lambda session: drop_names(session.points, session.drop_texts))

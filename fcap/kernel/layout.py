@@ -218,16 +218,18 @@ class _Stack(NamedTuple):
     ctx_val: int = -408      # ... the map value found (CTX_TEXT)
     ctx_copy: int = -416     # ... the record's copy length, kept across the lookup
     ctx_len: int = -424      # ... the text's length, read once
-    stk_key: int = -432      # --stack into the file rings: the stack id whose text is looked up (STK_KEY, 4 bytes)
-    stk_val: int = -440      # ... the map value found (STK_TEXT)
-    stk_len: int = -448      # ... the text's length, read once
-    stk_at: int = -456       # ... where the comment's option starts, kept across the text's copy
+    given_key: int = -440    # the file rings: the key of a text user space gives (STK_KEY, DROP_TEXT_KEY; 16 bytes)
+    given_at: int = -448     # ... where the comment's option starts, kept across a text's copy
+    stk_val: int = -456      # --stack's: the map value found (STK_TEXT)
+    stk_len: int = -464      # ... its text's length, read once
+    drop_val: int = -472     # a drop's names: the map value found (DROP_TEXT)
+    drop_len: int = -480     # ... its text's length, read once
 
 
 STACK = _Stack()
 _STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
                 "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
-                "drop_key": 16, "frames": 48, "ctx_key": 16, "stk_key": 4}
+                "drop_key": 16, "frames": 48, "ctx_key": 16, "given_key": 16}
 
 
 def _check_stack() -> None:
@@ -347,6 +349,11 @@ CTX_TEXT = Layout("ContextText", (("len", "Q"), ("expires", "Q"), ("text", f"{CT
 STK_MAX = 2040
 STK_KEY = Layout("StackKey", (("id", "I"),))
 STK_TEXT = Layout("StackText", (("len", "Q"), ("text", f"{STK_MAX}s")))
+# ... and a drop's names, the same way: the text of a (reason, location) at a point with a reason (`named`: 1) or
+# without one (0), given once (fcap.features.drop_reason)
+DROP_MAX = 248
+DROP_TEXT_KEY = Layout("DropTextKey", (("reason", "I"), ("named", "I"), ("location", "Q")))
+DROP_TEXT = Layout("DropText", (("len", "Q"), ("text", f"{DROP_MAX}s")))
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
 TEXT_MID = TEXT_SKB + 16                  # then the middle
 assert CAREA.off("text") % 8 == 0

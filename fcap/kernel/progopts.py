@@ -17,7 +17,7 @@ class Maps:
     """The maps a capture's programs use (fds), filled in as the session makes them."""
 
     __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "frags", "track",
-                 "track_counters", "stack", "ctxtext", "stktext")
+                 "track_counters", "stack", "ctxtext", "stktext", "droptext")
 
     def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
         self.events = events              # PERF_EVENT_ARRAY fd
@@ -28,13 +28,15 @@ class Maps:
         self.ring_size = 0      # RING: bytes of each CPU's ring (a power of two)
         self.dynptr_kfunc = 0   # BTF id of bpf_dynptr_from_skb, for the file ring's copy
         self.frags = 0          # PERF_EVENT_ARRAY fd for file-ring captures' records the rings cannot take: bytes in
-                                # frags (no kfunc), --context's names or --stack's frames not given yet
+                                # frags (no kfunc), texts user space has not given yet (--context's, --stack's,
+                                # a drop's)
                                 # (fcap.kernel.ringrec)
         self.track = 0          # the identity map (LRU hash, fcap.kernel.track), 0: none
         self.track_counters = 0   # its counters and the packet id counters (PERCPU_ARRAY, one TRACK_COUNTERS value)
         self.stack = 0          # --stack: the STACK_TRACE map (fcap.kernel.kstack), 0: none
         self.ctxtext = 0        # --context into the file rings: the names' HASH map (layout.CTX_KEY -> CTX_TEXT)
         self.stktext = 0        # --stack into the file rings: the frames' HASH map (layout.STK_KEY -> STK_TEXT)
+        self.droptext = 0       # drop points into the file rings: their names' (layout.DROP_TEXT_KEY -> DROP_TEXT)
 
 
 class ProgramOptions(NamedTuple):

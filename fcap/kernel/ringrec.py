@@ -5,6 +5,7 @@ that user space only writes the bytes out. The ring's layout is fcap.kernel.layo
 from __future__ import annotations
 
 import platform
+from typing import Callable, NamedTuple
 
 from bpf import asm
 from bpf.asm import (ADD, AND, DIV, DW, FP, JEQ, JGE, JGT, JLE, JLT, JNE, JSGT, JSLT, MUL, OR, R0, R1, R2, R3, R4, R5,
@@ -15,13 +16,13 @@ from bpf.uapi import F_CURRENT_CPU, Helper
 
 from fcap.kernel import epbopts
 
-from fcap.kernel import kcomment, track
+from fcap.kernel import drops, kcomment, track
 from fcap.kernel.parts import WRITE, Part, MapUse
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
                      RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX, CTX_KEY,
-                     CTX_MAX, CTX_TEXT, STK_KEY, STK_MAX, STK_TEXT)
+                     CTX_MAX, CTX_TEXT, DROP_MAX, DROP_TEXT, DROP_TEXT_KEY, STK_KEY, STK_MAX, STK_TEXT, Layout)
 from fcap.kernel.layout import COPY_MAX as SAMPLE_COPY_MAX   # what a perf sample holds
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
@@ -33,10 +34,10 @@ CAPLEN_MAX, COPY_MAX = RING_CAPLEN_MAX, RING_COPY_MAX   # a record holds a whole
 
 SMALL_COPY = 256          # linear packets up to this long are copied by direct loads where the verifier allows
 SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this far past its start gets written
-CTX_SPILL = SPILL + CTX_MAX   # ... and --context's text after it (fcap.kernel.layout's CTX_TEXT; --stack's STK_TEXT
-#                               is copied as long as it is)
+CTX_SPILL = SPILL + CTX_MAX   # ... and --context's text after it (fcap.kernel.layout's CTX_TEXT; the other texts user
+#                               space gives, GIVEN's, are copied as long as they are)
 QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
-OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + STK_MAX + 4 + 4
+OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + DROP_MAX + STK_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
 RING_SLACK = (REC_MAX + CTX_SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
@@ -62,11 +63,11 @@ def emit(b) -> None:
     Out: R0 = 0, or -1 when the record was dropped (no room, a nested writer, a failed read)."""
     r = b.fresh_names("r", "copied", "count", "done", "fail", "frags", "in_order", "link_done", "noq", "opt_noq",
                       "orig", "perf", "pos", "probe", "publish", "sample", "sec", "sec_set", "unlock", "words",
-                      "ctx_hit", "ctx_miss", "stk_hit", "stk_miss")
+                      "ctx_hit", "ctx_miss")
     if names_context(b):
         _context(b, r)
-    if names_stack(b):
-        _stack_text(b, r)
+    for g in givens(b):
+        _look_up(b, r, g)
     if frags_by_perf(b.maps):
         _frags_to_perf(b, r)
     # n = bytes from the skb (from offset skip), caplen = hdr + n
@@ -94,15 +95,60 @@ def names_context(b) -> bool:
     return _given(b, b.maps.ctxtext)
 
 
-def names_stack(b) -> bool:
-    """Whether the comment ends with --stack's frames, which user space gives the program in a map (maps.stktext:
-    layout.STK_KEY -> STK_TEXT, fcap.kernel.kstack.Stacks fills it as it reads each id); the records of an id it
-    lacks go through the perf buffer (maps.frags), where user space names them."""
-    return _given(b, b.maps.stktext)
-
-
 def _given(b, texts: int) -> bool:
     return bool(b.maps.ring and texts and b.maps.frags and b.options.record == RECORD_PCAPNG and b.options.comment)
+
+
+class Given(NamedTuple):
+    """A text user space gives the programs once for good, from a map of its own (Maps' attribute `map`: key ->
+    `value`, whose len and text the program copies, as long as it is, into the comment): the records whose key the
+    map lacks go through the perf buffer (maps.frags), where user space names them and fills the map."""
+
+    map: str
+    value: Layout
+    val: int                     # the stack slots of the value found and its length
+    len: int
+    key: Callable                # b -> the instructions that store the key at STACK.given_key (R0 free)
+    on: Callable                 # b -> whether the program writes it (a map given, the point's)
+
+
+def _frames_key(b) -> list:
+    return [META.load(R0, R7, "stack"), STK_KEY.store(FP, "id", R0, STACK.given_key)]
+
+
+def _drop_key(b) -> list:
+    named = int(drops.reason_arg(b.point) is not None)
+    return [META.load(R0, R7, "reason"), DROP_TEXT_KEY.store(FP, "reason", R0, STACK.given_key),
+            DROP_TEXT_KEY.store_imm(FP, "named", named, STACK.given_key), META.load(R0, R7, "location"),
+            DROP_TEXT_KEY.store(FP, "location", R0, STACK.given_key)]
+
+
+# in the comment's order (fcap.features.FEATURES'), after the metadata's text and --context's names
+GIVEN = (Given("droptext", DROP_TEXT, STACK.drop_val, STACK.drop_len, _drop_key,
+               lambda b: _given(b, b.maps.droptext) and drops.is_drop_point(b.point)),
+         Given("stktext", STK_TEXT, STACK.stk_val, STACK.stk_len, _frames_key, lambda b: _given(b, b.maps.stktext)))
+assert all(g.value.off("len") == 0 for g in GIVEN)
+
+
+def givens(b) -> list[Given]:
+    """The texts user space gives this program (a drop's names; --stack's frames, fcap.kernel.kstack.Stacks)."""
+    return [g for g in GIVEN if g.on(b)]
+
+
+def _look_up(b, r, g: Given) -> None:
+    """g.val: the text user space gave for this record's key, and its length at g.len; none yet, or too long: on to
+    r.perf. In and out: R2 = copy (kept across the lookup)."""
+    miss, hit = b.fresh("given_miss"), b.fresh("given_hit")
+    b.emit(stx(DW, FP, STACK.ctx_copy, R2), g.key(b),
+           ld_map_fd(R1, getattr(b.maps, g.map)), mov(R2, FP), addi(R2, STACK.given_key), call(Helper.map_lookup_elem),
+           asm.jmp(JEQ, R0, 0, miss),
+           g.value.load(R1, R0, "len"), asm.jmp(JGT, R1, _most(g), miss), stx(DW, FP, g.len, R1),
+           stx(DW, FP, g.val, R0), ldx(DW, R2, FP, STACK.ctx_copy), ja(hit),
+           label(miss), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.perf), label(hit))
+
+
+def _most(g: Given) -> int:
+    return g.value.width("text")
 
 
 def _context(b, r) -> None:
@@ -116,18 +162,6 @@ def _context(b, r) -> None:
            CTX_TEXT.load(R1, R0, "expires"), META.load(R3, R7, "ts"), asm.jmp(JGE, R3, R1, r.ctx_miss, reg=True),
            stx(DW, FP, STACK.ctx_val, R0), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.ctx_hit),
            label(r.ctx_miss), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.perf), label(r.ctx_hit))
-
-
-def _stack_text(b, r) -> None:
-    """STACK.stk_val: the text user space gave this packet's stack id (META's stack), and its length at
-    STACK.stk_len; none yet, or longer than STK_MAX: on to r.perf. In and out: R2 = copy (kept across the
-    lookup)."""
-    b.emit(stx(DW, FP, STACK.ctx_copy, R2), META.load(R0, R7, "stack"), STK_KEY.store(FP, "id", R0, STACK.stk_key),
-           ld_map_fd(R1, b.maps.stktext), mov(R2, FP), addi(R2, STACK.stk_key), call(Helper.map_lookup_elem),
-           asm.jmp(JEQ, R0, 0, r.stk_miss),
-           STK_TEXT.load(R1, R0, "len"), asm.jmp(JGT, R1, STK_MAX, r.stk_miss), stx(DW, FP, STACK.stk_len, R1),
-           stx(DW, FP, STACK.stk_val, R0), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.stk_hit),
-           label(r.stk_miss), ldx(DW, R2, FP, STACK.ctx_copy), ja(r.perf), label(r.stk_hit))
 
 
 def can_publish() -> bool:
@@ -157,12 +191,13 @@ FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("cap
                                          "the session's"),
                           MapUse("events", "PERF_EVENT_ARRAY: the doorbell that wakes user space; the session's"),
                           MapUse("frags", "PERF_EVENT_ARRAY: the records the rings cannot take (bytes in frags without "
-                                          "skb dynptrs, --context's names or --stack's frames not given yet); "
-                                          "the session's"),
+                                          "skb dynptrs, texts user space has not given yet); the session's"),
                           MapUse("ctxtext", "HASH, CTX_KEY -> CTX_TEXT: --context's names, given by user space "
                                             "(fcap.features.packet_context); the session's"),
                           MapUse("stktext", "HASH, STK_KEY -> STK_TEXT: --stack's frames, given by user space "
-                                            "(fcap.kernel.kstack.Stacks); the session's")),
+                                            "(fcap.kernel.kstack.Stacks); the session's"),
+                          MapUse("droptext", "HASH, DROP_TEXT_KEY -> DROP_TEXT: a drop's names, given by user space "
+                                             "(fcap.features.drop_reason); the session's")),
                     reads="fcap.live.ringdrain.RingDrain")
 
 
@@ -213,8 +248,8 @@ def _pcapng(b, r) -> None:
         b.emit(ldx(DW, R5, FP, STACK.text_len))
         if names_context(b):
             b.emit(ldx(DW, R0, FP, STACK.ctx_len), alu64(ADD, R5, R0, reg=True))
-        if names_stack(b):
-            b.emit(ldx(DW, R0, FP, STACK.stk_len), alu64(ADD, R5, R0, reg=True))
+        for g in givens(b):
+            b.emit(ldx(DW, R0, FP, g.len), alu64(ADD, R5, R0, reg=True))
         b.emit(addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
     else:
         b.emit(addi(R4, 4))
@@ -273,7 +308,7 @@ def _options(b, r, flags: int | None, queue: bool, verdict: tuple | None, text: 
     if not b.options.comment:   # end of options, trailer
         b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k, R0))
         return
-    _comment_len(b, r, R2, R0)   # (the comment: the metadata's text, then the names', then the frames')
+    _comment_len(b, r, R2, R0)   # (the comment: the metadata's text, then the names', then the texts given)
     b.emit(mov(R0, R2), lshi(R0, 16), alu64(OR, R0, PCAPNG_COMMENT), stx(W, R1, k, R0))
     for j in range(0, TEXT_MAX, 8):
         b.emit(ldx(DW, R0, R7, text + j), stx(DW, R1, k + 4 + j, R0))
@@ -282,31 +317,31 @@ def _options(b, r, flags: int | None, queue: bool, verdict: tuple | None, text: 
                ldx(DW, R4, FP, STACK.ctx_val))
         for j in range(0, CTX_MAX, 8):
             b.emit(ldx(DW, R0, R4, CTX_TEXT.off("text") + j), stx(DW, R3, k + 4 + j, R0))
-    if names_stack(b):
-        _copy_frames(b, r, k + 4)
+    for i, g in enumerate(givens(b)):
+        _copy_given(b, r, k + 4, i, g)
     b.emit(mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, k + 4, 0),             # the text's padding
            addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True),
            ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k + 4, R0))     # end of options, trailer
 
 
-def _comment_len(b, r, dst: int, tmp: int, stack: bool = True) -> None:
-    """dst = the comment's length: the metadata's text, --context's names, --stack's frames (`stack`: theirs too),
-    each bounded."""
+def _comment_len(b, r, dst: int, tmp: int, given: int | None = None) -> None:
+    """dst = the comment's length: the metadata's text, --context's names, the texts given (`given`: the first so
+    many of them), each bounded."""
     b.emit(ldx(DW, dst, FP, STACK.text_len), asm.jmp(JGT, dst, TEXT_MAX, r.unlock))
     if names_context(b):
         b.emit(ldx(DW, tmp, FP, STACK.ctx_len), asm.jmp(JGT, tmp, CTX_MAX, r.unlock), alu64(ADD, dst, tmp, reg=True))
-    if stack and names_stack(b):
-        b.emit(ldx(DW, tmp, FP, STACK.stk_len), asm.jmp(JGT, tmp, STK_MAX, r.unlock), alu64(ADD, dst, tmp, reg=True))
+    for g in givens(b)[:given]:
+        b.emit(ldx(DW, tmp, FP, g.len), asm.jmp(JGT, tmp, _most(g), r.unlock), alu64(ADD, dst, tmp, reg=True))
 
 
-def _copy_frames(b, r, at: int) -> None:
-    """--stack's text (STACK.stk_val) after the comment's text so far (R1 + at), as long as it is: one
+def _copy_given(b, r, at: int, i: int, g: Given) -> None:
+    """The i-th text given (g.val) after the comment's text so far (R1 + at), as long as it is: one
     bpf_probe_read_kernel. Keeps R1 and R2."""
-    _comment_len(b, r, R3, R0, stack=False)
-    b.emit(stx(DW, FP, STACK.stk_at, R1), alu64(ADD, R1, R3, reg=True), addi(R1, at),
-           ldx(DW, R2, FP, STACK.stk_len), asm.jmp(JGT, R2, STK_MAX, r.unlock),
-           ldx(DW, R3, FP, STACK.stk_val), addi(R3, STK_TEXT.off("text")), call(Helper.probe_read_kernel),
-           asm.jmp(JNE, R0, 0, r.unlock), ldx(DW, R1, FP, STACK.stk_at))
+    _comment_len(b, r, R3, R0, given=i)
+    b.emit(stx(DW, FP, STACK.given_at, R1), alu64(ADD, R1, R3, reg=True), addi(R1, at),
+           ldx(DW, R2, FP, g.len), asm.jmp(JGT, R2, _most(g), r.unlock),
+           ldx(DW, R3, FP, g.val), addi(R3, g.value.off("text")), call(Helper.probe_read_kernel),
+           asm.jmp(JNE, R0, 0, r.unlock), ldx(DW, R1, FP, STACK.given_at))
     _comment_len(b, r, R2, R0)
 
 
@@ -456,7 +491,7 @@ def _publish(b, r) -> None:
            # per-point counts of a multi-point pcapng file's ISBs)
            label(r.done), RING.store_imm(R9, "busy", 0),
            [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"))
-    if frags_by_perf(m) or names_context(b) or names_stack(b):
+    if frags_by_perf(m) or names_context(b) or givens(b):
         # (counted as the perf buffer's records are: seen, and lost where it had no room)
         b.emit(label(r.perf), asm.jmp(JLE, R2, SAMPLE_COPY_MAX, r.sample), movi(R2, SAMPLE_COPY_MAX),
                label(r.sample))

@@ -293,7 +293,8 @@ def in_ring(point: Point, options, maps) -> bool:
     lookup, and no locked add, which waits for every store of the record made so far to reach the cache. (pcapng:
     a pcap record shows no id.)"""
     return (options.ident == IDENT_EACH and options.record == RECORD_PCAPNG and bool(point.typed and maps.ring)
-            and bool(maps.dynptr_kfunc))   # (else some records go through the perf buffer: ids from the counter)
+            and not maps.frags)   # (else some records go through the perf buffer, frags without skb dynptrs or
+    #                                   texts user space has not given yet: ids from the counter, theirs too)
 
 
 def emit_filter_done(b) -> None:

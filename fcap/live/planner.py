@@ -19,7 +19,7 @@ from fcap.defaults import SNAPLEN, TRACK_MAX, buffer_kib, check_snaplen
 from fcap.errors import CaptureError, PointError, PredicateError
 from fcap.features import FEATURES, FLAGGED, selectors
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, LinkType, loaded16, lookup
-from fcap.kernel import ancillary, builders, layout, ringrec, stats, track, variants
+from fcap.kernel import ancillary, builders, drops, layout, ringrec, stats, track, variants
 from fcap.kernel import program as cprog
 from fcap.kernel.parts import has_skb
 from fcap.kernel.filter import compile_filter
@@ -274,8 +274,8 @@ class Planner:
                 any(g.kind is not None for g in self.groups):
             return False, 0   # (an skb the helpers take at every point; one program per point)
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return False, 0   # (a feature says what only user space can: a drop's names, --dump's options;
-            #  --context's names and --stack's frames ride the rings: maps user space fills, fcap.kernel.ringrec)
+            return False, 0   # (a feature says what only user space can: --dump's options, --nft's rules; --context's
+            #  names, --stack's frames and a drop's names ride the rings: maps user space fills, fcap.kernel.ringrec)
         ids = {self._dynptr_kfunc(p) for p in self.points}
         kfunc = ids.pop() if len(ids) == 1 and 0 not in ids else 0
         return ringrec.can_publish(), kfunc
@@ -290,7 +290,8 @@ class Planner:
         return MapPlan(scratch_size=max(cprog.scratch_size(p, self.options(p)) for p in self._program_points()),
                        track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
                        kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0,
-                       context=bool(texts and self.cfg.context), stack_texts=bool(texts and self.cfg.stack))
+                       context=bool(texts and self.cfg.context), stack_texts=bool(texts and self.cfg.stack),
+                       drop_texts=bool(texts and any(drops.is_drop_point(p) for p in self.points)))
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -305,7 +306,8 @@ class Planner:
             maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags, or
             maps.frags = 0 if plan.kfunc and not plan.gives else -8                          # texts to give; -9:
             maps.ctxtext = -9 if plan.context else 0                                          # --context's names,
-            maps.stktext = -10 if plan.stack_texts else 0                                     # -10: --stack's)
+            maps.stktext = -10 if plan.stack_texts else 0                                     # -10: --stack's,
+            maps.droptext = -11 if plan.drop_texts else 0                                     # -11: a drop's)
         out = []
         for group, p in zip(self.groups, self._program_points()):
             if group.kind is None:
@@ -335,11 +337,12 @@ class MapPlan(NamedTuple):
     ring_size: int
     context: bool = False   # the file rings' comments end with --context's names (a map user space fills)
     stack_texts: bool = False   # ... and with --stack's frames (another)
+    drop_texts: bool = False    # ... and at drop points with a drop's names (another)
 
     @property
     def gives(self) -> bool:
         """Whether user space gives the programs texts (whose records go through the perf buffer until it has)."""
-        return self.context or self.stack_texts
+        return self.context or self.stack_texts or self.drop_texts
 
 
 def protocol_predicate(ethertype: int) -> Callable:

@@ -15,7 +15,7 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
-from fcap.defaults import CTX_ENTRIES, POLL_MS, POLL_MS_IMMEDIATE
+from fcap.defaults import CTX_ENTRIES, DROP_TEXTS, POLL_MS, POLL_MS_IMMEDIATE
 from fcap.errors import CaptureError
 from fcap.kernel import layout, stats, track
 from fcap.kernel import program as cprog
@@ -64,6 +64,7 @@ class Session(Planner, Attach):
         self.stacks = None       # --stack: fcap.kernel.kstack.Stacks (the stack map, each id's frames)
         self.ctx_names = None    # --context into the file rings: the names' map (fcap.features.packet_context)
         self.stack_texts = None  # --stack into the file rings: the frames' map (fcap.kernel.kstack.Stacks fills it)
+        self.drop_texts = None   # drop points into the file rings: the names' map (fcap.features.drop_reason's)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
         self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
 
@@ -146,9 +147,9 @@ class Session(Planner, Attach):
 
     def _make_rings(self, plan, maps: cprog.Maps):
         """The file rings, and the perf event array of the records they cannot take (returned; None where they take
-        every one): where the kernel has no skb dynptrs, the packets with bytes in frags; with --context's names or
-        --stack's frames in the comments (plan.gives), those whose text user space has not given the programs yet
-        (a map each)."""
+        every one): where the kernel has no skb dynptrs, the packets with bytes in frags; with texts user space gives
+        the programs in the comments (plan.gives: --context's names, --stack's frames, a drop's names), those whose
+        text it has not given yet (a map each)."""
         ring_size = self._make_ring(plan.ring_size)
         maps.ring, maps.ring_size, maps.dynptr_kfunc = self.ring.fileno(), ring_size, plan.kfunc
         if plan.context:
@@ -160,6 +161,9 @@ class Session(Planner, Attach):
             self.stack_texts = self._texts_map(layout.STK_KEY, layout.STK_TEXT, STACK_MAX + 1, "fcap_stktext")
             maps.stktext = self.stack_texts.fileno()
             self.stacks.give_to(self.stack_texts, comment_text)
+        if plan.drop_texts:
+            self.drop_texts = self._texts_map(layout.DROP_TEXT_KEY, layout.DROP_TEXT, DROP_TEXTS, "fcap_droptext")
+            maps.droptext = self.drop_texts.fileno()
         if plan.kfunc and not plan.gives:
             return None
         frags = PerfEventArrayMap(possible_cpus(), name="fcap_frags")
