@@ -137,15 +137,20 @@ def test_tcp_and_udp_stacks_do_not_mix(root):
 
 
 def _unmixed(packets: list, n: int) -> list:
-    """The n datagrams' stacks are UDP's and the TCP transfer's (more than 10 packets) are TCP's; the TCP packets."""
+    """The n datagrams' stacks are UDP's and the TCP transfer's (more than 10 packets) are TCP's, or unknown: a
+    transfer's many paths (timers, ACKs in softirq) can hash to a bucket another stack holds, which the kernel does
+    not store (test_a_stack_the_map_could_not_keep_is_unknown; seen in 5.10), but most are known. The TCP packets
+    whose stacks are known."""
     udp = [p for p in packets if _proto(p) == 17]
     tcp = [p for p in packets if _proto(p) == 6]
     assert len(udp) == n and len(tcp) > 10, (len(udp), len(tcp))
     for p in udp:
         assert "udp_send_skb" in map(_func, p.stack) and not _is_tcp_stack(p.stack), p.stack
-    for p in tcp:
-        assert p.stack and _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
-    return tcp
+    known = [p for p in tcp if p.stack]
+    assert len(known) >= len(tcp) * 3 // 4, f"{len(tcp) - len(known)} of {len(tcp)} TCP stacks unknown"
+    for p in known:
+        assert _is_tcp_stack(p.stack) and "udp_send_skb" not in map(_func, p.stack), p.stack
+    return known
 
 
 def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
@@ -296,8 +301,11 @@ def test_comment_read_and_json_agree(stack_file):
     assert all(len(s) == 1 for s in by_point.values()), "one path per point: one stack each"
     drop = next(p for p in packets if p.point == "tp_btf/kfree_skb")
     # the drop's location (where kfree_skb_reason was called) is the stack's second frame (the first: the function
-    # that hit the tracepoint)
-    assert drop.reason == "NO_SOCKET" and drop.location == drop.stack[1], drop
+    # that hit the tracepoint); its reason where the tracepoint has one (5.17+)
+    from fcap.kernel.drops import reason_arg
+    from fcap.points.spec import resolve
+    reason = "NO_SOCKET" if reason_arg(resolve("tp_btf/kfree_skb")) is not None else None
+    assert drop.reason == reason and drop.location == drop.stack[1], drop
 
 
 def test_tsharks_fcap_stack_field_agrees(stack_file, tmp_path, tshark):
