@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import pytest
 from conftest import require_kind
-from netns import free_port, given_texts, map_of, perf_seen, run_fcap, start_fcap
+from netns import free_port, pcapng_plan, run_fcap, send_while_given, start_fcap
 from test_capture import _sender
 
 
@@ -59,30 +58,16 @@ def test_the_programs_write_a_drops_names_user_space_gave_them(root, tmp_path):
     where."""
     from fcap.kernel.drops import reason_arg
     from fcap.kernel.layout import DROP_TEXT, DROP_TEXT_KEY
-    from fcap.live.session import Config, Session
+    from fcap.points.spec import resolve
     import fcap
-    s = Session(Config(points=["tp_btf/kfree_skb"]))
-    s.resolve()
-    named = reason_arg(s.points[0]) is not None
-    s.write_file("pcapng")
-    if not s.map_plan().drop_texts:
+    if not pcapng_plan(["tp_btf/kfree_skb"]).drop_texts:
         pytest.skip("the records go through the perf buffer on this kernel (no file rings): the names are user "
                     "space's")
+    named = reason_arg(resolve("tp_btf/kfree_skb")) is not None
     port, path = free_port(), tmp_path / "drops.pcapng"
     fc = start_fcap(["-i", "tp_btf/kfree_skb", "-c", "42", "-w", str(path), f"udp dst port {port}"])
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.sendto(b"first", ("127.0.0.1", port))
-            for _ in range(200):   # (user space names it at its next pass: at most POLL_MS, more on a slow guest)
-                if map_of(fc.pid, "fcap_droptext"):
-                    break
-                time.sleep(0.05)
-            for i in range(40):
-                s.sendto(b"n%02d" % i, ("127.0.0.1", port))
-            time.sleep(0.2)   # (the 40 through the kernel)
-            counted = perf_seen(map_of(fc.pid, "fcap_counters"))
-            texts = given_texts(fc.pid, "fcap_droptext", DROP_TEXT)
-            s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
+        counted, texts = send_while_given(fc, port, "fcap_droptext", DROP_TEXT)
         assert fc.wait() == 0, fc.stderr
     finally:
         fc.kill()

@@ -13,11 +13,10 @@ import random
 import socket
 import subprocess
 import threading
-import time
 
 import pytest
 
-from netns import SLOW, given_texts, map_of, perf_seen, run_fcap, send_udp, start_fcap, subprocess_env, tcp_bulk
+from netns import SLOW, pcapng_plan, run_fcap, send_while_given, send_udp, start_fcap, subprocess_env, tcp_bulk
 
 TRACEFS = "/sys/kernel/tracing"
 # frames the kernel's trigger adds before the tracepoint's caller (its own machinery)
@@ -170,17 +169,6 @@ def test_a_files_tcp_and_udp_stacks_do_not_mix(root, tmp_path):
     assert len({p.stack for p in tcp}) >= 2, "a TCP transfer's sends come from more than one path"
 
 
-def _frames_ride_the_rings() -> None:
-    """Skip unless a --stack pcapng capture's programs write the file rings here (fcap's own plan for it)."""
-    from fcap.live.session import Config, Session
-    s = Session(Config(points=["tp_btf/net_dev_queue"], stack=True))
-    s.resolve()
-    s.write_file("pcapng")
-    if not s.map_plan().stack_texts:
-        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the frames are user "
-                    "space's, as test_a_files_tcp_and_udp_stacks_do_not_mix checks")
-
-
 @pytest.mark.parametrize("extra", [[], ["--no-skb-dynptr"], ["--context"]],
                          ids=["rings", "rings and frags by perf", "after --context's names"])
 def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extra):
@@ -190,7 +178,9 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
     programs' count of records through the perf buffer (fcap_counters' seen) is one per distinct stack, and every
     comment ends with the text user space gave for its id (after --context's names, which the programs also write:
     their first packet is the same, and they ask again after a second)."""
-    _frames_ride_the_rings()
+    if not pcapng_plan(["tp_btf/net_dev_queue"], stack=True).stack_texts:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the frames are user "
+                    "space's, as test_a_files_tcp_and_udp_stacks_do_not_mix checks")
     import fcap
     from fcap.kernel import kstack
     from fcap.kernel.layout import STK_KEY, STK_TEXT
@@ -198,18 +188,7 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
     fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-c", "42", "-w", str(path), *extra,
                      f"udp dst port {port}"])
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.sendto(b"first", ("127.0.0.1", port))
-            for _ in range(200):   # (user space reads the id at its next pass: at most POLL_MS, more on a slow guest)
-                if map_of(fc.pid, "fcap_stktext"):
-                    break
-                time.sleep(0.05)
-            for i in range(40):
-                s.sendto(b"n%02d" % i, ("127.0.0.1", port))
-            time.sleep(0.2)   # (the 40 through the kernel)
-            counted = perf_seen(map_of(fc.pid, "fcap_counters"))
-            texts = given_texts(fc.pid, "fcap_stktext", STK_TEXT)
-            s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
+        counted, texts = send_while_given(fc, port, "fcap_stktext", STK_TEXT)
         assert fc.wait() == 0, fc.stderr
     finally:
         fc.kill()
