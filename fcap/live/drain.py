@@ -162,6 +162,10 @@ class FileDrain:
             self._tails, self._cached, self._blocks = {}, 0, None
             self._since = time.monotonic_ns()
 
+    def pending(self) -> bool:
+        """Whether any ring holds a record (or a count of lost ones) not released yet."""
+        return any(tail < head for tail, head in (r.span() for r in self.buffer.rings))
+
     def pressed(self, got: list) -> bool:
         """Whether a ring is a quarter full or more (got: arrays() or walks())."""
         return any(g.end - g.start >= r.size // 4 for g, r in zip(got, self.buffer.rings))

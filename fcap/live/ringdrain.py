@@ -87,8 +87,8 @@ class RingDrain:
     def _side(self, fast) -> list:
         """The side perf buffer's pending records (none without one): as arrays where numpy lays them all out, else
         walked one by one."""
-        if self.side is None:
-            return []
+        if self.side is None or not self.side.pending():
+            return []   # (most passes: the side buffer takes only the records the rings cannot)
         got = self.side.arrays() if fast is not None else None
         return got if got is not None else self.side.walks()
 
