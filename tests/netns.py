@@ -381,22 +381,24 @@ def pcapng_plan(points: list[str], **config):
     return s.map_plan()
 
 
-def send_while_given(fc, port: int, texts: str, value) -> tuple[int, dict[bytes, str]]:
+def send_while_given(fc, port: int, texts: str, value) -> tuple[int, int, dict[bytes, str]]:
     """A datagram to 127.0.0.1:`port`, the map `texts` of fcap (process fc, -c 42) waited for until user space has
-    given the programs a text (at its next pass), 40 datagrams more, then (the programs' count of records through
-    the perf buffer, the texts given: given_texts), and the last datagram, after which fcap ends."""
+    given the programs a text (at its next pass), 40 datagrams more, and the last, after which fcap ends. Returns the
+    programs' count of records through the perf buffer once the text was given and after the 40, and the texts
+    given then (given_texts)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.sendto(b"first", ("127.0.0.1", port))
         for _ in range(200):   # (at most POLL_MS, more on a slow guest)
             if map_of(fc.pid, texts):
                 break
             time.sleep(0.05)
+        first = perf_seen(map_of(fc.pid, "fcap_counters"))
         for i in range(40):
             s.sendto(b"n%02d" % i, ("127.0.0.1", port))
         time.sleep(0.2)   # (the 40 through the kernel)
         counted, given = perf_seen(map_of(fc.pid, "fcap_counters")), given_texts(fc.pid, texts, value)
         s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
-    return counted, given
+    return first, counted, given
 
 
 def given_texts(pid: int, name: str, value) -> dict[bytes, str]:

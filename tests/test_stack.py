@@ -188,7 +188,7 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
     fc = start_fcap(["-i", "tp_btf/net_dev_queue", "--stack", "-c", "42", "-w", str(path), *extra,
                      f"udp dst port {port}"])
     try:
-        counted, texts = send_while_given(fc, port, "fcap_stktext", STK_TEXT)
+        first, counted, texts = send_while_given(fc, port, "fcap_stktext", STK_TEXT)
         assert fc.wait() == 0, fc.stderr
     finally:
         fc.kill()
@@ -200,6 +200,7 @@ def test_the_programs_write_the_frames_user_space_gave_them(root, tmp_path, extr
     assert all(p.packet_id for p in pkts) and len({p.packet_id for p in pkts}) == 41, \
         "the perf buffer's records have ids of their own"
     distinct = len({p.stack for p in pkts})
+    assert first == 1, f"{first} records went through the perf buffer before the frames were given (the first's)"
     asked = 2 if "--context" in extra else 0   # (an expiry's asking: test_context)
     assert distinct <= counted <= distinct + asked, \
         f"{counted} records went through the perf buffer, {distinct} distinct stacks (each one's first: the " \
