@@ -31,16 +31,12 @@ class DropNames(Annotator):
         return text
 
     def _give(self, rec, text: str) -> None:
-        from fcap.kernel.layout import DROP_MAX, DROP_TEXT, DROP_TEXT_KEY
+        from fcap.kernel.layout import DROP_TEXT, DROP_TEXT_KEY
+        from fcap.kernel.ringrec import give
         key = DROP_TEXT_KEY.struct.pack(rec.reason, int(self.has_reason[rec.point]), rec.location)
-        data = text.encode()
-        if key in self._keys or len(data) > DROP_MAX:
-            return   # (given; or too long: its packets go on through the perf buffer, named here)
-        self._keys.add(key)
-        try:
-            self.given.update(key, DROP_TEXT.struct.pack(len(data), data))
-        except OSError:   # (full: the same)
-            pass
+        if key not in self._keys:   # (too long, or the map full: its packets go on through the perf buffer)
+            self._keys.add(key)
+            give(self.given, key, DROP_TEXT, text)
 
     def values(self, rec) -> dict:
         reason, location = self.drop(rec)

@@ -19,7 +19,7 @@ from bpf.uapi import Helper
 
 from fcap.host import kallsyms
 from fcap.kernel.parts import RECORD_META, Part, MapUse
-from fcap.kernel.layout import META, STACK, STACK_NONE, STK_KEY, STK_MAX, STK_TEXT, Record
+from fcap.kernel.layout import META, STACK, STACK_NONE, STK_KEY, STK_TEXT, Record
 from fcap.points import kinds
 
 DEPTH = 64               # frames kept of each stack (deeper stacks lose their outermost frames)
@@ -99,13 +99,8 @@ class Stacks:
         self._given, self._comment = texts, comment
 
     def _give(self, stack_id: int, frames: tuple) -> None:
-        data = self._comment(frames).encode()
-        if len(data) > STK_MAX:
-            return   # (its packets go on through the perf buffer, named here)
-        try:
-            self._given.update(STK_KEY.struct.pack(stack_id), STK_TEXT.struct.pack(len(data), data))
-        except OSError:
-            pass     # (full: the same)
+        from fcap.kernel.ringrec import give
+        give(self._given, STK_KEY.struct.pack(stack_id), STK_TEXT, self._comment(frames))
 
     def _read(self, stack_id: int) -> tuple[str, ...]:
         if stack_id == STACK_NONE:

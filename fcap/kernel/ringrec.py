@@ -130,6 +130,19 @@ GIVEN = (Given("droptext", DROP_TEXT, STACK.drop_val, STACK.drop_len, _drop_key,
 assert all(g.value.off("len") == 0 for g in GIVEN)
 
 
+def give(texts, key: bytes, value: Layout, text: str) -> bool:
+    """User space's half of a Given: `text` under `key` in `texts`, its map (value: len, text); False where it is
+    too long for the programs or the map is full (its records go on through the perf buffer, named there)."""
+    data = text.encode()
+    if len(data) > value.width("text"):
+        return False
+    try:
+        texts.update(key, value.struct.pack(len(data), data))
+    except OSError:
+        return False
+    return True
+
+
 def givens(b) -> list[Given]:
     """The texts user space gives this program (a drop's names; --stack's frames, fcap.kernel.kstack.Stacks)."""
     return [g for g in GIVEN if g.on(b)]
