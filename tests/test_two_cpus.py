@@ -133,11 +133,12 @@ def test_count_is_the_first_by_time_with_both_cpus_sending(tmp_path):
         assert len(everything) == 2 * n, full.stderr
         # a packet the -c capture left out read its clock no earlier than the other capture did for it: had the
         # other read it before the -c capture's newest record, so had the -c capture, and it was among the oldest
-        # (1 us: CLOCK_MONOTONIC's fast reader may step back a few ns when the kernel adjusts it)
+        # (5 us: the two CPUs' clocks, read by programs on each, are compared here; the -c capture is detached
+        # between two of them, and a KVM guest's vCPUs were seen 1.8 us apart at that moment)
         newest = times[-1]
         kept = {key for _ts, key, _id in ours}
         passed_over = sorted((newest - ts, key) for ts, key, _id in everything
-                             if key not in kept and ts < newest - 1000)
+                             if key not in kept and ts < newest - 5000)
         assert not passed_over, f"{len(passed_over)} older than the newest kept (ns before, packet): {passed_over[:5]}"
     else:   # (a loss before the count was reached: the first N captured are not the first N sent)
         pytest.skip(f"the kernel dropped records: {fc.stderr} {full.stderr}")
