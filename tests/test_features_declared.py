@@ -115,6 +115,9 @@ def _configurations():
                                                        filter=ACCEPT, predicates=program_preds, ident="map",
                                                        points=2), False
     yield "drop point", ["tp_btf/kfree_skb", "raw_tp/kfree_skb"], dict(start=cprog.START_SLL2, snaplen=100), False
+    nft = dict(start=cprog.START_SLL2, snaplen=100, record=layout.RECORD_PCAPNG, nft=True)
+    yield "drop point nft", ["tp_btf/kfree_skb", "raw_tp/kfree_skb"], nft, False
+    yield "drop point nft file ring", ["tp_btf/kfree_skb"], nft, True
     yield "several points", list(KINDS), dict(start=cprog.START_SLL2, snaplen=100, ident="map", points=5,
                                               filter=ACCEPT, predicates=preds), False
 
@@ -127,11 +130,17 @@ def _builders(specs, kw, ring):
     for spec in specs:
         point = _resolve(spec)
         point.id = 0
+        kw = dict(kw)
+        nft = kw.pop("nft", False)
         paths = kw.get("dumps")
         opts = cprog.ProgramOptions(**dict(kw, predicates=[make(point) for make in kw.get("predicates", ())],
                                     dumps=dumps.make_area([point], paths).for_point(point) if paths else None))
-        b = builders.BUILDERS[point.kind.context](point, opts, _maps(point, opts, ring=ring and point.typed,
-                                                                     track=opts.ident != "none"))
+        maps = _maps(point, opts, ring=ring and point.typed, track=opts.ident != "none")
+        if nft:
+            maps.nftslot, maps.nfttext = -12, -13
+            if maps.ring:
+                maps.frags = -8
+        b = builders.BUILDERS[point.kind.context](point, opts, maps)
         b.build()
         yield b
 

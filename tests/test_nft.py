@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fcap.host import nftables as nft
-from fcap.files import linktypes
 from fcap.host import nftrace
+from conftest import need_root
 from netns import SLOW, free_port, run_fcap, start_fcap, subprocess_env
 
 # ---- the netlink encoding (pure) ---------------------------------------------------------------------------------
@@ -75,73 +75,79 @@ def test_trace_events_parse():
     assert not t3.decides_drop() and t3.verdict == -3
 
 
-def test_a_drop_record_matches_its_packets_headers():
-    d = nftrace.Decision("inet", "t", "c", 5, IP, UDP[:8], 0, 0)
-    sll2 = b"\x08\x00" + bytes(18)
-    assert d.matches(linktypes.network_header(sll2 + IP + UDP, 276), 0)
-    assert d.matches(IP + UDP[:4], 0)                                    # as far as captured
-    assert not d.matches(IP + struct.pack("!HH", 40000, 9998) + UDP[4:], 0)   # another port
-    assert not d.matches(IP[:8] + b"\x3f" + IP[9:] + UDP, 0)             # another TTL
-    assert not nftrace.Decision("inet", "t", "c", 5, IP, UDP, 7, 0).matches(IP + UDP, 0)   # another mark
-    eth = bytes(12) + b"\x81\x00\x00\x05\x08\x00"
-    assert linktypes.network_header(eth + IP, 1) == IP and linktypes.network_header(IP, 101) == IP
+# ---- the trace socket's program (fcap.kernel.nftfilter), run by the kernel on made-up events ----------------------
+
+@pytest.fixture(scope="module")
+def key_program():
+    """The socket filter loaded over fresh maps: (run(message) -> (return value, the slot's drop_rule, drop_len,
+    drop_hdr), the texts map); run by BPF_PROG_TEST_RUN (a socket filter sees the data past a 14-byte Ethernet
+    header)."""
+    from bpf import prog
+    from bpf.maps import HashMap, PerCPUArrayMap
+    from bpf.uapi import MapFlags, ProgType
+    from fcap.kernel import nftfilter
+    from fcap.kernel.layout import NFT_SLOT, NFT_TEXT, NFT_TEXT_KEY
+    need_root()
+    slots = PerCPUArrayMap(NFT_SLOT.size, 1, name="t_nftslot")
+    texts = HashMap(NFT_TEXT_KEY.size, NFT_TEXT.size, 64, name="t_nfttext", flags=MapFlags.NO_PREALLOC)
+    p = prog.load(ProgType.SOCKET_FILTER, nftfilter.program(slots.fileno(), texts.fileno(), NETNS), name="t_nft")
+
+    def run(message: bytes):
+        slots.update(0, bytes(slots.stride * slots.ncpus))
+        ret = p.test_run(bytes(14) + message)[0]
+        got = [NFT_SLOT.unpack(v) for v in slots.lookup_percpu(0) if NFT_SLOT.unpack(v).drop_rule]
+        s = got[0] if got else None
+        return ret, (s.drop_rule, s.drop_len, s.drop_hdr) if s else (0, 0, b"")
+    yield run, texts
+    p.close()
+    slots.close()
+    texts.close()
 
 
-def _scan_take(waiting: list, l3: bytes, mark: int):
-    """The verdict a record takes by a scan of every one waiting, oldest first (what Waiting must agree with)."""
-    for i, d in enumerate(waiting):
-        if d.matches(l3, mark):
-            return waiting.pop(i)
-    return None
+NETNS = 4026531840
+NAMES = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=255)
 
 
-def _header(k: int, length: int = 20) -> bytes:
-    return bytes([0x45]) + k.to_bytes(4, "big") + bytes(length - 5)
+@settings(max_examples=60, deadline=None)
+@given(NAMES, NAMES, st.integers(0, 2**64 - 1), st.sampled_from([1, 2, 10]), st.booleans(),
+       st.binary(min_size=1, max_size=40))
+def test_the_kernels_key_is_pythons(key_program, table, chain, handle, family, policy, header):
+    """The rule key the program makes in the kernel from a drop verdict is rule_key()'s, for names of every length
+    up to nft's 255 (each word of 8, the last one cut), any handle, family, rule or policy; it keeps the verdict's
+    first header bytes; it lets the event through once its key is unknown, and marks it pending."""
+    from fcap.kernel import nftfilter
+    from fcap.kernel.layout import NFT_HDR
+    run, texts = key_program
+    kind = nft.TraceType.POLICY if policy else nft.TraceType.RULE
+    msg = _trace_msg(family, table, chain, kind, 77, handle=None if policy else handle,
+                     code=None if policy else nft.NF_DROP, policy=nft.NF_DROP if policy else None, network=header,
+                     transport=UDP)
+    payload = msg[16:]
+    want = nftfilter.event_key(payload, NETNS)
+    assert want == nftfilter.rule_key(family, 2 if policy else 1, (chain + "\0").encode(), (table + "\0").encode(),
+                                      struct.pack("!Q", handle), NETNS)
+    ret, (key, hlen, hdr) = run(msg)
+    assert key == want and hlen == min(len(header), NFT_HDR) and hdr == header[:NFT_HDR].ljust(NFT_HDR, b"\0")
+    assert ret == 0xFFFFFFFF and texts.lookup(key.to_bytes(8, "little")) is not None   # (now pending)
+    assert run(msg)[0] == 0
+    texts.delete(key.to_bytes(8, "little"))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "take", "expire"]), st.integers(0, 5), st.sampled_from([20, 24]),
-                          st.integers(0, 1), st.integers(0, 3)), max_size=60))
-def test_waiting_verdicts_are_taken_as_a_scan_of_every_one_would_take_them(ops):
-    """The index by header takes, for each record, the verdict a scan of all of them, oldest first, would take:
-    headers of two lengths, marks, transport bytes, records cut inside the header, expiry and the cap."""
-    waiting, scan, clock = nftrace.Waiting(most=8), [], 0
-    for op, k, length, mark, cut in ops:
-        clock += 1
-        head = _header(k, length)
-        if op == "add":
-            d = nftrace.Decision("inet", "t", "c", k, head, UDP[:4] if cut % 2 else b"", mark, clock)
-            waiting.add(d)
-            scan.append(d)
-            del scan[:-8]
-        elif op == "take":
-            l3 = (head + UDP)[:length - 2 * cut] if cut < 3 else head + UDP
-            assert waiting.take(l3, mark) is _scan_take(scan, l3, mark)
-        else:
-            waiting.expire(clock - 5)
-            scan[:] = [d for d in scan if d.read_ns >= clock - 5]
-        assert len(waiting) == len(scan)
-
-
-def test_a_record_is_matched_against_its_own_headers_verdicts_only(monkeypatch):
-    """A drop flood whose trace events were lost leaves verdicts no record takes: a record is matched against the
-    verdicts of its own header, not every one waiting (a scan of 65,536 per record kept fcap busy for minutes)."""
-    waiting = nftrace.Waiting()
-    for k in range(nftrace.VERDICTS_MAX + 10):
-        waiting.add(nftrace.Decision("inet", "t", "c", k, _header(k), b"", 0, k))
-    assert len(waiting) == nftrace.VERDICTS_MAX
-    calls = []
-    real = nftrace.Decision.matches
-    monkeypatch.setattr(nftrace.Decision, "matches", lambda self, *a: calls.append(1) or real(self, *a))
-    assert waiting.take(_header(1 << 20) + UDP, 0) is None and calls == []
-    assert waiting.take(_header(nftrace.VERDICTS_MAX) + UDP, 0).rule == nftrace.VERDICTS_MAX and calls == [1]
-    assert waiting.take(_header(5) + UDP, 0) is None   # (forgotten: the cap keeps the newest)
+def test_the_program_keeps_no_verdict_but_drops(key_program):
+    """An accept, a continue, a chain's end, a drop of another trace id than the headers': no key, nothing queued."""
+    run, _texts = key_program
+    for msg in (_trace_msg(1, "t", "c", nft.TraceType.RULE, 5, handle=3, code=nft.NF_ACCEPT, network=IP),
+                _trace_msg(1, "t", "c", nft.TraceType.RULE, 5, handle=3, code=-1, network=IP),
+                _trace_msg(1, "t", "c", nft.TraceType.RETURN, 5, code=-1, network=IP),
+                _trace_msg(1, "t", "c", nft.TraceType.POLICY, 5, policy=nft.NF_ACCEPT, network=IP),
+                _trace_msg(1, "t", "c", nft.TraceType.RULE, 5, handle=3, code=nft.NF_DROP)):
+        assert run(msg) == (0, (0, 0, b""))
 
 
 def test_names_with_spaces_stay_one_word_of_the_comment():
     from fcap.features.nft_rule import COMMENT
     from fcap.features.unit import keyed_text
-    d = nftrace.Decision("inet", "my table", "in put", None, IP, b"", 0, 0)
+    d = nftrace.Decision("inet", "my table", "in put", None)
     assert keyed_text(COMMENT, d.values()) == \
         " nft_family=inet nft_table=my\\x20table nft_chain=in\\x20put nft_policy=drop"
     from fcap.api import parse_comment
@@ -385,32 +391,39 @@ def test_the_api_names_the_rule_in_this_namespace(veth):
 
 FILTERED = r"""
 import socket, sys, time
+from bpf.maps import HashMap, PerCPUArrayMap
+from bpf.uapi import MapFlags
 from fcap.host import nftables as nft, nftrace
+from fcap.kernel import nftfilter
+from fcap.kernel.layout import NFT_SLOT, NFT_TEXT
 ok, no = int(sys.argv[1]), int(sys.argv[2])
-t = nftrace.Tracer()
+slots = PerCPUArrayMap(NFT_SLOT.size, 1, name="t_nftslot")
+texts = HashMap(8, NFT_TEXT.size, 64, name="t_nfttext", flags=MapFlags.NO_PREALLOC)
+t = nftrace.Tracer(lambda sock, netns: nftfilter.attach(sock, slots.fileno(), texts.fileno(), netns))
 every = nft.NfSocket(trace=True, rcvbuf=1 << 22)     # no filter: every event
 r = socket.socket(2, 2)
 r.bind(("127.0.0.1", ok))
 s = socket.socket(2, 2)
 for i in range(20):
     s.sendto(b"ok", ("127.0.0.1", ok))
-for i in range(2):
+for i in range(3):
     try:
         s.sendto(b"no", ("127.0.0.1", no))
     except OSError:
         pass
 time.sleep(0.2)
-kept, all_ = t.listener.traces()[0], every.traces()[0]
+kept, all_ = t.listener.trace_payloads()[0], every.trace_payloads()[0]
 t.close()
-print(t.filtered, len(kept), sum(e.decides_drop() for e in kept), len(all_), sum(e.decides_drop() for e in all_))
+drops = lambda events: sum(nft.parse_trace(e).decides_drop() for e in events)
+print(len(kept), drops(kept), len(all_), drops(all_), len(list(texts.keys())))
 """
 
 
-def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
-    """fcap.host.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 2 a rule drops (at output),
-    fcap's trace socket gets the 2 drop verdicts and, of the accepted ones, only the end of the output chain they
-    match no rule of (its headers, kept for a policy of drop), where a socket without the filter gets each chain's
-    events (fcap's own two, the output chain's end and policy, the input chain's accept)."""
+def test_the_socket_filter_queues_one_drop_verdict_per_rule(veth):
+    """fcap.kernel.nftfilter in the kernel: of 20 datagrams a rule accepts (at input) and 3 a rule drops (at output),
+    fcap's trace socket gets the first drop verdict only (its rule's key then pending in the texts map), where a
+    socket without the program gets each chain's events (fcap's own two, the output chain's end and policy, the
+    input chain's accept, the 3 drops)."""
     v = veth
     ok, no = free_port(), free_port()
     name = f"fcapnftf{os.getpid() % 100000}"
@@ -422,9 +435,9 @@ def test_the_socket_filter_keeps_only_what_a_drop_needs(veth):
         r = subprocess.run(["ip", "netns", "exec", v.ns, sys.executable, "-c", FILTERED, str(ok), str(no)],
                            capture_output=True, text=True, timeout=60 * SLOW, env=subprocess_env())
         assert r.returncode == 0, r.stderr
-        filtered, kept, kept_drops, every, every_drops = r.stdout.split()
-        assert filtered == "True" and (int(kept), int(kept_drops)) == (20 + 2, 2), r.stdout
-        assert int(every) >= 20 * 5 and int(every_drops) == 2, r.stdout
+        kept, kept_drops, every, every_drops, keys = map(int, r.stdout.split())
+        assert (kept, kept_drops, keys) == (1, 1, 1), r.stdout
+        assert every >= 20 * 5 and every_drops == 3, r.stdout
         assert trace_tables(v.ns) == []
     finally:
         table.delete()

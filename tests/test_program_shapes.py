@@ -252,12 +252,17 @@ def point_shapes(kind: str, out: str, inp: str, inp2: str, drop: str) -> list[Sh
                Shape(f"several points '{ANCILLARY}'", [inp, inp2], ANCILLARY)]
     if not drop:
         return shapes
-    # a drop point: the reason and location; --nft (its tracer, and the records laid out in user space)
+    # a drop point: the reason and location; --nft (its trace socket's program, and the rule's key in the record)
     drop_units = [u for u in units(None) if u[0] != "--stack"] + [("--nft", {"nft": True}, {})]
     shapes += [Shape("drop", [drop], None, attach=True), Shape(f"drop '{BYTES}'", [drop], BYTES),
                Shape("drop printed", [drop], None, None)]
     shapes += [Shape(f"drop {label}", [drop], BYTES, said=said, fields=fields) for label, said, fields in drop_units]
     said, fields = all_of(drop_units + [u for u in units(None) if u[0] == "--stack"])
+    rings = all_of([u for u in drop_units if u[0] not in ("--dump", "--ct")] +
+                   [u for u in units(None) if u[0] == "--stack"])   # (the drop's and the rule's texts given)
+    shapes += [Shape(f"drop every unit of the rings '{BYTES}'", [drop], BYTES, said=rings[0], fields=rings[1]),
+               Shape(f"drop every unit of the rings '{BYTES}' --no-skb-dynptr", [drop], BYTES, said=rings[0],
+                     fields={**rings[1], "skb_dynptr": False})]
     shapes += [Shape(f"drop every unit '{BYTES}'", [drop], BYTES, said=said, fields=fields, attach=True),
                Shape(f"several points and a drop point '{BYTES}'", [out, inp, drop], BYTES),
                Shape(f"several points and a drop point '{BYTES}' printed", [out, inp, drop], BYTES, None)]

@@ -307,9 +307,9 @@ class NfSocket:
         except OSError as e:
             return e.errno or errnos.EIO
 
-    def traces(self) -> tuple[list, int]:
-        """The trace events waiting on the socket (subscribed), and how many times the kernel could not queue one
-        (ENOBUFS: events lost)."""
+    def trace_payloads(self) -> tuple[list, int]:
+        """The trace events waiting on the socket (subscribed), each message's payload after nlmsghdr, and how many
+        times the kernel could not queue one (ENOBUFS: events lost)."""
         out, lost = [], 0
         while True:
             try:
@@ -321,11 +321,7 @@ class NfSocket:
                     lost += 1
                     continue
                 raise
-            for kind, _flags, _seq, payload in split(buf):
-                if kind == nft_type(Msg.TRACE):
-                    t = parse_trace(payload)
-                    if t is not None:
-                        out.append(t)
+            out += [payload for kind, _flags, _seq, payload in split(buf) if kind == nft_type(Msg.TRACE)]
 
     def close(self) -> None:
         self.sock.close()

@@ -224,16 +224,25 @@ class _Stack(NamedTuple):
     stk_len: int = -464      # ... its text's length, read once
     drop_val: int = -472     # a drop's names: the map value found (DROP_TEXT)
     drop_len: int = -480     # ... its text's length, read once
+    nft_val: int = -488      # --nft's: the map value found (NFT_TEXT)
+    nft_len: int = -496      # ... its text's length, read once
+    nft_hdr: int = -160      # --nft: a netfilter drop's first network header bytes (NFT_HDR), at DEVICE (in cbpf's
+                             # bytes: the filter runs later; fcap.kernel.nftverdict)
 
 
 STACK = _Stack()
 _STACK_BYTES = {"key": 4, "point_bits": 4, "dynptr": 16,
                 "cbpf": 64, "comm": 16, "ring_key": 4, "track_val": 24, "track_ckey": 4,
-                "drop_key": 16, "frames": 48, "ctx_key": 16, "given_key": 16}
+                "drop_key": 16, "frames": 48, "ctx_key": 16, "given_key": 16, "nft_hdr": 32}
+_STACK_SHARED = {"nft_hdr": "cbpf"}   # slots in another's bytes, used and done with before the other's first use
 
 
 def _check_stack() -> None:
-    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in STACK._asdict().items())
+    for name, within in _STACK_SHARED.items():
+        start, outer = getattr(STACK, name), getattr(STACK, within)
+        assert outer <= start and start + _STACK_BYTES[name] <= outer + _STACK_BYTES[within], name
+    slots = sorted((off, off + _STACK_BYTES.get(name, 8), name) for name, off in STACK._asdict().items()
+                   if name not in _STACK_SHARED)
     for (_o, end, name), (nxt, _e, other) in zip(slots, slots[1:]):
         assert end <= nxt, f"stack slots {name} and {other} overlap"
     assert slots[0][0] >= -512 and slots[-1][1] <= 0
@@ -354,6 +363,29 @@ STK_TEXT = Layout("StackText", (("len", "Q"), ("text", f"{STK_MAX}s")))
 DROP_MAX = 248
 DROP_TEXT_KEY = Layout("DropTextKey", (("reason", "I"), ("named", "I"), ("location", "Q")))
 DROP_TEXT = Layout("DropText", (("len", "Q"), ("text", f"{DROP_MAX}s")))
+# --nft: what the trace socket's program (fcap.kernel.nftfilter) leaves on each CPU for the capture program
+# (fcap.kernel.nftverdict), one PERCPU_ARRAY value. nf_tables sends its trace events from the packet's own path, so
+# a drop's verdict reaches the socket's program on the CPU that then frees the packet, just before the drop point:
+# `cur_*` the first header bytes of the last event that carried them (its trace id; NFT_HDR bytes at most, zeros
+# after), `drop_*` those of the last drop verdict and its rule's key (NFT_TEXT_KEY), which the drop point takes
+# (drop_len 0) when the freed packet's network header begins with them; `unmatched` counts the netfilter drops that
+# found none (where the kernel has drop reasons). `attrs`: the socket's program's own, where
+# each event's attributes are (offset | nla_len << 32 by type, NFT_ATTRS types), and `pending`, the NFT_TEXT it
+# puts in the texts map under a key it lets through to user space (len NFT_PENDING), so that it lets through one
+# event per key.
+NFT_HDR = 32
+NFT_ATTRS = 17
+NFT_MAX = 1016
+NFT_PENDING = NFT_MAX + 1
+NFT_TEXT_KEY = Layout("NftTextKey", (("rule", "Q"),))
+NFT_TEXT = Layout("NftText", (("len", "Q"), ("text", f"{NFT_MAX}s")))
+NFT_SLOT = Layout("NftSlot", (("cur_id", "I"), ("cur_len", "I"), ("cur_hdr", f"{NFT_HDR}s"), ("drop_len", "I"),
+                              ("", "4x"), ("drop_rule", "Q"), ("drop_hdr", f"{NFT_HDR}s"),
+                              ("unmatched", "Q"), ("attrs", f"{8 * NFT_ATTRS}s"), ("pending", f"{NFT_TEXT.size}s")))
+# ... and the comment's text of each rule key (` nft_family=inet nft_table=...`), given by user space once it has
+# named the key (fcap.features.nft_rule): the socket's program lets through only the drop verdicts of keys without a
+# text, so that user space parses one event per rule; the file rings' programs copy the text as a drop's names.
+# Key 0 (no rule) has the empty text.
 TEXT_SKB = len(COMMENT[0][0])             # the skb's 16 hex digits start here
 TEXT_MID = TEXT_SKB + 16                  # then the middle
 assert CAREA.off("text") % 8 == 0

@@ -17,7 +17,7 @@ class Maps:
     """The maps a capture's programs use (fds), filled in as the session makes them."""
 
     __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "frags", "track",
-                 "track_counters", "stack", "ctxtext", "stktext", "droptext")
+                 "track_counters", "stack", "ctxtext", "stktext", "droptext", "nftslot", "nfttext")
 
     def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
         self.events = events              # PERF_EVENT_ARRAY fd
@@ -37,6 +37,8 @@ class Maps:
         self.ctxtext = 0        # --context into the file rings: the names' HASH map (layout.CTX_KEY -> CTX_TEXT)
         self.stktext = 0        # --stack into the file rings: the frames' HASH map (layout.STK_KEY -> STK_TEXT)
         self.droptext = 0       # drop points into the file rings: their names' (layout.DROP_TEXT_KEY -> DROP_TEXT)
+        self.nftslot = 0        # --nft: what the trace socket's program leaves on each CPU (layout.NFT_SLOT)
+        self.nfttext = 0        # --nft: each rule key's text (layout.NFT_TEXT_KEY -> NFT_TEXT), user space's
 
 
 class ProgramOptions(NamedTuple):

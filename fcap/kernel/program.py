@@ -14,8 +14,8 @@ from bpf.uapi import Helper
 
 from fcap.errors import ProgramError
 from fcap.files.linktypes import ETH_P_IP, ETH_P_IPV6, PACKET_OUTGOING, loaded16
-from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, linkhdr, perfrec, pointinfo, predicates,
-                         ringrec, stats, track, verdicts)
+from fcap.kernel import (ancillary, context, drops, dumps, epbopts, kstack, linkhdr, nftverdict, perfrec, pointinfo,
+                         predicates, ringrec, stats, track, verdicts)
 from fcap.kernel.parts import (BEFORE_COPY, BEFORE_FILTER, DEVICE, END, ENTRY, FILTER, HEADERS, KEPT, RECORD_META,
                                  SELECT, SELECTED, WRITE, Part, active)
 from fcap.kernel.filter import PACKET_FILTER
@@ -307,10 +307,10 @@ class Builder:
         return ancillary.load(self.point, field, dst, reject, STACK.skb, STACK.tmp, self.snap)
 
 # Every part of the capture program, in the order the builder runs each stage's
-PARTS: tuple[Part, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META, ancillary.VLAN_TAG,
-                                 PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE, context.CGROUP, verdicts.VERDICT,
-                                 kstack.STACKS, dumps.DUMPS, ringrec.FILE_RING, ringrec.COMMENT, ringrec.EPB_OPTIONS,
-                                 perfrec.PERF_OUTPUT, stats.COUNTS)
+PARTS: tuple[Part, ...] = (stats.HITS, track.TRACKING, predicates.PREDICATES, drops.DROP_META,
+                           nftverdict.NFT_VERDICT, ancillary.VLAN_TAG, PACKET_FILTER, track.PACKET_IDS, epbopts.QUEUE,
+                           context.CGROUP, verdicts.VERDICT, kstack.STACKS, dumps.DUMPS, ringrec.FILE_RING,
+                           ringrec.COMMENT, ringrec.EPB_OPTIONS, perfrec.PERF_OUTPUT, stats.COUNTS)
 
 
 def build(point: Point, opts: ProgramOptions, maps: Maps) -> list:

@@ -71,6 +71,8 @@ FIELDS = (
         _a("cgroup", packet=True, doc="--context: the cgroup id of the packet's socket, else of the task"),)),
     Field("verdict", "Q", "at a BPF program's exit: its return value (fcap.kernel.verdicts)",
           (_a("retval", read="s32"),)),
+    Field("nft", "Q", "--nft at drop points: the key of the nftables rule (or policy) that dropped the packet, as "
+          "the trace socket's program made it (fcap.kernel.nftfilter); 0: none", (_a("nft_key"),)),
     Field("comm", "16s", "the task's name", (_a("comm", " comm=", "str", "cstr", True, "the task's name"),)),
     Field("len", "I", "skb->len", (_a("len", " len=", "dec"),)),
     Field("copy", "I", "bytes handed to the perf sample from the skb (from offset skip)"),

@@ -22,7 +22,8 @@ from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
                      RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX, CTX_KEY,
-                     CTX_MAX, CTX_TEXT, DROP_MAX, DROP_TEXT, DROP_TEXT_KEY, STK_KEY, STK_MAX, STK_TEXT, Layout)
+                     CTX_MAX, CTX_TEXT, DROP_MAX, DROP_TEXT, DROP_TEXT_KEY, NFT_MAX, NFT_TEXT, NFT_TEXT_KEY, STK_KEY,
+                     STK_MAX, STK_TEXT, Layout)
 from fcap.kernel.layout import COPY_MAX as SAMPLE_COPY_MAX   # what a perf sample holds
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
@@ -37,7 +38,7 @@ SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this fa
 CTX_SPILL = SPILL + CTX_MAX   # ... and --context's text after it (fcap.kernel.layout's CTX_TEXT; the other texts user
 #                               space gives, GIVEN's, are copied as long as they are)
 QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
-OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + DROP_MAX + STK_MAX + 4 + 4
+OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + DROP_MAX + NFT_MAX + STK_MAX + 4 + 4
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
 RING_SLACK = (REC_MAX + CTX_SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
@@ -123,9 +124,15 @@ def _drop_key(b) -> list:
             DROP_TEXT_KEY.store(FP, "location", R0, STACK.given_key)]
 
 
+def _nft_key(b) -> list:
+    return [META.load(R0, R7, "nft"), NFT_TEXT_KEY.store(FP, "rule", R0, STACK.given_key)]
+
+
 # in the comment's order (fcap.features.FEATURES'), after the metadata's text and --context's names
 GIVEN = (Given("droptext", DROP_TEXT, STACK.drop_val, STACK.drop_len, _drop_key,
                lambda b: _given(b, b.maps.droptext) and drops.is_drop_point(b.point)),
+         Given("nfttext", NFT_TEXT, STACK.nft_val, STACK.nft_len, _nft_key,   # (key 0, no rule: the empty text)
+               lambda b: _given(b, b.maps.nfttext) and drops.is_drop_point(b.point)),
          Given("stktext", STK_TEXT, STACK.stk_val, STACK.stk_len, _frames_key, lambda b: _given(b, b.maps.stktext)))
 assert all(g.value.off("len") == 0 for g in GIVEN)
 
@@ -210,7 +217,9 @@ FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("cap
                           MapUse("stktext", "HASH, STK_KEY -> STK_TEXT: --stack's frames, given by user space "
                                             "(fcap.kernel.kstack.Stacks); the session's"),
                           MapUse("droptext", "HASH, DROP_TEXT_KEY -> DROP_TEXT: a drop's names, given by user space "
-                                             "(fcap.features.drop_reason); the session's")),
+                                             "(fcap.features.drop_reason); the session's"),
+                          MapUse("nfttext", "HASH, NFT_TEXT_KEY -> NFT_TEXT: --nft's rules, given by user space "
+                                            "(fcap.host.nftrace); the session's")),
                     reads="fcap.live.ringdrain.RingDrain")
 
 

@@ -291,7 +291,8 @@ class Planner:
                        track=self.ident() != track.IDENT_NONE, stack=self.cfg.stack, cpus=cpus, pages=pages,
                        kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0,
                        context=bool(texts and self.cfg.context), stack_texts=bool(texts and self.cfg.stack),
-                       drop_texts=bool(texts and any(drops.is_drop_point(p) for p in self.points)))
+                       drop_texts=bool(texts and any(drops.is_drop_point(p) for p in self.points)),
+                       nft=bool(self.cfg.nft))
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -302,6 +303,8 @@ class Planner:
             maps.track, maps.track_counters = -5, -6
         if plan.stack:
             maps.stack = -7
+        if plan.nft:   # (-12: the trace socket's slots, -13: the rules' texts)
+            maps.nftslot, maps.nfttext = -12, -13
         if plan.ring_size:   # the programs that write the file rings (map fd -4; -8: the perf buffer of packets with
             maps.ring, maps.ring_size, maps.dynptr_kfunc = -4, plan.ring_size, plan.kfunc   # bytes in frags, or
             maps.frags = 0 if plan.kfunc and not plan.gives else -8                          # texts to give; -9:
@@ -338,11 +341,12 @@ class MapPlan(NamedTuple):
     context: bool = False   # the file rings' comments end with --context's names (a map user space fills)
     stack_texts: bool = False   # ... and with --stack's frames (another)
     drop_texts: bool = False    # ... and at drop points with a drop's names (another)
+    nft: bool = False           # --nft: the trace socket's slots and the rules' texts (fcap.kernel.nftfilter)
 
     @property
     def gives(self) -> bool:
         """Whether user space gives the programs texts (whose records go through the perf buffer until it has)."""
-        return self.context or self.stack_texts or self.drop_texts
+        return self.context or self.stack_texts or self.drop_texts or self.nft
 
 
 def protocol_predicate(ethertype: int) -> Callable:

@@ -66,7 +66,7 @@ class Session(Planner, Attach):
         self.stack_texts = None  # --stack into the file rings: the frames' map (fcap.kernel.kstack.Stacks fills it)
         self.drop_texts = None   # drop points into the file rings: the names' map (fcap.features.drop_reason's)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
-        self.nft = None          # --nft: fcap.host.nftrace.Tracers (their trace tables), from open() to close()
+        self.nft = None          # --nft: fcap.kernel.nftfilter.Rules (its maps, trace tables, names), open() to close()
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -89,13 +89,7 @@ class Session(Planner, Attach):
             self.maps += [scratch, counters]
             self.counters = counters
             maps = cprog.Maps(events.fileno(), scratch.fileno(), counters.fileno(), plan.scratch_size)
-            if plan.track:
-                self._make_track_maps(maps)
-            if plan.stack:
-                from fcap.kernel.kstack import Stacks
-                self.stacks = Stacks.create(self.maps)
-                maps.stack = self.stacks.map.fileno()
-                self.parse = self.stacks.parser(self.parse, self.lead)
+            self._make_feature_maps(plan, maps)
             if self.cfg.file and (len(plan.cpus) > 1 or not plan.kfunc):
                 from fcap.live.drain import FAST   # the drain's merge (the perf buffer's walk) at C speed, imported
                 FAST.load()                         # while the programs load
@@ -110,9 +104,8 @@ class Session(Planner, Attach):
                 wake = PAGE if plan.gives else plan.pages * PAGE // 4   # a page: the packets after a key's first
                 self.frags = PerfBuffer(frags, pages=plan.pages, wakeup_bytes=wake, cpus=plan.cpus)   # are named soon)
                 self.buffer.watch(self.frags.fileno())
-            if self.cfg.nft:   # (its trace table before the programs attach: every drop recorded is traced)
-                from fcap.host.nftrace import Tracers
-                self.nft = Tracers(self.cfg.nft_netns)
+            if self.nft is not None:   # (its trace tables before the programs attach: every drop recorded is traced)
+                self.nft.trace()
         except BPFError as e:
             self.close()
             raise CaptureError(f"{e}") from None
@@ -138,6 +131,25 @@ class Session(Planner, Attach):
             self.track_map = HashMap(8, layout.TRACK.size, self.cfg.track_max, name="fcap_track", lru=True)
             self.maps.append(self.track_map)
             maps.track = self.track_map.fileno()
+
+    def _make_feature_maps(self, plan, maps: cprog.Maps) -> None:
+        """The maps of --track, --stack and --nft, where asked for."""
+        if plan.track:
+            self._make_track_maps(maps)
+        if plan.stack:
+            from fcap.kernel.kstack import Stacks
+            self.stacks = Stacks.create(self.maps)
+            maps.stack = self.stacks.map.fileno()
+            self.parse = self.stacks.parser(self.parse, self.lead)
+        if plan.nft:
+            self._make_nft_maps(maps)
+
+    def _make_nft_maps(self, maps: cprog.Maps) -> None:
+        """--nft's maps: what the trace socket's program leaves on each CPU, and the rules' texts."""
+        from fcap.features.nft_rule import rule_text
+        from fcap.kernel.nftfilter import Rules
+        self.nft = Rules(self.maps, rule_text, self.cfg.nft_netns)
+        maps.nftslot, maps.nfttext = self.nft.slots.fileno(), self.nft.texts.fileno()
 
     def _load_helpers(self, maps: cprog.Maps) -> None:
         for p, items in self._helper_programs(maps):
