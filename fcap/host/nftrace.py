@@ -62,12 +62,9 @@ class Tracer:
         self.table = table or f"{TABLE_PREFIX}{os.getpid()}"
         self.netns = netns        # the namespace's inode number, where the sockets are made (0: not known)
         self.elsewhere = elsewhere   # not fcap's own namespace: its decisions say which (nft_netns)
-        self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)   # first: no event of the table's is missed
-        try:
-            self.program = attach(self.listener.sock, netns)
-        except BaseException:
-            self.listener.close()
-            raise
+        # the table first: its batch loads nf_tables where that is a module, and waits for it, where subscribing the
+        # trace socket only starts loading it (a batch sent meanwhile is refused: EOPNOTSUPP). The events of the
+        # packets traced before the socket is there are no drop record's: no program is attached yet.
         self.control = nft.NfSocket()
         self.owned = True
         err = self.control.transact(nft.Family.inet, *self._parts(owner=True))
@@ -75,10 +72,17 @@ class Tracer:
             self.owned = False
             err = self.control.transact(nft.Family.inet, *self._parts(owner=False))
         if err:
-            self._close_sockets()
+            self.control.close()
             why = "a table of that name exists" if err == errnos.EEXIST else os.strerror(err)
             raise CaptureError(f"--nft: cannot add the trace table inet {self.table} ({why})")
         self.added = True
+        self.listener = self.program = None
+        try:
+            self.listener = nft.NfSocket(trace=True, rcvbuf=RCVBUF)
+            self.program = attach(self.listener.sock, netns)
+        except BaseException:
+            self.close()
+            raise
         self.lost = 0             # reads of trace events that failed for want of buffer
 
     def _parts(self, owner: bool) -> list:
@@ -100,9 +104,9 @@ class Tracer:
                         self.netns if self.elsewhere else 0)
 
     def _close_sockets(self) -> None:
-        self.control.close()
-        self.listener.close()
-        self.program.close()
+        for c in (self.control, self.listener, self.program):
+            if c is not None:
+                c.close()
 
     def close(self) -> None:
         """Delete the trace table (once) and close the sockets."""
