@@ -82,8 +82,6 @@ class PacketFeature(NamedTuple):
     refuse: Callable | None = None      # (points) -> why the capture cannot have it (a line), or "" (asked for)
     user_space: Callable | None = None  # (cfg, points) -> the records must be laid out in user space (no file
                                         # rings: the programs cannot write what it says)
-    whole_record: bool = False   # asked for, user space lays out each block from the whole record, one by one
-                                 # (fcap.live.session's per_record: not the file drain's head and tail)
 
     def asked(self, cfg) -> bool:
         """Is it asked for in this capture's Config (a flagged feature; an unflagged one is never asked for)?"""

@@ -44,7 +44,7 @@ class CaptureLoop:
         signal.signal(signal.SIGTERM, self._on_signal)
         self.session.buffer.watch(rfd)
         writer = self.out.writer
-        if writer is not None and not self.session.per_record:
+        if writer is not None:
             self.drain = self.session.file_drain(writer, limit=self.count, options=self.out.options.block)
 
     def run(self) -> int:
@@ -74,7 +74,7 @@ class CaptureLoop:
 
     def _drain(self) -> None:
         writer = self.out.writer
-        if writer is None or self.session.per_record:   # records one by one (printed, or --nft's blocks)
+        if writer is None:   # records one by one (printed, JSON, the API)
             self.session.run(self._deliver, self._should_stop, limit=self.count)
             return
         drain = self.drain or self.session.file_drain(writer, limit=self.count, options=self.out.options.block)

@@ -121,7 +121,7 @@ class FileSink(Sink):
         return writer
 
     def write(self, rec) -> None:
-        """When user space lays out each block (fcap.live.session's per_record: --nft's rule)."""
+        """One record's block laid out here (a file's records go through the session's file drain instead)."""
         self.writer.write(rec.ts_ns + self.session.clock_offset_ns, rec.data, rec.orig_len, iface=rec.point,
                           **self.options.block(rec))
 

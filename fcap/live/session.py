@@ -206,13 +206,6 @@ class Session(Planner, Attach):
                     raise
                 size //= 2
 
-    @property
-    def per_record(self) -> bool:
-        """Whether user space lays out each record's block (run(), not run_file()): a feature asked for says so
-        (fcap.features: --nft's rule, matched by the packet's bytes)."""
-        from fcap.features import FEATURES
-        return any(f.whole_record and f.asked(self.cfg) for f in FEATURES)
-
     def file_drain(self, writer, options=None, limit: int = 0):
         """What run_file() drains with: the file rings when the programs write there, else the perf buffer."""
         from fcap.live.drain import FileDrain
