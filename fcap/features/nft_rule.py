@@ -16,7 +16,7 @@ COMMENT = ((" nft_family=", "nft_family", "str"), (" nft_table=", "nft_table", "
 
 
 class NftRules(Annotator):
-    """The rule of each netfilter drop (tracer: the session's fcap.host.nftrace.Tracers)."""
+    """The rule of each netfilter drop (tracer: the session's fcap.kernel.nftfilter.Rules)."""
 
     def __init__(self, tracer):
         self.tracer = tracer

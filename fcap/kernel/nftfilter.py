@@ -229,21 +229,14 @@ def attach(sock: socket.socket, slots_fd: int, texts_fd: int, netns: int):
 
 
 class Rules:
-    """--nft in one capture: the slot map and the texts map (made here), the trace tables and sockets
-    (fcap.host.nftrace.Tracers: fcap's namespace and those `where` names) with this module's program on each, and
-    what each rule key names. decision() names a record's key, reading the sockets when it is new, and gives its
-    text (`text_of`: a Decision's) to the programs. close() deletes the tables; then the maps go with the
-    session's (`keep`: the session's list of its maps)."""
+    """--nft in one capture: the slot map (`slots`: PERCPU_ARRAY, one NFT_SLOT) and the texts map (`texts`: NFT_TEXT_KEY
+    -> NFT_TEXT), the session's; the trace tables and sockets (fcap.host.nftrace.Tracers: fcap's namespace and those
+    `where` names) with this module's program on each, and what each rule key names. decision() names a record's
+    key, reading the sockets when it is new, and gives its text (`text_of`: a Decision's) to the programs. close()
+    deletes the tables; the maps go with the session's."""
 
-    def __init__(self, keep: list, text_of, where: list | tuple = ()):
-        from bpf.maps import HashMap, PerCPUArrayMap
-        from bpf.uapi import MapFlags
-        from fcap.defaults import NFT_TEXTS
-        self.slots = PerCPUArrayMap(NFT_SLOT.size, 1, name="fcap_nftslot")
-        keep.append(self.slots)
-        self.texts = HashMap(NFT_TEXT_KEY.size, NFT_TEXT.size, NFT_TEXTS, name="fcap_nfttext",
-                             flags=MapFlags.NO_PREALLOC)   # (no value preallocated: one a program holds never reused)
-        keep.append(self.texts)
+    def __init__(self, slots, texts, text_of, where: list | tuple = ()):
+        self.slots, self.texts = slots, texts
         self.texts.update(bytes(NFT_TEXT_KEY.size), bytes(NFT_TEXT.size))   # key 0, no rule: the empty text
         self.text_of = text_of
         self.where = where

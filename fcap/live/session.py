@@ -15,7 +15,7 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
-from fcap.defaults import CTX_ENTRIES, DROP_TEXTS, POLL_MS, POLL_MS_IMMEDIATE
+from fcap.defaults import CTX_ENTRIES, DROP_TEXTS, NFT_TEXTS, POLL_MS, POLL_MS_IMMEDIATE
 from fcap.errors import CaptureError
 from fcap.kernel import layout, stats, track
 from fcap.kernel import program as cprog
@@ -148,8 +148,11 @@ class Session(Planner, Attach):
         """--nft's maps: what the trace socket's program leaves on each CPU, and the rules' texts."""
         from fcap.features.nft_rule import rule_text
         from fcap.kernel.nftfilter import Rules
-        self.nft = Rules(self.maps, rule_text, self.cfg.nft_netns)
-        maps.nftslot, maps.nfttext = self.nft.slots.fileno(), self.nft.texts.fileno()
+        slots = PerCPUArrayMap(layout.NFT_SLOT.size, 1, name="fcap_nftslot")
+        self.maps.append(slots)
+        texts = self._texts_map(layout.NFT_TEXT_KEY, layout.NFT_TEXT, NFT_TEXTS, "fcap_nfttext")
+        self.nft = Rules(slots, texts, rule_text, self.cfg.nft_netns)
+        maps.nftslot, maps.nfttext = slots.fileno(), texts.fileno()
 
     def _load_helpers(self, maps: cprog.Maps) -> None:
         for p, items in self._helper_programs(maps):
