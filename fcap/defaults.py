@@ -22,6 +22,7 @@ BLOCK_CACHE_MAX = 1 << 14   # pcapng block options a perf buffer's drain keeps m
 BLOCK_CACHE_BYTES = 32 << 20   # ... and their bytes and keys' at most (a --dump of whole structures: KiBs a key)
 CTX_ENTRIES = 4096   # --context into the file rings: (cgroup, netns) pairs whose names the programs hold at once
 NFT_TEXTS = 4096     # --nft: rules whose names the programs and the trace socket's filter hold
+DUMP_TEXTS = 512     # --dump into the file rings: distinct dumps whose options the programs hold (4 KiB each)
 DROP_TEXTS = 4096    # drop points into the file rings: (reason, location) pairs whose names the programs hold
 
 

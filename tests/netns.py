@@ -381,11 +381,11 @@ def pcapng_plan(points: list[str], **config):
     return s.map_plan()
 
 
-def send_while_given(fc, port: int, texts: str, value) -> tuple[int, int, dict[bytes, str]]:
+def send_while_given(fc, port: int, texts: str, value, raw: bool = False) -> tuple[int, int, dict]:
     """A datagram to 127.0.0.1:`port`, the map `texts` of fcap (process fc, -c 42) waited for until user space has
     given the programs a text (at its next pass), 40 datagrams more, and the last, after which fcap ends. Returns the
     programs' count of records through the perf buffer once the text was given and after the 40, and the texts
-    given then (given_texts)."""
+    given then (given_texts; `raw`: as bytes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.sendto(b"first", ("127.0.0.1", port))
         for _ in range(200):   # (at most POLL_MS, more on a slow guest)
@@ -396,19 +396,20 @@ def send_while_given(fc, port: int, texts: str, value) -> tuple[int, int, dict[b
         for i in range(40):
             s.sendto(b"n%02d" % i, ("127.0.0.1", port))
         time.sleep(0.2)   # (the 40 through the kernel)
-        counted, given = perf_seen(map_of(fc.pid, "fcap_counters")), given_texts(fc.pid, texts, value)
+        counted, given = perf_seen(map_of(fc.pid, "fcap_counters")), given_texts(fc.pid, texts, value, raw)
         s.sendto(b"last", ("127.0.0.1", port))   # (-c 42: fcap ends, its maps with it, after this one)
     return first, counted, given
 
 
-def given_texts(pid: int, name: str, value) -> dict[bytes, str]:
-    """The texts fcap (process `pid`) gave its programs in its map `name` (bpftool's view): key bytes -> text, each
-    value laid out as `value` (fcap.kernel.layout: len, text)."""
+def given_texts(pid: int, name: str, value, raw: bool = False) -> dict:
+    """The texts fcap (process `pid`) gave its programs in its map `name` (bpftool's view): key bytes -> text (`raw`:
+    its bytes), each value laid out as `value` (fcap.kernel.layout: len, text)."""
     texts = {}
     for entry in map_of(pid, name):
-        raw = bytes(int(h, 16) for h in entry["value"])
+        data = bytes(int(h, 16) for h in entry["value"])
         at = value.off("text")
-        texts[bytes(int(h, 16) for h in entry["key"])] = raw[at:at + value.unpack(raw).len].decode()
+        text = data[at:at + value.unpack(data).len]
+        texts[bytes(int(h, 16) for h in entry["key"])] = text if raw else text.decode()
     return texts
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import need_root, require_kind
 
-from netns import fcap_argv, run_fcap, send_udp, sh, start_fcap, subprocess_env
+from netns import fcap_argv, pcapng_plan, run_fcap, send_udp, send_while_given, sh, start_fcap, subprocess_env
 
 POINT = "tp_btf/net_dev_queue"
 
@@ -168,9 +168,13 @@ def test_pcapng_carries_dumps_to_reader_fcap_r_and_tshark(sink, tmp_path, tshark
 
 def test_each_block_of_a_flood_has_its_own_records_dumps(sink, tmp_path):
     """Into a file the drain caches each block's options by the record's metadata and dump area together
-    (fcap.live.drain.FileDrain's lead): thousands of datagrams from four sockets, of sizes that vary, on recycled
-    skbs, each block's dumps those of its own packet: skb->len its length, the socket's port its UDP source port."""
+    (fcap.live.drain.FileDrain's lead), and where the programs write the file rings they look the options up by a
+    hash of the dumps (fcap.kernel.dumps.GivenOptions): thousands of datagrams from four sockets, of sizes that
+    vary, on recycled skbs, each block's dumps those of its own packet: skb->len its length and read from its own
+    skb (the comment's skb= address), the socket's port its UDP source port."""
     import struct
+
+    from bpf.btf import BTF
 
     import fcap
     out = tmp_path / "flood.pcapng"
@@ -190,9 +194,10 @@ def test_each_block_of_a_flood_has_its_own_records_dumps(sink, tmp_path):
     pkts = list(fcap.read(out))
     assert len(pkts) == n
     seen = set()
+    len_at = BTF.vmlinux().find("sk_buff", "struct").member("len")[1] // 8
     for p in pkts:
         sport = struct.unpack_from("!H", p.data, 14 + 20)[0]
-        assert p.dumps["skb->len"].value == p.orig_len
+        assert p.dumps["skb->len"].value == p.orig_len and p.dumps["skb->len"].addr == p.skb + len_at
         assert p.dumps["skb->sk->__sk_common"].value["skc_num"] == sport and sport in ports
         seen.add((p.orig_len, sport))
     assert len(seen) > 200 and len({p.skb for p in pkts}) < n   # (sizes and ports mixed; skbs recycled)
@@ -291,3 +296,48 @@ def test_fexit_return(sink):
     assert ret.ctype == "int" and ret.value == 1 and ret.addr == 0 and ret.text() == "(int)1"
     assert p.dumps["skb->len"].value == 28 + len(b"fcap-dump 0")
     assert p.dumps["sk"].value["__sk_common"]["skc_dport"] == sink.port
+
+
+# ---- into the file rings --------------------------------------------------------------------------------------
+
+DEV = ("skb->dev->name", "skb->dev->mtu")
+
+
+def test_whole_structures_leave_the_rings_to_the_perf_buffer():
+    """The options of a dump of struct nf_conn or struct net_device may run to several KiB, more than the programs
+    copy: such a capture takes the perf buffer's path (as --perf-buffer), members of them the rings."""
+    if not pcapng_plan([POINT], dump=DEV).dump_texts:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings)")
+    assert not pcapng_plan([POINT], dump=("skb->dev",)).ring_size
+    assert not pcapng_plan([POINT], dump=("skb->dev", "skb->len")).dump_texts
+
+@pytest.mark.parametrize("extra", [[], ["--no-skb-dynptr"]], ids=["rings", "rings and frags by perf"])
+def test_the_programs_write_the_dumps_options_user_space_gave_them(sink, tmp_path, extra):
+    """--dump into pcapng where the programs write the file rings: the first packet goes through the perf buffer,
+    user space gives the programs its dumps' options (a comment and a custom option each, as the writer lays them
+    out) under their hash (the map fcap_dumptext, read with bpftool), and the programs write them into the records
+    with the same dumps after it themselves: the programs' count of records through the perf buffer is one per
+    distinct dumps given (lo's name and MTU: one), and every record read back holds lo's."""
+    if not pcapng_plan([POINT], dump=DEV).dump_texts:
+        pytest.skip("the records go through the perf buffer on this kernel (no file rings): the dumps' options are "
+                    "user space's, as the tests above check")
+    import fcap
+    from fcap.kernel.layout import DUMP_TEXT
+    path = tmp_path / "dev.pcapng"
+    fc = start_fcap(["-i", POINT, "--dump", DEV[0], "--dump", DEV[1], "-c", "42", "-w", str(path), *extra,
+                     f"udp dst port {sink.port}"])
+    try:
+        first, counted, texts = send_while_given(fc, sink.port, "fcap_dumptext", DUMP_TEXT, raw=True)
+        assert fc.wait() == 0, fc.stderr
+    finally:
+        fc.kill()
+    pkts = list(fcap.read(str(path)))
+    assert len(pkts) == 42
+    mtu = _mtu("lo")
+    assert all(p.dumps[DEV[0]].data.rstrip(b"\0") == b"lo" and p.dumps[DEV[0]].text() == '(char[16])"lo"' and
+               p.dumps[DEV[1]].value == mtu for p in pkts)
+    assert texts and all(t[4:].startswith(b"dump skb->dev->name @0x") for t in texts.values()), texts
+    assert first == 1, f"{first} records went through the perf buffer before the options were given (the first's)"
+    assert counted <= len(texts) + 1 < 10, \
+        f"{counted} records through the perf buffer, {len(texts)} distinct dumps given (each one's first: the " \
+        "programs write the rest)"

@@ -79,9 +79,10 @@ def units(direction: str | None, skb: str = "skb", ret: bool = False) -> list[tu
         predicates["direction"] = direction
     where = [f"{skb}->len > 0", f'{skb}->dev->name == "lo"'] + (["return >= 0"] if ret else [])
     dump = [f"{skb}->dev", f"{skb}->len"] + (["return"] if ret else [])
+    members = [f"{skb}->dev->name", f"{skb}->len"] + (["return"] if ret else [])   # (their options fit the rings)
     return [("--track", {}, {"track": True}), ("--where", {"where": where}, {}), ("predicates", predicates, {}),
             ("--dump", {"dump": dump}, {}), ("--ct", {"dump": [CT_PATH]}, {}), ("--stack", {"stack": True}, {}),
-            ("--context", {"context": True}, {})]
+            ("--context", {"context": True}, {}), ("--dump members", {"dump": members}, {})]
 
 
 def all_of(us: list[tuple[str, dict, dict]]) -> tuple[dict, dict]:
@@ -241,7 +242,8 @@ def point_shapes(kind: str, out: str, inp: str, inp2: str, drop: str) -> list[Sh
     for us, point, filt in ((out_units, out, None), (out_units, out, BYTES), (in_units, inp, ANCILLARY)):
         said, fields = all_of(us)
         shapes.append(Shape(f"every unit '{filt or ''}'", [point], filt, said=said, fields=fields, attach=True))
-    # every unit the file rings take (--dump's do not), the texts user space gives their programs among them
+    # every unit the file rings take (whole structures' dumps do not: their options are too long), the texts user
+    # space gives their programs among them
     said, fields = all_of([u for u in out_units if u[0] not in ("--dump", "--ct")])
     shapes += [Shape(f"every unit of the rings '{BYTES}'", [out], BYTES, said=said, fields=fields),
                Shape(f"every unit of the rings '{BYTES}' --no-skb-dynptr", [out], BYTES, said=said,
@@ -259,7 +261,7 @@ def point_shapes(kind: str, out: str, inp: str, inp2: str, drop: str) -> list[Sh
     shapes += [Shape(f"drop {label}", [drop], BYTES, said=said, fields=fields) for label, said, fields in drop_units]
     said, fields = all_of(drop_units + [u for u in units(None) if u[0] == "--stack"])
     rings = all_of([u for u in drop_units if u[0] not in ("--dump", "--ct")] +
-                   [u for u in units(None) if u[0] == "--stack"])   # (the drop's and the rule's texts given)
+                   [u for u in units(None) if u[0] == "--stack"])   # (the drop's, the rule's, the dumps' texts given)
     shapes += [Shape(f"drop every unit of the rings '{BYTES}'", [drop], BYTES, said=rings[0], fields=rings[1]),
                Shape(f"drop every unit of the rings '{BYTES}' --no-skb-dynptr", [drop], BYTES, said=rings[0],
                      fields={**rings[1], "skb_dynptr": False})]

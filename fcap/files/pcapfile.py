@@ -282,6 +282,13 @@ def _option(code: int, value: bytes) -> bytes:
     return struct.pack("=HH", code, len(value)) + value + b"\0" * (-len(value) & 3)
 
 
+def further_options(comments: list | tuple, more: list | tuple) -> bytes:
+    """The options an EPB carries after its own, as PcapngWriter lays them out: an opt_comment per text of
+    `comments`, then each (code, value) of `more`."""
+    return b"".join([_option(OPT_COMMENT, text.encode()) for text in comments] +
+                    [_option(code, value) for code, value in more])
+
+
 def _block(btype: int, body: bytes) -> bytes:
     total = 12 + len(body)
     return struct.pack("=II", btype, total) + body + struct.pack("=I", total)
@@ -413,8 +420,4 @@ class PcapngWriter(Writer):
             opts += _option(EPB_VERDICT, verdict_value(*verdict))
         if comment is not None:
             opts += _option(OPT_COMMENT, comment.encode())
-        for text in comments:
-            opts += _option(OPT_COMMENT, text.encode())
-        for code, value in more:
-            opts += _option(code, value)
-        return opts + _END_OF_OPTIONS
+        return opts + further_options(comments, more) + _END_OF_OPTIONS

@@ -5,21 +5,23 @@ bytes), which fcap's reader turns back into Dumps."""
 
 from __future__ import annotations
 
+import collections
 import errno as errno_mod
 import functools
 import os
 import struct
 from dataclasses import dataclass, field
 
-from bpf.asm import (AND, DW, FP, JEQ, JNE, R0, R1, R2, R3, R7, R8, R9, addi, alu64, call, ja, jmp, label, ldx, mov,
-                     movi, stx)
+from bpf.asm import (AND, DW, FP, JEQ, JNE, MUL, R0, R1, R2, R3, R7, R8, R9, XOR, addi, alu64, call, ja, jmp, label,
+                     ld_imm64, ldx, lshi, mov, movi, rshi, stx)
 from bpf.btf import BTF, BTFError, Composite, Ptr, Type
 from bpf.btf_dump import decode, dump_type_data, format_node, type_name
 from bpf.uapi import Helper
 
 from fcap.errors import PathError
 from fcap.kernel.parts import BEFORE_COPY, Part
-from fcap.kernel.layout import DUMP, DUMP_MAX, DUMP_NULL, DUMP_OK, DUMPS_MAX, META_SIZE, STACK, parse_record
+from fcap.kernel.layout import (DUMP, DUMP_MAX, DUMP_NULL, DUMP_OK, DUMP_OPTS_MAX, DUMP_TEXT, DUMP_TEXT_KEY,
+                                DUMPS_MAX, META, META_SIZE, STACK, parse_record)
 from fcap.points.members import PATH, parse_path, root, walk
 from fcap.points.spec import Point
 
@@ -160,6 +162,21 @@ class Area:
         return tuple(out)
 
 
+def fit_rings(points: list[Point], paths: list[str]) -> bool:
+    """Whether the options of these dumps at these points likely fit what the programs copy (layout.DUMP_OPTS_MAX):
+    their length with every byte 0xff (every field set, the largest numbers), which user space makes for each
+    record anyway. A dump's options that do not fit take the perf buffer every time, with the records of its
+    packets: a flood of those is faster on the perf buffer's own path."""
+    from fcap.files.pcapfile import further_options
+    area = make_area(points, paths)
+    for plans in area.plans.values():
+        full = tuple(Dump(p.path, p.type, p.ctype, (1 << 64) - 1, b"\xff" * p.size, DUMP_OK, 0, p.bit_offset,
+                          p.bits) for p in plans)
+        if len(further_options(*records_options(full))) > DUMP_OPTS_MAX:
+            return False
+    return True
+
+
 def make_area(points: list[Point], paths: list[str]) -> Area | None:
     if not paths:
         return None
@@ -180,6 +197,36 @@ class PointDumps:
     def emit(self, b) -> None:
         for at, p in zip(self.area.slots, self.plans):
             _emit_one(b, p, at - self.area.size)
+        if b.maps.dumptext:
+            self._key(b)
+
+    def _key(self, b) -> None:
+        """META's dumps: a hash of what the slots hold (each header, then the bytes it says were read, the last word
+        cut to them), seeded with the point's id (its plans name the types); never 0. Uses R0-R3."""
+        b.emit(ld_imm64(R1, SEED ^ b.point.id), ld_imm64(R2, MIX))
+        for at, p in zip(self.area.slots, self.plans):
+            base, skip = at - self.area.size, b.fresh("dump_hashed")
+            b.emit(_mix(base), _mix(base + 8), DUMP.load(R0, R7, "status", base), jmp(JNE, R0, DUMP_OK, skip))
+            for j in range(0, p.size, 8):
+                b.emit(_mix(base + DUMP.size + j, min(8, p.size - j)))
+            b.emit(label(skip))
+        for mul in (FMIX1, FMIX2, None):
+            b.emit(mov(R3, R1), rshi(R3, 33), alu64(XOR, R1, R3, reg=True))
+            if mul is not None:
+                b.emit(ld_imm64(R3, mul), alu64(MUL, R1, R3, reg=True))
+        keyed = b.fresh("dump_keyed")
+        b.emit(jmp(JNE, R1, 0, keyed), movi(R1, 1), label(keyed), META.store(R7, "dumps", R1))
+
+
+SEED, MIX = 0x243F6A8885A308D3, 0x9E3779B97F4A7C15     # the dumps' hash: per word h = ((h ^ w) * MIX), h ^= h >> 32
+FMIX1, FMIX2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53   # and MurmurHash3's fmix64 at the end
+
+
+def _mix(at: int, n: int = 8) -> list:
+    """R1 = the hash after the word at R7 + at, its first n bytes (R2: MIX; R0, R3 scratch)."""
+    cut = [lshi(R0, 64 - 8 * n), rshi(R0, 64 - 8 * n)] if n < 8 else []
+    return [ldx(DW, R0, R7, at), *cut, alu64(XOR, R1, R0, reg=True), alu64(MUL, R1, R2, reg=True), mov(R3, R1),
+            rshi(R3, 32), alu64(XOR, R1, R3, reg=True)]
 
 
 def emit(b) -> None:
@@ -188,7 +235,7 @@ def emit(b) -> None:
 
 
 DUMPS = Part("dumps", on=lambda point, options, maps: options.dumps is not None, stages={BEFORE_COPY: emit},
-                layouts=("DUMP",), reads="fcap.kernel.dumps.Area.parse")
+             layouts=("DUMP",), fields=("dumps",), reads="fcap.kernel.dumps.Area.parse")
 
 
 def _emit_one(b, p: DumpPlan, at: int) -> None:
@@ -303,6 +350,32 @@ def comment(d: Dump) -> str:
 def records_options(dumps: tuple) -> tuple[list[str], list[tuple[int, bytes]]]:
     """A packet's dumps as pcapng options: (comments, [(custom option code, value)])."""
     return [comment(d) for d in dumps], [(OPT_CUSTOM_BINARY, option_value(d)) for d in dumps]
+
+
+class GivenOptions:
+    """--dump into the file rings: user space's half. The options of a record's dumps (records_options', laid out as
+    the writer lays them out), given to the programs under the record's hash of them (META's dumps) when a record of
+    that hash first comes through the perf buffer; they copy them into the records of the same hash after it
+    (fcap.kernel.ringrec). The `most` given last stay in `texts`, their map: older ones are deleted (a map without
+    preallocation: a value a program is copying is freed only after it), and given again when they come back."""
+
+    def __init__(self, texts, most: int):
+        self.texts, self.most = texts, most
+        self._given: collections.OrderedDict = collections.OrderedDict()
+
+    def give(self, key: int, comments: list, more: list) -> None:
+        from fcap.files.pcapfile import further_options
+        from fcap.kernel.ringrec import give
+        if not key or key in self._given:
+            return
+        self._given[key] = None
+        if len(self._given) > self.most:
+            old, _ = self._given.popitem(last=False)
+            try:
+                self.texts.delete(DUMP_TEXT_KEY.struct.pack(old))
+            except OSError:
+                pass   # (never given: too long, or the map was full)
+        give(self.texts, DUMP_TEXT_KEY.struct.pack(key), DUMP_TEXT, further_options(comments, more))
 
 
 def option_value(d: Dump) -> bytes:

@@ -15,9 +15,10 @@ from fcap.kernel.layout import (CAREA, COMMENT, KEY_WORDS, META, MID_MAX, READ, 
 DIV10 = 0xCCCCCCCD       # (v * DIV10) >> 35 == v // 10 for every u32 v
 
 
-def text_offset(scratch_size: int) -> int:
-    """Where the text lies in a scratch value of this size (the comment area comes last)."""
-    return scratch_size - CAREA.size + CAREA.off("text")
+def text_offset(scratch_size: int, lead: int = 0) -> int:
+    """Where the text lies from META (R7) in a scratch value of this size (the comment area comes last) whose META
+    has `lead` bytes before it (--dump's area, fcap.kernel.progopts.dump_area)."""
+    return scratch_size - lead - CAREA.size + CAREA.off("text")
 
 
 def emit(b, text: int, fail: str) -> None:

@@ -162,6 +162,14 @@ DUMP = Layout("DumpHeader", (
 DUMP_OK, DUMP_NULL = 0, 1
 DUMP_MAX = 4096          # bytes of one dump (struct net_device is 2,496 bytes on 6.18; larger types are cut)
 DUMPS_MAX = 16384        # all the dumps of a record
+# --dump into the file rings: a record's dump options (a comment and a custom option each, as fcap.files.pcapfile
+# lays them out), which user space gives the programs under the hash of the dumps (META's dumps) when it first sees
+# it; they copy them after the comment (fcap.kernel.ringrec). Longer: the perf buffer, every time (and a capture
+# whose dumps' options may well be longer, fcap.kernel.dumps.fit_rings, leaves the rings to the perf buffer's
+# records: a struct nf_conn's take ~4-6 KiB, a struct net_device's ~10-26)
+DUMP_OPTS_MAX = 4088
+DUMP_TEXT_KEY = Layout("DumpTextKey", (("hash", "Q"),))
+DUMP_TEXT = Layout("DumpText", (("len", "Q"), ("text", f"{DUMP_OPTS_MAX}s")))
 
 # ---- the counters (per CPU, per point): u64s -------------------------------------------------------------------
 COUNTER_SEEN, COUNTER_LOST, COUNTER_HITS = 0, 1, 2   # (hits: only where predicates or a filter run, fcap.kernel.stats)
@@ -226,6 +234,8 @@ class _Stack(NamedTuple):
     drop_len: int = -480     # ... its text's length, read once
     nft_val: int = -488      # --nft's: the map value found (NFT_TEXT)
     nft_len: int = -496      # ... its text's length, read once
+    dump_val: int = -504     # --dump's options: the map value found (DUMP_TEXT)
+    dump_len: int = -512     # ... their length, read once
     nft_hdr: int = -160      # --nft: a netfilter drop's first network header bytes (NFT_HDR), at DEVICE (in cbpf's
                              # bytes: the filter runs later; fcap.kernel.nftverdict)
 

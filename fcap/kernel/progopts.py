@@ -17,7 +17,8 @@ class Maps:
     """The maps a capture's programs use (fds), filled in as the session makes them."""
 
     __slots__ = ("events", "scratch", "counters", "scratch_size", "ring", "ring_size", "dynptr_kfunc", "frags", "track",
-                 "track_counters", "stack", "ctxtext", "stktext", "droptext", "nftslot", "nfttext")
+                 "track_counters", "stack", "ctxtext", "stktext", "droptext", "nftslot", "nfttext",
+                 "dumptext")
 
     def __init__(self, events: int, scratch: int, counters: int, scratch_size: int = 0):
         self.events = events              # PERF_EVENT_ARRAY fd
@@ -39,6 +40,7 @@ class Maps:
         self.droptext = 0       # drop points into the file rings: their names' (layout.DROP_TEXT_KEY -> DROP_TEXT)
         self.nftslot = 0        # --nft: what the trace socket's program leaves on each CPU (layout.NFT_SLOT)
         self.nfttext = 0        # --nft: each rule key's text (layout.NFT_TEXT_KEY -> NFT_TEXT), user space's
+        self.dumptext = 0       # --dump into the file rings: the dumps' options (layout.DUMP_TEXT_KEY -> DUMP_TEXT)
 
 
 class ProgramOptions(NamedTuple):

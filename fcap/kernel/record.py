@@ -73,6 +73,8 @@ FIELDS = (
           (_a("retval", read="s32"),)),
     Field("nft", "Q", "--nft at drop points: the key of the nftables rule (or policy) that dropped the packet, as "
           "the trace socket's program made it (fcap.kernel.nftfilter); 0: none", (_a("nft_key"),)),
+    Field("dumps", "Q", "--dump into the file rings: a hash of the record's dumps, the key of their pcapng options "
+          "user space gives the programs (fcap.kernel.dumps)", (_a("dump_key"),)),
     Field("comm", "16s", "the task's name", (_a("comm", " comm=", "str", "cstr", True, "the task's name"),)),
     Field("len", "I", "skb->len", (_a("len", " len=", "dec"),)),
     Field("copy", "I", "bytes handed to the perf sample from the skb (from offset skip)"),

@@ -18,12 +18,13 @@ from fcap.kernel import epbopts
 
 from fcap.kernel import drops, kcomment, track
 from fcap.kernel.parts import WRITE, Part, MapUse
+from fcap.kernel.progopts import dump_area
 from fcap.kernel.layout import (EPB_DIRECTION, EPB_HDR, EPB_REC, FLAG_QUEUE, HDR_MAX, HEAD_BITS, HEAD_COUNT, HEAD_ONE,
                      HEAD_POS, ID_CPU_BITS, META, PCAP_HDR, PCAP_REC, PCAPNG_COMMENT, PCAPNG_EPB, PCAPNG_FLAGS,
                      PCAPNG_OPTIONS, PCAPNG_PACKETID, PCAPNG_QUEUE, PCAPNG_VERDICT, PKT, RECORD_PCAPNG, RING,
                      RING_CAPLEN_MAX, RING_COPY_MAX, RING_CTRL, RING_INDEX, RING_INDEX_BYTES, STACK, TEXT_MAX, CTX_KEY,
-                     CTX_MAX, CTX_TEXT, DROP_MAX, DROP_TEXT, DROP_TEXT_KEY, NFT_MAX, NFT_TEXT, NFT_TEXT_KEY, STK_KEY,
-                     STK_MAX, STK_TEXT, Layout)
+                     CTX_MAX, CTX_TEXT, DUMP_OPTS_MAX, DUMP_TEXT, DUMP_TEXT_KEY, DROP_MAX, DROP_TEXT, DROP_TEXT_KEY,
+                     NFT_MAX, NFT_TEXT, NFT_TEXT_KEY, STK_KEY, STK_MAX, STK_TEXT, Layout)
 from fcap.kernel.layout import COPY_MAX as SAMPLE_COPY_MAX   # what a perf sample holds
 from fcap.defaults import NS
 from fcap.files.pcapfile import verdict_value
@@ -38,7 +39,8 @@ SPILL = TEXT_MAX + 8     # the comment is copied with fixed-size stores: this fa
 CTX_SPILL = SPILL + CTX_MAX   # ... and --context's text after it (fcap.kernel.layout's CTX_TEXT; the other texts user
 #                               space gives, GIVEN's, are copied as long as they are)
 QUEUE_OPT, VERDICT_OPT = 8, 16   # epb_queue (u32), epb_verdict (type + 8 bytes, padded)
-OPTS_MAX = 8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + DROP_MAX + NFT_MAX + STK_MAX + 4 + 4
+OPTS_MAX = (8 + 12 + QUEUE_OPT + VERDICT_OPT + 4 + TEXT_MAX + CTX_MAX + DROP_MAX + NFT_MAX + STK_MAX + 4 + 4
+            + DUMP_OPTS_MAX)
 REC_MAX = EPB_HDR + CAPLEN_MAX + 3 + OPTS_MAX
 RING_SLACK = (REC_MAX + CTX_SPILL + 4095) & ~4095
 PCAP_AT, EPB_AT = RING_CTRL - PCAP_REC, RING_CTRL - EPB_REC   # META's record header fields -> the ring's copy
@@ -69,6 +71,8 @@ def emit(b) -> None:
         _context(b, r)
     for g in givens(b):
         _look_up(b, r, g)
+    if gives_dumps(b):
+        _look_up(b, r, DUMP_OPTIONS)
     if frags_by_perf(b.maps):
         _frags_to_perf(b, r)
     # n = bytes from the skb (from offset skip), caplen = hdr + n
@@ -137,10 +141,10 @@ GIVEN = (Given("droptext", DROP_TEXT, STACK.drop_val, STACK.drop_len, _drop_key,
 assert all(g.value.off("len") == 0 for g in GIVEN)
 
 
-def give(texts, key: bytes, value: Layout, text: str) -> bool:
+def give(texts, key: bytes, value: Layout, text: str | bytes) -> bool:
     """User space's half of a Given: `text` under `key` in `texts`, its map (value: len, text); False where it is
     too long for the programs or the map is full (its records go on through the perf buffer, named there)."""
-    data = text.encode()
+    data = text.encode() if isinstance(text, str) else text
     if len(data) > value.width("text"):
         return False
     try:
@@ -148,6 +152,18 @@ def give(texts, key: bytes, value: Layout, text: str) -> bool:
     except OSError:
         return False
     return True
+
+
+# --dump's options (comments and custom options, fcap.kernel.dumps.GivenOptions) by the hash of the record's dumps:
+# not in the comment, after it
+DUMP_OPTIONS = Given("dumptext", DUMP_TEXT, STACK.dump_val, STACK.dump_len,
+                     lambda b: [META.load(R0, R7, "dumps"), DUMP_TEXT_KEY.store(FP, "hash", R0, STACK.given_key)],
+                     lambda b: _given(b, b.maps.dumptext))
+
+
+def gives_dumps(b) -> bool:
+    """Whether the records' options end with their dumps', which user space gives the program (maps.dumptext)."""
+    return DUMP_OPTIONS.on(b)
 
 
 def givens(b) -> list[Given]:
@@ -219,7 +235,9 @@ FILE_RING = Part("file ring", on=writes_ring, stages={WRITE: emit}, fields=("cap
                           MapUse("droptext", "HASH, DROP_TEXT_KEY -> DROP_TEXT: a drop's names, given by user space "
                                              "(fcap.features.drop_reason); the session's"),
                           MapUse("nfttext", "HASH, NFT_TEXT_KEY -> NFT_TEXT: --nft's rules, given by user space "
-                                            "(fcap.host.nftrace); the session's")),
+                                            "(fcap.kernel.nftfilter.Rules); the session's"),
+                          MapUse("dumptext", "HASH, DUMP_TEXT_KEY -> DUMP_TEXT: --dump's options, given by user "
+                                             "space (fcap.kernel.dumps.GivenOptions); the session's")),
                     reads="fcap.live.ringdrain.RingDrain")
 
 
@@ -256,7 +274,7 @@ def _pcap(b, r) -> None:
 
 
 def _pcapng(b, r) -> None:
-    text = kcomment.text_offset(b.maps.scratch_size)
+    text = kcomment.text_offset(b.maps.scratch_size, dump_area(b.options))
     flags = EPB_DIRECTION.get(b.point.direction)
     verdict = epbopts.verdict(b.point)
     queue = epbopts.queue_always(b.point, b.options, b.maps)   # (else where FLAG_QUEUE says)
@@ -273,6 +291,8 @@ def _pcapng(b, r) -> None:
         for g in givens(b):
             b.emit(ldx(DW, R0, FP, g.len), alu64(ADD, R5, R0, reg=True))
         b.emit(addi(R5, 3 + 8), andi(R5, -4), alu64(ADD, R4, R5, reg=True))
+        if gives_dumps(b):   # (padded by user space)
+            b.emit(ldx(DW, R5, FP, STACK.dump_len), alu64(ADD, R4, R5, reg=True))
     else:
         b.emit(addi(R4, 4))
     if not queue:
@@ -342,8 +362,20 @@ def _options(b, r, flags: int | None, queue: bool, verdict: tuple | None, text: 
     for i, g in enumerate(givens(b)):
         _copy_given(b, r, k + 4, i, g)
     b.emit(mov(R3, R1), alu64(ADD, R3, R2, reg=True), st(W, R3, k + 4, 0),             # the text's padding
-           addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True),
-           ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k + 4, R0))     # end of options, trailer
+           addi(R2, 3), andi(R2, -4), alu64(ADD, R1, R2, reg=True))
+    if gives_dumps(b):
+        _copy_dumps(b, r, k + 4)
+    b.emit(ldx(DW, R0, FP, STACK.ring_len), lshi(R0, 32), stx(DW, R1, k + 4, R0))     # end of options, trailer
+
+
+def _copy_dumps(b, r, at: int) -> None:
+    """The dumps' options (STACK.dump_val) at R1 + at, as long as they are: one bpf_probe_read_kernel. Out: R1 past
+    them."""
+    g = DUMP_OPTIONS
+    b.emit(stx(DW, FP, STACK.given_at, R1), addi(R1, at), ldx(DW, R2, FP, g.len), asm.jmp(JGT, R2, _most(g), r.unlock),
+           ldx(DW, R3, FP, g.val), addi(R3, g.value.off("text")), call(Helper.probe_read_kernel),
+           asm.jmp(JNE, R0, 0, r.unlock), ldx(DW, R1, FP, STACK.given_at), ldx(DW, R2, FP, g.len),
+           asm.jmp(JGT, R2, _most(g), r.unlock), alu64(ADD, R1, R2, reg=True))
 
 
 def _comment_len(b, r, dst: int, tmp: int, given: int | None = None) -> None:
@@ -513,7 +545,7 @@ def _publish(b, r) -> None:
            # per-point counts of a multi-point pcapng file's ISBs)
            label(r.done), RING.store_imm(R9, "busy", 0),
            [movi(R0, 0), ja(r.count)] if b.options.count_seen else ja("out"))
-    if frags_by_perf(m) or names_context(b) or givens(b):
+    if frags_by_perf(m) or names_context(b) or givens(b) or gives_dumps(b):
         # (counted as the perf buffer's records are: seen, and lost where it had no room)
         b.emit(label(r.perf), asm.jmp(JLE, R2, SAMPLE_COPY_MAX, r.sample), movi(R2, SAMPLE_COPY_MAX),
                label(r.sample))

@@ -274,8 +274,9 @@ class Planner:
                 any(g.kind is not None for g in self.groups):
             return False, 0   # (an skb the helpers take at every point; one program per point)
         if any(f.user_space(self.cfg, self.points) for f in FEATURES if f.user_space is not None):
-            return False, 0   # (a feature says what only user space can: --dump's options, --nft's rules; --context's
-            #  names, --stack's frames and a drop's names ride the rings: maps user space fills, fcap.kernel.ringrec)
+            return False, 0   # (a feature says what only user space can: --dump's options without pcapng's comments;
+            #  the texts of --context, --stack, --nft, --dump and a drop ride the rings: maps user space fills,
+            #  fcap.kernel.ringrec)
         ids = {self._dynptr_kfunc(p) for p in self.points}
         kfunc = ids.pop() if len(ids) == 1 and 0 not in ids else 0
         return ringrec.can_publish(), kfunc
@@ -292,7 +293,7 @@ class Planner:
                        kfunc=kfunc, ring_size=min(pages * PAGE, layout.RING_MAX) if rings else 0,
                        context=bool(texts and self.cfg.context), stack_texts=bool(texts and self.cfg.stack),
                        drop_texts=bool(texts and any(drops.is_drop_point(p) for p in self.points)),
-                       nft=bool(self.cfg.nft))
+                       nft=bool(self.cfg.nft), dump_texts=bool(texts and self.cfg.dump))
 
     def dump(self) -> str:
         """The generated programs, disassembled (for --dump-ebpf), over map fds that name each map open() makes."""
@@ -310,7 +311,8 @@ class Planner:
             maps.frags = 0 if plan.kfunc and not plan.gives else -8                          # texts to give; -9:
             maps.ctxtext = -9 if plan.context else 0                                          # --context's names,
             maps.stktext = -10 if plan.stack_texts else 0                                     # -10: --stack's,
-            maps.droptext = -11 if plan.drop_texts else 0                                     # -11: a drop's)
+            maps.droptext = -11 if plan.drop_texts else 0                                     # -11: a drop's,
+            maps.dumptext = -14 if plan.dump_texts else 0                                     # -14: --dump's)
         out = []
         for group, p in zip(self.groups, self._program_points()):
             if group.kind is None:
@@ -342,11 +344,12 @@ class MapPlan(NamedTuple):
     stack_texts: bool = False   # ... and with --stack's frames (another)
     drop_texts: bool = False    # ... and at drop points with a drop's names (another)
     nft: bool = False           # --nft: the trace socket's slots and the rules' texts (fcap.kernel.nftfilter)
+    dump_texts: bool = False    # the file rings' options end with --dump's (another map user space fills)
 
     @property
     def gives(self) -> bool:
         """Whether user space gives the programs texts (whose records go through the perf buffer until it has)."""
-        return self.context or self.stack_texts or self.drop_texts or self.nft
+        return self.context or self.stack_texts or self.drop_texts or self.nft or self.dump_texts
 
 
 def protocol_predicate(ethertype: int) -> Callable:

@@ -15,7 +15,7 @@ from bpf.perfbuf import PAGE, PerfBuffer
 from bpf.prog import Program, wait_freed
 from bpf.uapi import MapFlags
 
-from fcap.defaults import CTX_ENTRIES, DROP_TEXTS, NFT_TEXTS, POLL_MS, POLL_MS_IMMEDIATE
+from fcap.defaults import CTX_ENTRIES, DROP_TEXTS, DUMP_TEXTS, NFT_TEXTS, POLL_MS, POLL_MS_IMMEDIATE
 from fcap.errors import CaptureError
 from fcap.kernel import layout, stats, track
 from fcap.kernel import program as cprog
@@ -65,6 +65,7 @@ class Session(Planner, Attach):
         self.ctx_names = None    # --context into the file rings: the names' map (fcap.features.packet_context)
         self.stack_texts = None  # --stack into the file rings: the frames' map (fcap.kernel.kstack.Stacks fills it)
         self.drop_texts = None   # drop points into the file rings: the names' map (fcap.features.drop_reason's)
+        self.dump_options = None   # --dump into the file rings: what gives their options (fcap.kernel.dumps)
         self.window = Window()   # the time order's window, every drain's (fcap.live.order); .late: records written late
         self.nft = None          # --nft: fcap.kernel.nftfilter.Rules (its maps, trace tables, names), open() to close()
 
@@ -179,6 +180,11 @@ class Session(Planner, Attach):
         if plan.drop_texts:
             self.drop_texts = self._texts_map(layout.DROP_TEXT_KEY, layout.DROP_TEXT, DROP_TEXTS, "fcap_droptext")
             maps.droptext = self.drop_texts.fileno()
+        if plan.dump_texts:
+            from fcap.kernel.dumps import GivenOptions
+            texts = self._texts_map(layout.DUMP_TEXT_KEY, layout.DUMP_TEXT, DUMP_TEXTS + 1, "fcap_dumptext")
+            maps.dumptext = texts.fileno()
+            self.dump_options = GivenOptions(texts, DUMP_TEXTS)
         if plan.kfunc and not plan.gives:
             return None
         frags = PerfEventArrayMap(possible_cpus(), name="fcap_frags")
@@ -216,7 +222,7 @@ class Session(Planner, Attach):
         refresh = self._names_refresh()
         if self.ring is not None:
             side = None if self.frags is None else FileDrain(self.frags, writer, options=options, window=self.window,
-                                                             parse=self.parse, refresh_ns=refresh)
+                                                             parse=self.parse, lead=self.lead, refresh_ns=refresh)
             self.drain = RingDrain(self.ring, self.ring_size, self.buffer, writer, limit=limit, window=self.window,
                                    side=side)
             return self.drain
