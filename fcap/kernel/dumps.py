@@ -202,7 +202,8 @@ class PointDumps:
 
     def _key(self, b) -> None:
         """META's dumps: a hash of what the slots hold (each header, then the bytes it says were read, the last word
-        cut to them), seeded with the point's id (its plans name the types); never 0. Uses R0-R3."""
+        cut to them), seeded with this process's SEED and the point's id (its plans name the types); never 0. Uses
+        R0-R3."""
         b.emit(ld_imm64(R1, SEED ^ b.point.id), ld_imm64(R2, MIX))
         for at, p in zip(self.area.slots, self.plans):
             base, skip = at - self.area.size, b.fresh("dump_hashed")
@@ -218,8 +219,11 @@ class PointDumps:
         b.emit(jmp(JNE, R1, 0, keyed), movi(R1, 1), label(keyed), META.store(R7, "dumps", R1))
 
 
-SEED, MIX = 0x243F6A8885A308D3, 0x9E3779B97F4A7C15     # the dumps' hash: per word h = ((h ^ w) * MIX), h ^= h >> 32
-FMIX1, FMIX2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53   # and MurmurHash3's fmix64 at the end
+# the dumps' hash: per word h = ((h ^ w) * MIX), h ^= h >> 32; MurmurHash3's fmix64 at the end. Each step can be
+# undone, so the seed is random, this process's: no one who sets bytes a dump holds (a socket's ports) can aim at
+# another dump's hash, whose options would be copied into his packets' records.
+SEED, MIX = int.from_bytes(os.urandom(8), "little"), 0x9E3779B97F4A7C15
+FMIX1, FMIX2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
 
 
 def _mix(at: int, n: int = 8) -> list:
