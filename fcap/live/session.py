@@ -182,7 +182,7 @@ class Session(Planner, Attach):
             maps.droptext = self.drop_texts.fileno()
         if plan.dump_texts:
             from fcap.kernel.dumps import GivenOptions
-            texts = self._texts_map(layout.DUMP_TEXT_KEY, layout.DUMP_TEXT, DUMP_TEXTS + 1, "fcap_dumptext")
+            texts = self._texts_map(layout.DUMP_TEXT_KEY, layout.DUMP_TEXT, DUMP_TEXTS, "fcap_dumptext")
             maps.dumptext = texts.fileno()
             self.dump_options = GivenOptions(texts, DUMP_TEXTS)
         if plan.kfunc and not plan.gives:
