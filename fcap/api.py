@@ -7,7 +7,7 @@ import collections
 import os
 from collections.abc import Iterable, Iterator
 
-from fcap.defaults import POLL_MS, SNAPLEN
+from fcap.defaults import POLL_MS, SNAPLEN, TEXT_BATCH
 from fcap.errors import FcapError, PcapFormatError, UsageError
 from fcap.features import comments
 from fcap.live.output import PacketSink, file_packet
@@ -216,7 +216,7 @@ def _pcap_batches(path):
                 return None
     except (OSError, ImportError):
         return None
-    return batches.batches(path)
+    return batches.batches(path, TEXT_BATCH, decoded=False)
 
 
 def batches(path, size: int = 65536):

@@ -187,6 +187,21 @@ def lengths_of(size):
     return np.flatnonzero(np.bincount(size.astype(np.intp)))
 
 
+def distinct(values) -> tuple:
+    """numpy.unique(values, return_index=True, return_inverse=True)[1:] for a 1-d array: the first index of each
+    distinct value (in the values' order) and each element's number among them; by an unstable sort, ~4 times
+    cheaper than the stable one numpy.unique asks for, and without its first call's import of numpy.ma."""
+    order = np.argsort(values)
+    ordered = values[order]
+    new = np.empty(len(values), bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    inverse = np.empty(len(values), np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    first = np.minimum.reduceat(order, np.flatnonzero(new)) if len(values) else order
+    return first, inverse
+
+
 def gathered(memory, at, size):
     """The records (`size` bytes at offset `at` of memory, in order) copied into one buffer, one gather (and, when
     their lengths differ, one scatter) per length; None when they come in more than GATHER_LENGTHS lengths."""

@@ -320,6 +320,12 @@ def file_packet(rec) -> Packet:
     """A record read from a file (fcap.files.pcapread.FileRecord) as a Packet: the features' attributes from fcap's
     comment when first asked for (fcap.read decodes on demand: iterating costs no parse), the dumps from its custom
     options, direction and queue from epb_flags and epb_queue."""
+    if rec.comment is None and not rec.custom and not rec.flags and \
+            all(v is None for v in (rec.iface_name, rec.packet_id, rec.verdict, rec.queue)):   # (a pcap file's)
+        cls = _pcap_packet()
+        p = cls.__new__(cls)
+        p.__dict__.update(ts_ns=rec.ts_ns, data=rec.data, orig_len=rec.orig_len, linktype=rec.linktype, dumps={})
+        return p
     cls, blank, none = _file_packet()
     p = cls.__new__(cls)
     d = p.__dict__
@@ -341,9 +347,7 @@ def file_packet(rec) -> Packet:
 def batch_packets(batch):
     """The Packets of a batch of a pcap file (fcap.files.batches.Batch), the same file_packet() makes of its records
     (a pcap file has no metadata: nothing to decode), made with as little work per packet as there can be."""
-    cls, blank, none = _file_packet()
-    base = {**blank, "point": None, "packet_id": None, "verdict": None, "comment": None, "direction": None,
-            "queue": None, **none, "skb": None}
+    cls = _pcap_packet()
     f = batch.fields
     data = batch.data.base if isinstance(batch.data.base, bytes) else batch.data.tobytes()
     new = cls.__new__
@@ -351,7 +355,6 @@ def batch_packets(batch):
                                           f["len"].tolist(), f["linktype"].tolist()):
         p = new(cls)
         d = p.__dict__
-        d.update(base)
         d["ts_ns"], d["data"], d["orig_len"], d["linktype"], d["dumps"] = ts, data[at:at + caplen], length, lt, {}
         yield p
 
@@ -409,6 +412,16 @@ def _file_packet() -> tuple:
              "queue", "dumps"}
     blank = {name: default for name, default in attrs if name not in lazy | given}
     return cls, blank, dict.fromkeys(lazy)
+
+
+@functools.cache
+def _pcap_packet() -> type:
+    """The Packet class of a pcap file's packets: every attribute but the record's own is its default, the
+    dataclass's on the class (no comment to decode; a pcap file has no points): a Packet is made with four
+    attributes and its dumps' dictionary."""
+    Packet, _attrs = _packet()
+    return type("Packet", (Packet,), {"__doc__": Packet.__doc__, "__module__": Packet.__module__,
+                                      "__reduce__": _as_packet, "__eq__": _equal, "__hash__": None, "point": None})
 
 
 def _as_packet(p) -> tuple:

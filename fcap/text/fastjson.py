@@ -7,10 +7,12 @@ headers, the same text as packet by packet."""
 
 from __future__ import annotations
 
+from fcap.defaults import TEXT_BATCH
 from fcap.files.pcapread import FileRecord
 from fcap.live.fastmerge import np
 from fcap.text.dissect import common
-from fcap.text.fastlines import _ids, first_bytes
+from fcap.text.fastflows import ids
+from fcap.text.fastlines import first_bytes
 
 _HEAD = '{"ts_ns":%d,"len":%d,"caplen":%d,"linktype":1,'
 _TCP_TAILS = tuple(flags.replace("%", "%%") + ',"seq":%d,"ack":%d,"win":%d}}\n' for flags in common._FLAG_JSON)
@@ -78,7 +80,7 @@ def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:
     for k in range(4):
         key[:, 49 + k] = np.where(k < size, b[np.minimum(at + off + k, top)], 0)
     key[~fast] = 0
-    flow, first = _ids(key.view(">u8").astype(np.uint64))
+    flow, first = ids(key.view(">u8").astype(np.uint64))
     texts = []
     for row in first.tolist():
         if not fast[row]:
@@ -106,7 +108,7 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
             return 0, False
     written = 0
     try:
-        for batch in batches.batches(path, decoded=False):
+        for batch in batches.batches(path, TEXT_BATCH, decoded=False):
             fields = batch.fields if not limit else batch.fields[:limit - written]
             data = batch.data.base if isinstance(batch.data.base, bytes) else batch.data.tobytes()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fcap.live.fastmerge import np
+from fcap.live.fastmerge import distinct, np
 from fcap.text.dissect.ip import IPPROTO_NAMES
 from fcap.text.headcols import be16 as _u16
 from fcap.text.headcols import sum16
@@ -141,8 +141,8 @@ def ip_headers(head, v4, v6) -> tuple:
                       np.column_stack((cls, flow, hlim, plen)))
     present = np.zeros((n, 4), bool)
     texts = np.full(n, "", object)
-    kinds, inverse = np.unique(variant, return_inverse=True)
-    inverse = inverse.ravel()
+    first, inverse = distinct(variant)
+    kinds = variant[first]
     table, shown = [], []
     for v in kinds.tolist():
         text, mask = _header_template(v)
