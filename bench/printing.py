@@ -10,8 +10,10 @@ weighs on all alike): the tools as users run them with stdout to /dev/null, and 
 that touches each Packet's common attributes. The CPU of a case is its child's user + sys time (os.wait4); the
 table gives the median over the rounds in µs per packet and the ratio to tcpdump's with the same flags (-nn, or
 -nn -v; --decode, scapy's, to -nn's). The file is printed whole (no -c; --decode its first --v-packets): start-up
-(Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets. --tree adds the -r cases of fcap as
-another checkout has it (`git worktree add /tmp/old REV`), in the same rounds."""
+(Python's imports, ~0.1 s) is in fcap's numbers, spread over the packets; the last columns leave it out: each case
+also runs on the file's first tenth (at least SMALL packets, a file still read a batch at a time), and the
+difference of the two CPU times over the difference of their packets is a packet's cost past start-up. --tree adds
+the -r cases of fcap as another checkout has it (`git worktree add /tmp/old REV`), in the same rounds."""
 
 from __future__ import annotations
 
@@ -102,7 +104,7 @@ def _packets() -> list[bytes]:
             frames.append(ip6(i, 58, ns))
         arp = dpkt.arp.ARP(op=1 + i % 2, sha=mac_a, spa=bytes((10, 0, 0, i)), tha=b"\x00" * 6 if i % 2 == 0
                            else mac_b, tpa=bytes((10, 0, 0, 254)))
-        frames.append(eth(bytes(arp), 0x0806, bool(i % 2)))
+        frames.append(eth(bytes(arp) + bytes(18 * (i % 2)), 0x0806, bool(i % 2)))   # (a reply padded, as received)
     return frames
 
 
@@ -169,6 +171,31 @@ def _baseline(name: str) -> str:
         "tcpdump -r F -nn"
 
 
+SMALL = 20_000   # packets of the small file at least: 2.7 MB, past the size from which fcap -r reads in batches
+
+
+def _table(times: dict, names: list[str], a, distinct: int, small: int) -> None:
+    """The medians: CPU a packet of the whole run and past start-up (the small file's run taken off), each with its
+    ratio to tcpdump's case of its flags."""
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"{a.packets} packets ({distinct} distinct, Ethernet), median CPU of {a.rounds} rounds; past start-up: less "
+          f"a run of the first {small}\n")
+    print("| case | µs/packet | × tcpdump (-nn, or -nn -v for -v) | past start-up, µs/packet | × tcpdump |\n"
+          "|---|---:|---:|---:|---:|")
+    for name in names:
+        n = min(a.v_packets, a.packets) if name.endswith("--decode") else a.packets
+        base = med.get(_baseline(name))
+        ratio = f"{med[name] / n / (base / a.packets):.2f}" if base else "-"
+        past = f"{name} (small)"
+        if past in med and f"{_baseline(name)} (small)" in med:
+            each = (med[name] - med[past]) / (a.packets - small)
+            their = (base - med[f"{_baseline(name)} (small)"]) / (a.packets - small)
+            more = f"{each * 1e6:.2f} | {each / their:.2f}"
+        else:
+            more = "- | -"
+        print(f"| `{name}` | {med[name] / n * 1e6:.2f} | {ratio} | {more} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.printing", description=__doc__.splitlines()[0])
     ap.add_argument("--packets", type=int, default=200_000)
@@ -192,20 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         distinct = write_file(path, a.packets)
         write_pcapng(path + "ng", a.packets)
-        todo = [c for c in cases(path, min(a.v_packets, a.packets), trees)
-                if not a.only or c[0].startswith("tcpdump") or any(o in c[0] for o in a.only)]
+        small = max(a.packets // 10, SMALL) if a.packets > 2 * SMALL else 0
+        if small:
+            write_file(os.path.join(where, "small.pcap"), small)
+            write_pcapng(os.path.join(where, "small.pcapng"), small)
+        wanted = [c for c in cases(path, min(a.v_packets, a.packets), trees)
+                  if not a.only or c[0].startswith("tcpdump") or any(o in c[0] for o in a.only)]
+        smaller = dict((name, (cmd, cwd)) for name, cmd, cwd in cases(os.path.join(where, "small.pcap"), small, trees)
+                       ) if small else {}
+        todo = [(name, cmd, cwd) for name, cmd, cwd in wanted] + \
+            [(f"{name} (small)", *smaller[name]) for name, _, _ in wanted if name in smaller
+             and not name.endswith("--decode")]
         times: dict[str, list[float]] = {name: [] for name, _, _ in todo}
         for _ in range(a.rounds):
             for name, cmd, cwd in todo:
                 times[name].append(cpu_of(cmd, cwd))
-        print(f"{a.packets} packets ({distinct} distinct, Ethernet), median CPU of {a.rounds} rounds\n")
-        print("| case | µs/packet | × tcpdump (-nn, or -nn -v for -v) |\n|---|---:|---:|")
-        for name, _, _ in todo:
-            med = statistics.median(times[name])
-            n = min(a.v_packets, a.packets) if name.endswith("--decode") else a.packets
-            base = times.get(_baseline(name))
-            ratio = f"{med / n / (statistics.median(base) / a.packets):.2f}" if base else "-"
-            print(f"| `{name}` | {med / n * 1e6:.2f} | {ratio} |")
+        _table(times, [name for name, _, _ in wanted], a, distinct, small)
     finally:
         if made:
             shutil.rmtree(made, ignore_errors=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 from fcap.features import FEATURES
-from fcap.kernel.kstack import frames
 from fcap.kernel.layout import COMMENT
 
 # What each record's comment holds, in order: the packet's metadata (always), then each feature's keys where it has
@@ -58,6 +57,7 @@ def parse(line: str) -> dict:
                 out[attr] = value
         at = stop
     if "stack" in out:
+        from fcap.kernel.kstack import frames   # (the kernel's half of --stack: read packets need it only here)
         out["stack"] = frames(out["stack"])
     return out
 

@@ -62,7 +62,10 @@ def batch_json(fields, b, data: bytes, slow) -> str:
     values = np.column_stack((fields["ts_ns"], fields["len"], cap, np.where(v4, total, plen + 40), t32(4), t32(8),
                               t8(14) << 8 | t8(15)))
     count = np.where(tcp, 7, 4)
-    for i in np.flatnonzero(~fast).tolist():
+    arp = (fields["linktype"] == 1) & (etype == 0x0806) & (cap >= 42) & (cap <= fields["len"]) & (u16(14) != 19) \
+        & (u16(16) == 0x0800) & (u16(18) == 0x0604)
+    parts[arp, 1], parts[arp, 2], count[arp] = _arp_texts(b, at[arp], np.flatnonzero(arp), slow), "", 3
+    for i in np.flatnonzero(~fast & ~arp).tolist():
         parts[i] = (slow(i).replace("%", "%%"), "", "")
         count[i] = 0
     return "".join(parts.ravel().tolist()) % tuple(values[np.arange(7) < count[:, None]].tolist())
@@ -94,6 +97,24 @@ def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:
                                                                                int(proto[row]), o)
         texts.append(before.replace("%", "%%") + "%d" + after.replace("%", "%%"))
     return flow, texts
+
+
+def _arp_texts(b, at, rows, slow):
+    """The ARP rows' texts after the lengths (IPv4 over a link with 6-byte addresses, fcap.text.dissect.link._arp's
+    layer): jsonout's line of a row with the same first 42 bytes (its MACs, operation and addresses), made once."""
+    if not len(rows):
+        return np.empty(0, object)
+    key = first_bytes(b, at, 48).view(">u8").astype(np.uint64)
+    key[:, 5] &= np.uint64(0xFFFF << 48)   # (the first 42 bytes)
+    number, first = ids(key)
+    texts = []
+    for row in rows[first].tolist():
+        line = slow(row)
+        texts.append(line[line.index(_LINKTYPE) + len(_LINKTYPE):].replace("%", "%%"))
+    return np.array(texts, object)[number]
+
+
+_LINKTYPE = '"linktype":1,'
 
 
 def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
