@@ -13,6 +13,8 @@ import struct
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import need_tool
 from corpus import ethernet_frames
 from netns import run_fcap
@@ -23,6 +25,7 @@ from fcap.text.printer import Printer, PrintOptions
 
 fastlines = pytest.importorskip("fcap.text.fastlines", reason="fcap.text.fastlines needs numpy")
 fastfile = pytest.importorskip("fcap.text.fastfile", reason="fcap.text.fastfile needs numpy")
+fastflows = pytest.importorskip("fcap.text.fastflows", reason="fcap.text.fastflows needs numpy")
 EN10MB = linktypes.EN10MB.number
 
 
@@ -276,7 +279,7 @@ def test_a_pcapng_file_prints_what_the_printer_prints_up_to_custom_options(recor
 
 
 def test_relative_numbers_a_batch_at_once_and_in_order(tmp_path, monkeypatch):
-    """The batch's segments get their relative numbers at once (fastlines._relative) where the Printer's packets
+    """The batch's segments get their relative numbers at once (fastflows.relative_numbers) where the Printer's packets
     touch none of their connections, and packet by packet where one does (a SYN-ACK whose options the templates
     do not lay out, which sets its connection's base): the same text as the Printer's either way, across a second
     SYN of the same ports (a new base), and the same table after."""
@@ -287,10 +290,10 @@ def test_relative_numbers_a_batch_at_once_and_in_order(tmp_path, monkeypatch):
                                                                           ack=10),
              a / TCP(sport=50000, dport=8000, flags="PA", seq=10, ack=6) / Raw(b"x" * 20),
              b / TCP(sport=8000, dport=50000, flags="A", seq=6, ack=30)]
-    calls = {"_relative": 0, "_one_by_one": 0}
-    for name in calls:
-        real = getattr(fastlines, name)
-        monkeypatch.setattr(fastlines, name, lambda *args, real=real, name=name: (
+    calls = {"relative_numbers": 0, "_one_by_one": 0}
+    for module, name in ((fastflows, "relative_numbers"), (fastlines, "_one_by_one")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name: (
             calls.__setitem__(name, calls[name] + 1), real(*args))[1])
     for k, packets in enumerate((again * 3, tcp_conversation() + again)):
         path = tmp_path / f"c{k}.pcap"
@@ -304,4 +307,20 @@ def test_relative_numbers_a_batch_at_once_and_in_order(tmp_path, monkeypatch):
         for rec in read(path):
             reference.packet(rec.ts_ns, rec.data, rec.linktype, rec.orig_len)
         assert printer.summarizer.seqs == reference.summarizer.seqs
-        assert calls == ({"_relative": 1, "_one_by_one": 0} if k == 0 else {"_relative": 1, "_one_by_one": 1})
+        assert calls == ({"relative_numbers": 1, "_one_by_one": 0} if k == 0 else
+                         {"relative_numbers": 1, "_one_by_one": 1})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=200), st.sampled_from(["<u8", "<i8", "u1"]))
+def test_distinct_is_numpys_unique(values, dtype):
+    """fastmerge.distinct (the printers' numbering of flows, variants and seconds) gives numpy.unique's first
+    indices and inverse, whatever the order and repeats of the values, none included."""
+    import numpy as np
+
+    from fcap.live.fastmerge import distinct
+    a = np.array(values, dtype)
+    _, first, inverse = np.unique(a, return_index=True, return_inverse=True)
+    got_first, got_inverse = distinct(a)
+    assert got_first.tolist() == first.tolist() and got_inverse.tolist() == inverse.ravel().tolist()
+

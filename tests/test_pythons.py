@@ -22,6 +22,7 @@ VERSIONS = ("3.9", "3.13")
 NEEDS = {"fcap.live.fastmerge": "numpy", "fcap.live.perfwalk": "numpy", "fcap.files.iovec": "numpy",
          "fcap.files.batches": "numpy", "fcap.text.fastlines": "numpy", "fcap.text.fastjson": "numpy",
          "fcap.text.fastverbose": "numpy", "fcap.text.fastfile": "numpy", "fcap.text.headcols": "numpy",
+         "fcap.text.fastflows": "numpy",
          "fcap.pcapy_compat": "pcapy", "fcap.scapysock": "scapy"}
 
 
