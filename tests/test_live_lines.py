@@ -168,6 +168,6 @@ def test_pending_prints_what_the_printer_prints(options):
         reference.packet(r.ts_ns, r.data, 1, r.orig_len, names[i % 4])
         pending.add(r.ts_ns, r.data, r.orig_len, names[i % 4])
         if rnd.random() < 0.002:
-            got.write(pending.text())
-    got.write(pending.text())
+            printer.write_batch(pending.text())
+    printer.write_batch(pending.text())
     assert got.getvalue() == want.getvalue()

@@ -101,8 +101,8 @@ class Pending:
         self.lengths.append(orig_len)
         self.points.append(point)
 
-    def text(self) -> str:
-        """The lines of the records added since the last call."""
+    def text(self) -> str | bytes:
+        """The lines of the records added since the last call (as fcap.text.fastlines.batch_text gives them)."""
         ts, datas, lengths, points = self.ts, self.data, self.lengths, self.points
         self.ts, self.data, self.lengths, self.points = [], [], [], []
         n = len(ts)

@@ -20,8 +20,9 @@ _KEY4 = np.array([*range(15), 22, 23, *range(26, 34)])   # ether_json's flow key
 _KEY6 = np.array([*range(14), *range(20, 54)])           # length (v4), TTL and protocol, the addresses
 
 
-def batch_json(fields, b, data: bytes, slow) -> str:
-    """The JSON lines of one pcap batch (each ending in a newline); slow(i): jsonout's line of packet i."""
+def batch_json(fields, b, data: bytes, slow) -> bytes | str:
+    """The JSON lines of one pcap batch (each ending in a newline; ASCII bytes, or str where a line is not ASCII:
+    fcap.text.printer.write_lines writes either); slow(i): jsonout's line of packet i."""
     at = fields["at"]
     n = len(at)
     top = len(b) - 1
@@ -68,7 +69,9 @@ def batch_json(fields, b, data: bytes, slow) -> str:
     for i in np.flatnonzero(~fast & ~arp).tolist():
         parts[i] = (slow(i).replace("%", "%%"), "", "")
         count[i] = 0
-    return "".join(parts.ravel().tolist()) % tuple(values[np.arange(7) < count[:, None]].tolist())
+    template = "".join(parts.ravel().tolist())
+    values = tuple(values[np.arange(7) < count[:, None]].tolist())
+    return template.encode("ascii") % values if template.isascii() else template % values   # (fastlines.batch_text)
 
 
 def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:
@@ -124,6 +127,7 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
     from fcap.files import batches
     from fcap.live.output import file_packet
     from fcap.text.jsonout import packet_line
+    from fcap.text.printer import write_lines
     with open(path, "rb") as f:
         if not isinstance(batches._format(f.read(24)), tuple):
             return 0, False
@@ -138,7 +142,7 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
                 return packet_line(file_packet(FileRecord(int(fields["ts_ns"][i]), data[a:a + int(fields["caplen"][i])],
                                                           int(fields["len"][i]), int(fields["linktype"][i]))))
 
-            out.write(batch_json(fields, batch.data, data, slow))
+            write_lines(out, batch_json(fields, batch.data, data, slow))
             written += len(fields)
             if written == limit:
                 break

@@ -76,9 +76,10 @@ class Printer:
         return not (self.hex or self.hexascii or self.ascii or self.decode or self.count_only
                     or self.summarizer.eflag) and self.summarizer.stateless_time()
 
-    def write_batch(self, text: str) -> None:
-        """Lines made by fcap.text.fastlines, flushed with -l."""
-        self.out.write(text)
+    def write_batch(self, text: str | bytes) -> None:
+        """Lines made by fcap.text.fastlines (ASCII bytes: into the stream's binary buffer, after what it holds;
+        decoded where it has none), flushed with -l."""
+        write_lines(self.out, text)
         if self.line_buffered:
             self.out.flush()
 
@@ -122,3 +123,17 @@ class Printer:
 
     def flush(self) -> None:
         self.out.flush()
+
+
+def write_lines(out: TextIO, text: str | bytes) -> None:
+    """Text made a batch at a time into a text stream: ASCII bytes into its binary buffer, after what the stream
+    holds (decoded where it has none), str as it is."""
+    if isinstance(text, str):
+        out.write(text)
+        return
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:
+        out.write(text.decode("ascii"))
+    else:
+        out.flush()
+        buffer.write(text)
