@@ -460,6 +460,7 @@ class JsonSink(PacketSink):
         self.out = out
         self.line_buffered = line_buffered
         self.path = "stdout"
+        self.lines: list[str] = []   # (written at the next poll, or when _BATCH wait: one write, not one a line)
 
     def open(self, session) -> None:
         super().open(session)
@@ -471,9 +472,23 @@ class JsonSink(PacketSink):
         if line is None:
             from fcap.text.jsonout import packet_line
             line = packet_line(self.packet(rec))
-        self.out.write(line)
         if self.line_buffered:
+            self.out.write(line)
             self.out.flush()
+            return
+        self.lines.append(line)
+        if len(self.lines) >= _BATCH:
+            self._write_lines()
+
+    def poll(self) -> bool:
+        if self.lines:
+            self._write_lines()
+        return False
+
+    def _write_lines(self) -> None:
+        text = "".join(self.lines)
+        self.lines.clear()
+        self.out.write(text)
 
     def replay(self, rec) -> None:
         """-r FILE --json: a record read from a file, as its fcap.Packet (as fcap.read gives it)."""
@@ -483,6 +498,8 @@ class JsonSink(PacketSink):
             self.out.flush()
 
     def close(self, ok: bool = True) -> None:
+        if self.lines:
+            self._write_lines()
         self.out.flush()
 
 
