@@ -152,14 +152,13 @@ def _first_of(conditions, values, default):
 
 
 def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) -> bytes | str:
-    """The lines of one batch, each ending in a newline, as ASCII bytes (as str where a text in them is not
-    ASCII, a point's name or a Printer's line: Printer.write_batch writes either): the common packets' made with one
-    %-format over the
-    whole batch (a template per kind of line, the values from the arrays), the others' by slow(i) (the Printer's
-    text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's bytes as bytes;
-    points: each line's text after its time (a numpy array of str, each ending in a space), or None. The
-    summarizer's time is one without a state (Summarizer.stateless_time()); its verbose count (-v) adds the IP
-    headers' text and the checksums (fcap.text.fastverbose)."""
+    """The lines of one batch, each ending in a newline, as ASCII bytes (as str where a text in them is not ASCII,
+    a point's name or a Printer's line: Printer.write_batch writes either): the common packets' made with one
+    %-format over the whole batch (a template per kind of line, the values from the arrays), the others' by
+    slow(i) (the Printer's text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's
+    bytes as bytes; points: each line's text after its time (a numpy array of str, each ending in a space), or
+    None. The summarizer's time is one without a state (Summarizer.stateless_time()); its verbose count (-v) adds
+    the IP headers' text and the checksums (fcap.text.fastverbose)."""
     verbose = summarizer.verbose
     c = columns(fields, b, odd)
     if verbose:
@@ -174,18 +173,17 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
     parts = np.empty((len(c.kind), 4 if verbose else 3), object)
     parts[:, 0] = heads if points is None else heads + points
     parts[:, -2] = _prefix_texts(c, fields, data, flows, ip, verbose)
-    lead = _HEADER_VALUES if verbose else 0
-    parts[:, -1], values, shown = _bodies(c, us, options, verbose, lead)
+    header = None
     if verbose:   # (the header's text and values go between the time's and the line's)
-        parts[:, 1], header, present = ip_headers(c.head, ip & (c.ver == 4), ip & (c.ver == 6))
-        t = 0 if us is None else 1
-        values[:, t:t + lead], shown[:, t:t + lead] = header, present
+        parts[:, 1], *header = ip_headers(c.head, ip & (c.ver == 4), ip & (c.ver == 6))
+    parts[:, -1], values = _bodies(c, us, options, verbose, header)
     for i, text in texts.items():
         parts[i] = (text.replace("%", "%%"),) + ("",) * (parts.shape[1] - 1)
     template = "".join(parts.ravel().tolist())
+    values = tuple(values.tolist())
     if template.isascii():   # (bytes' % skips text to the next % by memchr: a quarter cheaper than str's)
-        return template.encode("ascii") % tuple(values[shown].tolist())
-    return template % tuple(values[shown].tolist())
+        return template.encode("ascii") % values
+    return template % values
 
 
 def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
@@ -310,11 +308,12 @@ def _prefix_texts(c: Columns, fields, data: bytes, flows: fastflows.Flows, ip, v
     return np.array(texts, object)[flows.row]
 
 
-def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, lead: int = 0) -> tuple:
-    """Each fast row's template after its flow, from the kind of line it is, and the values of each row's
-    template (the time's fraction first, then `lead` columns left for the caller's, zero and shown) as a matrix
-    with which of its cells are the row's: each row's values picked from the named columns and the head's bytes
-    by its kind's table of columns (_plan), one gather for the whole batch."""
+def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, header=None) -> tuple:
+    """Each fast row's template after its flow, from the kind of line it is, and the values of the batch's
+    templates in order (a row's: the time's fraction, the IP header's values where `header` shows them (-v: values
+    and which are shown, fcap.text.fastverbose.ip_headers), then its template's): each row's picked by its kind's
+    table of columns (_plan) from the named columns (one gather for the whole batch) and the head's bytes
+    (another)."""
     n = len(c.kind)
     kind, f = c.kind, c.flags
     span = np.where(c.length > 0, 2, np.where((f & 0x07 != 0) | (verbose > 1), 1, 0))
@@ -331,25 +330,38 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, lead: int
         named += [c.check.field, c.check.should, c.word(46), c.word(44), c.word(62), c.word(66) - 8]
     first, vid = distinct(variant)
     plans = [_plan(v) for v in variant[first].tolist()]
-    most = max(len(p[1]) for p in plans)
-    offsets = sorted({m - _HEAD_AT for p in plans for m in p[1] if m >= _HEAD_AT})
-    place = {_HEAD_AT + o: len(named) + k for k, o in enumerate(offsets)}   # (the head's bytes after the named)
-    table = np.array([[place.get(m, m) for m in p[1]] + [0] * (most - len(p[1])) for p in plans], np.intp)
-    columns = np.vstack(named + [c.head[:, o] for o in offsets])   # (a row per value: one gather picks them)
-    picked = columns.ravel()[table.reshape(len(plans), most)[vid] * n + np.arange(n)[:, None]]
-    t = 0 if us is None else 1
-    values = np.zeros((n, t + lead + most), np.int64)
-    if us is not None:
-        values[:, 0] = us
-    values[:, t + lead:] = picked
     bodies = np.array([p[0] for p in plans], object)[vid]
-    count = np.array([len(p[1]) for p in plans], np.int64)[vid]
     for i, text in options.items():
         if kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
     _neighbours(c, bodies, verbose)
-    shown = (np.arange(t + lead + most) < t + lead + count[:, None]) & (kind != SLOW)[:, None]
-    return bodies, values, shown
+    used = sorted({m for p in plans for m in p[1] if m < _HEAD_AT})   # (the named columns the batch shows)
+    place = {m: k for k, m in enumerate(used)}
+    table = np.array([place.get(m, m) for p in plans for m in p[1]], np.intp)   # (each kind's columns in turn)
+    counts = np.array([len(p[1]) for p in plans], np.intp)
+    # each row's values in order, laid out one after the other: the time's, the header's shown, the template's
+    mine = counts[vid]
+    lead = np.zeros(n, np.intp) if us is None else (kind != SLOW).astype(np.intp)
+    if header is not None:
+        values, present = header
+        lead = lead + present.sum(axis=1)
+    start = np.cumsum(lead + mine) - (lead + mine)
+    picked = np.empty(int(start[-1] + lead[-1] + mine[-1]) if n else 0, np.int64)
+    if us is not None:
+        picked[start[kind != SLOW]] = us[kind != SLOW]
+    if header is not None:
+        before = (start + (us is not None))[:, None] + np.cumsum(present, axis=1) - present   # (each one's place)
+        for k in range(values.shape[1]):
+            picked[before[present[:, k], k]] = values[present[:, k], k]
+    row = np.repeat(np.arange(n), mine)
+    j = np.arange(len(row)) - np.repeat(np.cumsum(mine) - mine, mine)   # (the value's place in its template)
+    cells = table[(np.cumsum(counts) - counts)[vid[row]] + j]
+    at = start[row] + lead[row] + j
+    head = cells >= _HEAD_AT
+    if rows := [named[m] for m in used]:
+        picked[at[~head]] = np.vstack(rows).ravel()[cells[~head] * n + row[~head]]
+    picked[at[head]] = c.head.ravel()[row[head] * c.head.shape[1] + cells[head] - _HEAD_AT]
+    return bodies, picked
 
 
 _NAMED = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "id", "seqno",
@@ -367,7 +379,6 @@ def _plan(variant: int) -> tuple[str, tuple]:
     return template, tuple(_NAMED.index(m) if isinstance(m, str) else _HEAD_AT + m for m in names)
 
 
-_HEADER_VALUES = 4   # -v's IP header's values (fcap.text.fastverbose.ip_headers)
 _IP4 = "%d.%d.%d.%d"
 _MAC = "%02x:%02x:%02x:%02x:%02x:%02x"
 _ICMP6_NAMES = {128: "echo request", 129: "echo reply", 135: "neighbor solicitation", 136: "neighbor advertisement"}
