@@ -198,7 +198,7 @@ def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
     other = (kind == UNREACH) & ~_quoted_plain(c, verbose) | (kind == UDP_BAD) \
         | ((kind == ICMP6) & (c.extra >= 135) & ~nd_plain) | ((kind == TCP) & (c.flags & 0x04 != 0) & (c.length > 0))
     kind[other | slow_rows(c.head, v4)] = SLOW
-    c.check = checks(c.head, fields["at"].astype(np.int64), RangeSums(b), v4, kind == TCP, kind == UDP,
+    c.check = checks(c.head, fields["at"].astype(np.int64), RangeSums(b, padded=True), v4, kind == TCP, kind == UDP,
                      (kind == ICMP) | (kind == UNREACH), kind == ICMP6, verbose)
     if not checksums:
         c.check = c.check._replace(state=np.where((kind == TCP) | (kind == UDP), 0, c.check.state))

@@ -52,9 +52,11 @@ class RangeSums:
     modulo 0xFFFF), and the sum of the same bytes as big-endian words to 256 times theirs (RFC 1071's byte order
     independence)."""
 
-    def __init__(self, b) -> None:
+    def __init__(self, b, padded: bool = False) -> None:
+        """b: the bytes; padded: b holds 8 bytes or more after every range (a batch's data: fcap.files.batches
+        pads it), else they are added (a copy)."""
         a = np.asarray(b, np.uint8)   # (its words cast to 64 bits a group of ranges at a time: _GROUP)
-        self.a = np.concatenate((a, np.zeros(8, np.uint8)))
+        self.a = a if padded else np.concatenate((a, np.zeros(8, np.uint8)))
 
     def _word(self, at):
         """The little-endian 16-bit word at each offset."""
