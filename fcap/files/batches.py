@@ -28,7 +28,8 @@ FIELDS = np.dtype([
     ("src", "V16"), ("dst", "V16"),       # IPv6, or IPv4 mapped (::ffff:a.b.c.d); zeros where neither
 ])
 BATCH = 65536
-_CHUNK = 2 << 20
+_CHUNK = 2 << 20   # bytes of the file read at a time at least (a batch's records lie in one chunk) ...
+_CHUNK_MOST = 64 << 20   # ... and at most: 256 bytes a record of a batch's size between (fcap.batches: 16 MiB)
 _PRUNES = 4       # passes of _linked over its candidates (each drops what looked like headers inside packets)
 _PAD = 128         # zero bytes after a batch's data: header reads past a short packet stay in bounds (fcap -r reads 96)
 _V4_MAPPED = bytes(10) + b"\xff\xff"
@@ -102,7 +103,7 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
     snaplen = snaplen if 0 < snaplen <= maxcap else maxcap   # (a packet longer is cut to it, as libpcap does)
     pos = 24
     number = 0
-    chunks = _Chunks(f)
+    chunks = _Chunks(f, size)
     while True:
         buf = chunks.at(pos)
         if not buf:
@@ -122,19 +123,21 @@ def _pcap(f, size: int, e: str, scale: int, linktype: int) -> Iterator[Batch]:
             caplen = struct.unpack_from(e + "I", buf, 8)[0] if len(buf) >= 16 else 0
             raise _damage(f"invalid packet capture length {caplen}, bigger than maximum of {maxcap}"
                           if caplen > maxcap else
-                          "truncated dump file" if len(buf) < _CHUNK else "a packet larger than a batch's chunk",
+                          "truncated dump file" if len(buf) < len(chunks.buf) else
+                          "a packet larger than a batch's chunk",
                           number + 1, pos)
         pos += o
-        if len(buf) < _CHUNK and o == len(buf):
+        if len(buf) < len(chunks.buf) and o == len(buf):
             return
 
 
 class _Chunks:
     """A file read a chunk at a time into one buffer (a fresh 64 MiB each time cost its page faults: ~0.1 µs a
-    packet): each chunk is valid until the next; the batches copy what they keep."""
+    packet), big enough for batches of `size` records of 256 bytes: each chunk is valid until the next; the
+    batches copy what they keep."""
 
-    def __init__(self, f):
-        self.f, self.buf = f, bytearray(_CHUNK)
+    def __init__(self, f, size: int):
+        self.f, self.buf = f, bytearray(min(max(_CHUNK, size << 8), _CHUNK_MOST))
 
     def at(self, pos: int) -> memoryview:
         self.f.seek(pos)
@@ -223,7 +226,7 @@ def _pcapng(f, size: int) -> Iterator[Batch]:
     Enhanced Packet Blocks found at C speed (_epb_run), the other blocks walked one at a time, the interfaces read
     as fcap.files.pcapread reads them."""
     walk = _Blocks()
-    chunks = _Chunks(f)
+    chunks = _Chunks(f, size)
     while True:
         buf = chunks.at(walk.pos)
         if not buf:
