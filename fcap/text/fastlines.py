@@ -3,8 +3,8 @@ whole batch with numpy: whole Ethernet frames with IPv4 without options or IPv6 
 TCP (any options), UDP, an ICMP echo or port unreachable, ICMPv6 echo or neighbour discovery; ARP requests and
 replies. Their lines come out of one %-format over the batch: a template per kind of line (its flow's text and its
 second's made once), the values from the arrays. Every other packet's line is the Printer's, in its place, and what
-must go in the packets' order (the table of relative sequence numbers) runs in order, so the text is the one
-`fcap -r` prints packet by packet, character for character."""
+must go in the packets' order (the table of relative sequence numbers, fcap.text.fastflows) runs in order, so the
+text is the one `fcap -r` prints packet by packet, character for character."""
 
 from __future__ import annotations
 
