@@ -7,7 +7,7 @@ import collections
 import os
 from collections.abc import Iterable, Iterator
 
-from fcap.defaults import POLL_MS, SNAPLEN, TEXT_BATCH
+from fcap.defaults import FILE_BATCH, POLL_MS, SNAPLEN
 from fcap.errors import FcapError, PcapFormatError, UsageError
 from fcap.features import comments
 from fcap.live.output import PacketSink, file_packet
@@ -216,10 +216,10 @@ def _pcap_batches(path):
                 return None
     except (OSError, ImportError):
         return None
-    return batches.batches(path, TEXT_BATCH, decoded=False)
+    return batches.batches(path, FILE_BATCH, decoded=False)
 
 
-def batches(path, size: int = 65536):
+def batches(path, size: int = FILE_BATCH):
     """The packets of a pcap/pcapng file as numpy arrays, `size` at a time, for analysis at C speed: each a Batch
     whose `fields` has a row per packet (ts_ns, caplen, len, linktype, iface, at; the decoded ethertype, proto,
     tcp_flags, sport, dport, src, dst: fcap.files.batches.FIELDS) and whose `data` holds the packets' bytes.

@@ -24,7 +24,7 @@ CTX_ENTRIES = 4096   # --context into the file rings: (cgroup, netns) pairs whos
 NFT_TEXTS = 4096     # --nft: rules whose names the programs and the trace socket's filter hold
 DUMP_TEXTS = 512     # --dump into the file rings: distinct dumps whose options the programs hold (4 KiB each)
 DROP_TEXTS = 4096    # drop points into the file rings: (reason, location) pairs whose names the programs hold
-TEXT_BATCH = 8192    # packets a batch when -r prints lines or JSON: columns stay in the caches (65,536: +25% CPU)
+FILE_BATCH = 8192    # packets a batch of a file read in batches (-r, fcap.read, fcap.batches): columns stay in cache
 
 
 def buffer_kib(cpus: int, pcapng: bool = False) -> int:

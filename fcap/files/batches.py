@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from fcap.defaults import NS, SNAPLEN
+from fcap.defaults import FILE_BATCH, NS, SNAPLEN
 from fcap.errors import PcapFormatError
 from fcap.files import pcapread
 from fcap.files.pcapfile import BT_EPB, BT_IDB, BT_SHB, BYTE_ORDER_MAGIC, OPT_CUSTOM, PCAP_MAGIC_NS, PCAP_MAGIC_US
@@ -27,7 +27,6 @@ FIELDS = np.dtype([
     ("sport", "<u2"), ("dport", "<u2"),   # TCP, UDP and SCTP (0 elsewhere, and in later IPv4 fragments)
     ("src", "V16"), ("dst", "V16"),       # IPv6, or IPv4 mapped (::ffff:a.b.c.d); zeros where neither
 ])
-BATCH = 65536
 _CHUNK = 2 << 20   # bytes of the file read at a time at least (a batch's records lie in one chunk) ...
 _CHUNK_MOST = 64 << 20   # ... and at most: 256 bytes a record of a batch's size between (fcap.batches: 16 MiB)
 _PRUNES = 4       # passes of _linked over its candidates (each drops what looked like headers inside packets)
@@ -39,8 +38,9 @@ _LINK = {1: "ether", 101: "raw", 228: "raw", 229: "raw", 113: "sll", 276: "sll2"
 
 
 class Batch:
-    """Up to BATCH packets of a file: `fields` (a numpy structured array, FIELDS' columns, one row per packet) and
-    `data`, the bytes the packets lie in (packet i: data[fields['at'][i]:][:fields['caplen'][i]])."""
+    """Packets of a file, up to the size batches() was asked for: `fields` (a numpy structured array, FIELDS'
+    columns, one row per packet) and `data`, the bytes the packets lie in (packet i:
+    data[fields['at'][i]:][:fields['caplen'][i]])."""
 
     __slots__ = ("fields", "data")
 
@@ -66,7 +66,7 @@ def address(value) -> str:
     return str(ip.ipv4_mapped or ip)
 
 
-def batches(path, size: int = BATCH, decoded: bool = True) -> Iterator[Batch]:
+def batches(path, size: int = FILE_BATCH, decoded: bool = True) -> Iterator[Batch]:
     """The packets of a pcap or pcapng file, `size` at a time. PcapFormatError where the file is damaged (after
     the batches before the damage). decoded=False: the fields decode() fills are left zero (the printers read the
     headers themselves)."""
@@ -460,4 +460,4 @@ def _ipv6(fields, b, i, l3, l4) -> None:
     fields["dst"][i] = items(b, 16)[s + 24]
 
 
-__all__ = ["BATCH", "Batch", "FIELDS", "address", "batches", "decode", "pcap_batch"]
+__all__ = ["Batch", "FIELDS", "address", "batches", "decode", "pcap_batch"]

@@ -4,7 +4,7 @@ with custom options on) printed by the Printer, as `fcap -r` prints packet by pa
 
 from __future__ import annotations
 
-from fcap.defaults import NS, TEXT_BATCH
+from fcap.defaults import FILE_BATCH, NS
 from fcap.live.fastmerge import items
 from fcap.text.fastlines import batch_text
 
@@ -24,7 +24,7 @@ def print_pcap(path: str, printer, limit: int = 0) -> tuple[int, bool]:
         return 0, False
     printed = 0
     try:
-        for batch in batches.batches(path, TEXT_BATCH, decoded=False):
+        for batch in batches.batches(path, FILE_BATCH, decoded=False):
             fields = batch.fields if not limit else batch.fields[:limit - printed]
             whole = len(fields) if fmt != "pcapng" else batches.plain_epbs(fields, batch.data)
             fields = fields[:whole]

@@ -7,7 +7,7 @@ headers, the same text as packet by packet."""
 
 from __future__ import annotations
 
-from fcap.defaults import TEXT_BATCH
+from fcap.defaults import FILE_BATCH
 from fcap.files.pcapread import FileRecord
 from fcap.live.fastmerge import np
 from fcap.text.dissect import common
@@ -133,7 +133,7 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
             return 0, False
     written = 0
     try:
-        for batch in batches.batches(path, TEXT_BATCH, decoded=False):
+        for batch in batches.batches(path, FILE_BATCH, decoded=False):
             fields = batch.fields if not limit else batch.fields[:limit - written]
             data = batch.data.base if isinstance(batch.data.base, bytes) else batch.data.tobytes()
 
