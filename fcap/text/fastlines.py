@@ -310,36 +310,47 @@ def _prefix_texts(c: Columns, fields, data: bytes, flows: fastflows.Flows, ip, v
 
 def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, header=None) -> tuple:
     """Each fast row's template after its flow, from the kind of line it is, and the values of the batch's
-    templates in order (a row's: the time's fraction, the IP header's values where `header` shows them (-v: values
-    and which are shown, fcap.text.fastverbose.ip_headers), then its template's): each row's picked by its kind's
-    table of columns (_plan) from the named columns (one gather for the whole batch) and the head's bytes
-    (another)."""
-    n = len(c.kind)
-    kind, f = c.kind, c.flags
-    span = np.where(c.length > 0, 2, np.where((f & 0x07 != 0) | (verbose > 1), 1, 0))
-    opt = np.where(c.hlen == -1, 1, np.where(c.hlen == -2, 2, np.where(c.hlen > 20, 3, 0)))
-    check = c.check.state if verbose else np.zeros(n, np.int64)
-    check = np.where(kind == ARP, 1 if verbose else 0, check)   # (-v: ARP's long form)
-    quoted = c.sport | (c.byte(43) & 3) << 8 | (c.byte(50) > 0) << 10 | (c.byte(48) >> 6) << 11 if verbose \
-        else c.sport   # (-v: the quoted header's ECN, whether it has a TTL, DF and the reserved bit)
-    variant = kind << 20 | check << 16 | np.where(kind == TCP, f | span << 8 | opt << 10,
-                                                  np.where(kind == UNREACH, quoted, c.extra & 0x3FF))
-    named = [c.seq, (c.seq + c.length) & M32, c.ack, c.win, c.urg, c.tsval, c.tsecr, c.mss, c.wscale, c.length,
-             c.extra, c.sport, c.dport]
-    if verbose:
-        named += [c.check.field, c.check.should, c.word(46), c.word(44), c.word(62), c.word(66) - 8]
+    templates in order (_values)."""
+    variant = _variants(c, verbose)
     first, vid = distinct(variant)
     plans = [_plan(v) for v in variant[first].tolist()]
     bodies = np.array([p[0] for p in plans], object)[vid]
     for i, text in options.items():
-        if kind[i] == TCP:
+        if c.kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
     _neighbours(c, bodies, verbose)
+    return bodies, _values(c, plans, vid, us, header, verbose)
+
+
+def _variants(c: Columns, verbose: int):
+    """Each row's kind of line (_plan's variant): its kind, its checksum's state and what tells its kind's lines
+    apart (TCP's flags, what follows them and its options; a port unreachable's quoted protocol and, with -v, its
+    header's; the others' type)."""
+    kind, f = c.kind, c.flags
+    span = np.where(c.length > 0, 2, np.where((f & 0x07 != 0) | (verbose > 1), 1, 0))
+    opt = np.where(c.hlen == -1, 1, np.where(c.hlen == -2, 2, np.where(c.hlen > 20, 3, 0)))
+    check = c.check.state if verbose else np.zeros(len(kind), np.int64)
+    check = np.where(kind == ARP, 1 if verbose else 0, check)   # (-v: ARP's long form)
+    quoted = c.sport | (c.byte(43) & 3) << 8 | (c.byte(50) > 0) << 10 | (c.byte(48) >> 6) << 11 if verbose \
+        else c.sport   # (-v: the quoted header's ECN, whether it has a TTL, DF and the reserved bit)
+    return kind << 20 | check << 16 | np.where(kind == TCP, f | span << 8 | opt << 10,
+                                               np.where(kind == UNREACH, quoted, c.extra & 0x3FF))
+
+
+def _values(c: Columns, plans: list, vid, us, header, verbose: int):
+    """The values of the batch's templates in order, row after row: the time's fraction, the IP header's values
+    where `header` shows them (-v: values and which are shown, fcap.text.fastverbose.ip_headers), then its
+    template's, picked by its plan's columns (vid: each row's plan) from the named columns (one gather for the
+    whole batch) and the head's bytes (another)."""
+    n, kind = len(c.kind), c.kind
+    named = [c.seq, (c.seq + c.length) & M32, c.ack, c.win, c.urg, c.tsval, c.tsecr, c.mss, c.wscale, c.length,
+             c.extra, c.sport, c.dport]
+    if verbose:
+        named += [c.check.field, c.check.should, c.word(46), c.word(44), c.word(62), c.word(66) - 8]
     used = sorted({m for p in plans for m in p[1] if m < _HEAD_AT})   # (the named columns the batch shows)
     place = {m: k for k, m in enumerate(used)}
-    table = np.array([place.get(m, m) for p in plans for m in p[1]], np.intp)   # (each kind's columns in turn)
+    table = np.array([place.get(m, m) for p in plans for m in p[1]], np.intp)   # (each plan's columns in turn)
     counts = np.array([len(p[1]) for p in plans], np.intp)
-    # each row's values in order, laid out one after the other: the time's, the header's shown, the template's
     mine = counts[vid]
     lead = np.zeros(n, np.intp) if us is None else (kind != SLOW).astype(np.intp)
     if header is not None:
@@ -361,7 +372,7 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, header=No
     if rows := [named[m] for m in used]:
         picked[at[~head]] = np.vstack(rows).ravel()[cells[~head] * n + row[~head]]
     picked[at[head]] = c.head.ravel()[row[head] * c.head.shape[1] + cells[head] - _HEAD_AT]
-    return bodies, picked
+    return picked
 
 
 _NAMED = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "id", "seqno",
