@@ -13,6 +13,7 @@ from fcap.live.fastmerge import np
 from fcap.text.dissect import common
 from fcap.text.fastflows import ids
 from fcap.text.fastlines import first_bytes
+from fcap.text.printer import formatted
 
 _HEAD = '{"ts_ns":%d,"len":%d,"caplen":%d,"linktype":1,'
 _TCP_TAILS = tuple(flags.replace("%", "%%") + ',"seq":%d,"ack":%d,"win":%d}}\n' for flags in common._FLAG_JSON)
@@ -69,9 +70,7 @@ def batch_json(fields, b, data: bytes, slow) -> bytes | str:
     for i in np.flatnonzero(~fast & ~arp).tolist():
         parts[i] = (slow(i).replace("%", "%%"), "", "")
         count[i] = 0
-    template = "".join(parts.ravel().tolist())
-    values = tuple(values[np.arange(7) < count[:, None]].tolist())
-    return template.encode("ascii") % values if template.isascii() else template % values   # (fastlines.batch_text)
+    return formatted("".join(parts.ravel().tolist()), tuple(values[np.arange(7) < count[:, None]].tolist()))
 
 
 def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:

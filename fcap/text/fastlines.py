@@ -19,6 +19,7 @@ from fcap.text.dissect.reader import hex_lines
 from fcap.text.dissect.transport import relative
 from fcap.text.fastverbose import ECN as _ECN
 from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
+from fcap.text.printer import formatted
 from fcap.text import fastflows, headcols
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
@@ -179,11 +180,7 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
     parts[:, -1], values = _bodies(c, us, options, verbose, header)
     for i, text in texts.items():
         parts[i] = (text.replace("%", "%%"),) + ("",) * (parts.shape[1] - 1)
-    template = "".join(parts.ravel().tolist())
-    values = tuple(values.tolist())
-    if template.isascii():   # (bytes' % skips text to the next % by memchr: a quarter cheaper than str's)
-        return template.encode("ascii") % values
-    return template % values
+    return formatted("".join(parts.ravel().tolist()), tuple(values.tolist()))
 
 
 def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:

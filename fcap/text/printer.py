@@ -125,6 +125,12 @@ class Printer:
         self.out.flush()
 
 
+def formatted(template: str, values: tuple) -> bytes | str:
+    """template % values for a batch's lines: as bytes where the template is ASCII (bytes' % finds the next % by
+    memchr, a quarter cheaper than str's), as str otherwise; write_lines writes either."""
+    return template.encode("ascii") % values if template.isascii() else template % values
+
+
 def write_lines(out: TextIO, text: str | bytes) -> None:
     """Text made a batch at a time into a text stream: ASCII bytes into its binary buffer, after what the stream
     holds (decoded where it has none), str as it is."""
