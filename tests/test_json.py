@@ -146,6 +146,71 @@ def test_live_lines_without_a_packet_are_the_packets_lines(root, sink):
     assert all(a is None for a, _b in lines["LINUX_SLL2"]) and lines["LINUX_SLL2"]
 
 
+def test_live_batches_are_the_packets_lines(root, sink):
+    """Live --json a batch at a time (fcap.live.jsonlines.JsonWriter, over the records the perf buffer's drain hands
+    over with their metadata): on the kernel's own records (UDP of three sizes over IPv4 and IPv6, a TCP connection,
+    pings; out at dev:queue with its queue, in at dev:receive; a sender whose name holds a '%' and a letter that is
+    not ASCII), the batch's text is, line for line, what the Packet's encoder writes of each record."""
+    import ctypes
+    import io
+    from netns import ping
+    from fcap.kernel.layout import META, META_SIZE, parse_record
+    from fcap.live.drain import WITH_META
+    from fcap.live.jsonlines import JsonWriter, record_lines
+    from fcap.live.output import JsonSink
+    from fcap.live.session import Config, Session
+    from fcap.text.jsonout import packet_line
+
+    class Records:   # (the drain's writer: the records with their META, kept)
+        fmt = WITH_META
+
+        def __init__(self):
+            self.data = bytearray()
+
+        def writev(self, parts):
+            for p in parts:
+                self.data += bytes(p)
+
+        def write_records(self, data, starts):
+            self.data += bytes(data)
+    s = Session(Config(points=["dev:queue", "dev:receive"], filter="udp or tcp or icmp or icmp6"))
+    s.resolve()
+    s.open()
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = ctypes.create_string_buffer(16)
+    libc.prctl(16, name, 0, 0, 0)   # (PR_GET_NAME, then PR_SET_NAME: this thread's name, as the points see it)
+    try:
+        s.attach()
+        libc.prctl(15, "fc%sj\u00e9".encode(), 0, 0, 0)
+        send_udp("127.0.0.1", sink.port, [b"q" * n for n in (0, 300, 1400)])
+        send_udp("::1", sink.port, [b"6" * 40])
+        libc.prctl(15, name.value, 0, 0, 0)
+        tcp_bulk("127.0.0.1", 3000)
+        ping("127.0.0.1", count=2, interval=0.05)
+        time.sleep(SETTLE)
+        got = Records()
+        s.run_file(s.file_drain(got), stop=lambda: True)
+    finally:
+        libc.prctl(15, name.value, 0, 0, 0)
+        s.close()
+    js = JsonSink(io.StringIO())
+    js.open(s)
+    assert record_lines(js) is not None
+    data, at, offsets, want = bytes(got.data), 0, [], []
+    while at < len(data):
+        offsets.append(at)
+        end = at + META_SIZE + META.unpack(data, at).caplen
+        want.append(packet_line(js.packet(parse_record(data[at:end]))))
+        at = end
+    text = "".join(p.decode() if isinstance(p, bytes) else p for p in JsonWriter(js).text(data, offsets))
+    assert text.splitlines(True) == want
+    objs = [json.loads(ln) for ln in want]
+    assert len(objs) > 12 and {o["point"] for o in objs} == {"dev:queue", "dev:receive"}
+    assert any("queue" in o for o in objs) and "fc%sj\u00e9" in {o["comm"] for o in objs}
+    assert {p for o in objs for p in ("udp", "tcp", "icmp") if p in o} == {"udp", "tcp", "icmp"}
+    assert {o["ip"]["version"] for o in objs} == {4, 6}
+
+
 def _flag_bits(names: list[str]) -> int:
     from fcap.text.dissect.transport import TCP_FLAG_NAMES
     return sum(1 << TCP_FLAG_NAMES.index(n) for n in names)

@@ -62,8 +62,8 @@ def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap
     buf = _FakePerf(2)
     for r in buf.rings:
         r.__init__(RING)
-    if fmt == "pcap":
-        sink = _Sink()
+    if fmt in ("pcap", fdrain.WITH_META):
+        sink = _Sink() if fmt == "pcap" else _MetaSink()
         d = fdrain.FileDrain(buf, sink, limit=limit, fast=fast)
     elif lead:
         sink, _options = _pcapng()
@@ -86,7 +86,22 @@ def _run(script: list, fast: bool, monkeypatch, limit: int = 0, fmt: str = "pcap
                             len=size, lead=area)   # (no two CPUs at one time: their order would be either)
         counts.append(d())
     counts.append(d(final=True))
-    return bytes(sink.out if fmt == "pcap" else sink.out.getvalue()), counts, buf.lost, calls["arrays"]
+    return bytes(sink.out if fmt != "pcapng" else sink.out.getvalue()), counts, buf.lost, calls["arrays"]
+
+
+class _MetaSink(_Sink):
+    """A writer of records with their META (fcap.live.drain.WITH_META): the arrays hand over where each starts."""
+    fmt = fdrain.WITH_META
+
+    def write_records(self, data, starts):
+        from fcap.kernel.layout import META, META_SIZE
+        data = bytes(data)
+        chain, at = [], 0
+        while at < len(data):
+            chain.append(at)
+            at += META_SIZE + META.unpack(data, at).caplen
+        assert list(starts) == chain
+        self.out += data
 
 
 times = st.integers(0, 10**6) | st.just(5 * 10**9)   # (the latter: past the cutoff, held until the last pass)
@@ -105,6 +120,28 @@ def test_arrays_write_what_the_python_walk_writes(script, limit, fmt):
         slow = _run(script, False, mp, limit, fmt)
     assert fast[:3] == slow[:3]
     assert fast[3] == len(script) + 1 and slow[3] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=steps, limit=st.sampled_from([0, 5]))
+def test_records_with_their_meta_are_the_pcap_records_after_it(script, limit):
+    """A writer that takes the records with their metadata (WITH_META, --json's) gets, record after record, each
+    one's META and then the pcap record the drain writes to a file (its header the end of META): the same records,
+    in the same order, counted alike, by the arrays and by the Python walk."""
+    from fcap.kernel.layout import META, META_SIZE, PCAP_REC, parse_record
+    with pytest.MonkeyPatch.context() as mp:
+        pcap = _run(script, True, mp, limit, "pcap")
+    for fast in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            meta = _run(script, fast, mp, limit, fdrain.WITH_META)
+        assert meta[1:3] == pcap[1:3]
+        data, at, tails = meta[0], 0, []
+        while at < len(data):
+            m = META.unpack(data, at)
+            assert m.fast == m.caplen and parse_record(data[at:at + META_SIZE + m.caplen]).ts_ns == m.ts
+            tails.append(data[at + PCAP_REC:at + META_SIZE + m.caplen])
+            at += META_SIZE + m.caplen
+        assert b"".join(tails) == pcap[0] and len(tails) == sum(meta[1])
 
 
 @settings(max_examples=100, deadline=None)

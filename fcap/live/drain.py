@@ -39,6 +39,10 @@ ID_MARK = 0xFCA1D0FCA1D0FCA1
 _ID_MARK = ID_MARK.to_bytes(8, "little")
 EPB_PARTS = 5   # writev parts of a pcapng record: its first 8 bytes, header and bytes, options to the id, id, the rest
 SPAN = RAW + META.end("fast")     # bytes of a record the unpack reads
+# a writer's fmt for records as the programs wrote them, their metadata with them: each record's META (its `fast`
+# and caplen the length of the bytes), then the packet's bytes (--json's, fcap.live.jsonlines.JsonWriter)
+WITH_META = "meta"
+_FAST_FIELD = struct.Struct("<I")
 
 # For a pcapng block: the options of a record (epb_parts' keyword arguments; fcap.features.notes.RecordNotes)
 RecordOptions = Callable[[layout.Record], dict]
@@ -61,6 +65,7 @@ class FileDrain:
         self.buffer = buffer
         self.writer = writer
         self.pcapng = writer.fmt == "pcapng"
+        self.head = 0 if writer.fmt == WITH_META else PCAP_REC   # where in META the records the writer takes start
         self.options = options or (lambda rec: {})
         self.parse = parse
         self.left = limit
@@ -182,7 +187,7 @@ class FileDrain:
             return False
         if not self.pcapng:
             for g in got:
-                perfwalk.pcap(g)
+                perfwalk.pcap(g, self.head)
             return True
         self._blocks = self._blocks or perfwalk.Blocks(self.lead)
         self._blocks.trim()
@@ -234,7 +239,7 @@ class FileDrain:
                 tail += rsize
         else:
             unpack = _PCAP.unpack_from
-            start, end = RAW + PCAP_REC, RAW + META_SIZE
+            start, end = RAW + self.head, RAW + META_SIZE
             while tail < head:
                 off = tail & mask
                 if off + SPAN <= size:
@@ -273,8 +278,12 @@ class FileDrain:
             head8, before, after = self._tails.get(key) or self._tail(key, sample[:lead + META_SIZE])
             w.parts += (head8 + bytes(raw[_IFACE:META_SIZE]) + parsed.data + before + bytes(raw[_ID_AT:_ID_AT + 8])
                         + after, b"", b"", b"", b"")
-        else:
+        elif self.head:
             w.parts.append(bytes(raw[PCAP_REC:META_SIZE]) + parsed.data)
+        else:   # (its bytes now contiguous: `fast` says how many)
+            meta = bytearray(raw[:META_SIZE])
+            _FAST_FIELD.pack_into(meta, _FAST, len(parsed.data))
+            w.parts.append(bytes(meta) + parsed.data)
         w.ts.append(parsed.ts_ns)
         w.ends.append(pos + rsize)
 
@@ -365,7 +374,9 @@ def write_plan(writer, window: order.Window, p) -> None:
     if p.data is not None or p.iov is not None:
         window.wrote(p.late, p.newest, p.oldest)
     try:
-        if p.data is not None:
+        if p.data is not None and writer.fmt == WITH_META:   # (where each record starts: its writer reads them)
+            writer.write_records(p.data, p.starts)
+        elif p.data is not None:
             writer.writev([p.data])
         elif p.iov is not None:
             writer.write_iov(p.iov)

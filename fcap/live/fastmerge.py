@@ -57,12 +57,13 @@ class Plan:
     would take too many copies to make, as `iov`, (address, length) pairs; `takes[j]` how many of CPU j's records
     (of those given) they cover, `count` how many they are (fewer where -c's limit cuts through a CPU's records out
     of order); `late` how many are older than `last`; `newest` and `oldest` their timestamps'
-    range."""
+    range; `starts`, where each record starts in `data` (where the merge knows: fcap.live.perfwalk's)."""
 
-    __slots__ = ("data", "iov", "memory", "takes", "count", "late", "newest", "oldest")
+    __slots__ = ("data", "iov", "memory", "takes", "count", "late", "newest", "oldest", "starts")
 
     def __init__(self, takes: list, count: int = 0, late: int = 0, newest: int = 0, oldest: int = 0):
-        self.data = self.iov = self.memory = None   # (memory: what iov points into, kept until the plan goes)
+        self.data = self.iov = self.memory = self.starts = None   # (memory: what iov points into, kept until the
+        # plan goes)
         self.takes, self.count = takes, count
         self.late, self.newest, self.oldest = late, newest, oldest
 

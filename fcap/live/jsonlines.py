@@ -6,21 +6,21 @@ record's fcap.Packet (tests/test_json.py holds the two to each other); any other
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Callable
 
 from fcap.features.metadata import METADATA, Metadata
 from fcap.files import linktypes
-from fcap.kernel.layout import COMMENT
+from fcap.kernel.layout import COMMENT, META, META_SIZE, READ, parse_record
+from fcap.live.drain import FAST, WITH_META
 from fcap.text.dissect.common import ether_json
-from fcap.text.jsonout import _ENCODER, _META
+from fcap.text.jsonout import _ENCODER, _META, _front, packet_line
 
 # how a metadata attribute is written: all numbers but the skb's address, a hex string (jq's doubles would round it)
 _FORMS = {"skb": '"0x%016x"', "comm": "%s"}
 
 
-def record_lines(sink) -> Callable | None:
-    """rec -> its line, or None where it needs the Packet; None where no record of this capture can do without
-    (sink: an open JsonSink, its options the session's RecordNotes)."""
+def record_lines(sink) -> _Lines | None:
+    """Its line(rec): the line of a record, or None where it needs the Packet; None where no record of this capture
+    can do without (sink: an open JsonSink, its options the session's RecordNotes)."""
     notes = sink.options
     if sink.linktype != linktypes.EN10MB.number or [type(n) for n in notes.notes] != [Metadata]:
         return None
@@ -34,7 +34,7 @@ def record_lines(sink) -> Callable | None:
     for point, name in sink.names.items():
         for queued in (False, True):
             formats[point, queued] = _format(shown, _ENCODER.encode(name), sink.directions.get(point), queued)
-    return _Lines(formats, [n for n in shown if n not in ("point", "direction")], sink.session.clock_offset_ns).line
+    return _Lines(formats, [n for n in shown if n not in ("point", "direction")], sink.session.clock_offset_ns)
 
 
 def _format(shown: list, point: str, direction: str | None, queued: bool) -> str:
@@ -78,3 +78,111 @@ class _Lines:
         get, at = self.get[rec.queue is not None]
         values = get(rec)
         return fmt % (rec.ts_ns + self.offset, *values[:at], comm, *values[at + 1:], rec.orig_len, len(data), text)
+
+
+class JsonWriter:
+    """For the perf buffer's drain (fcap.live.drain.FileDrain), a writer that takes the records with their metadata
+    (WITH_META: each one's META, then its bytes) and writes their --json lines a batch at a time: each line's text
+    before its headers is one %-format per distinct metadata, made from the Packet of its first record by jsonout's
+    own code (its time, packet id, skb address and lengths left to each record, read from META as columns by name);
+    the headers' text as -r --json's (fcap.text.fastjson.batch_json); a record batch_json does not lay out is
+    jsonout's line of its Packet (sink.packet). For the captures record_lines() takes, with numpy."""
+
+    fmt = WITH_META
+
+    def __init__(self, sink):
+        self.sink, self.out, self.flush_each = sink, sink.out, sink.line_buffered
+        self.offset = sink.session.clock_offset_ns
+        self.heads: dict[bytes, str] = {}   # a metadata key's %-format up to the headers
+
+    def writev(self, buffers: list) -> None:
+        """Records, one a buffer (the drain's Python walk)."""
+        starts, at = [], 0
+        for b in buffers:
+            starts.append(at)
+            at += len(b)
+        self.write_records(b"".join(buffers), starts)
+
+    def write_records(self, data, starts) -> None:
+        """Records one after the other in `data`, each starting at its `starts`."""
+        from fcap.text.printer import write_lines
+        write_lines(self.out, self.text(data, starts))
+        if self.flush_each:
+            self.out.flush()
+
+    def text(self, data: bytes, starts) -> list:
+        """The lines of the records starting at `starts` in `data` (fcap.text.printer.formatted_rows' pieces)."""
+        from fcap.files.batches import FIELDS
+        from fcap.text.fastjson import batch_json
+        np = FAST.module.np
+        starts = np.asarray(starts, np.int64)
+        n = len(starts)
+        padded = b"".join((data, bytes(_PAD)))
+        b = np.frombuffer(padded, np.uint8)
+        fields = np.zeros(n, FIELDS)
+        ts = _column(np, b, starts, "ts") + np.uint64(self.offset)
+        fields["ts_ns"], fields["at"], fields["linktype"] = ts, starts + META_SIZE, linktypes.EN10MB.number
+        fields["caplen"], fields["len"] = _column(np, b, starts, "caplen"), _column(np, b, starts, "orig")
+
+        def record(i: int):
+            s = int(starts[i])
+            return parse_record(padded[s:s + META_SIZE + int(fields["caplen"][i])])
+
+        def slow(i: int) -> str:
+            return packet_line(self.sink.packet(record(i)))
+
+        front = np.column_stack((ts, _column(np, b, starts, "id"), _column(np, b, starts, "skb"),
+                                 fields["len"].astype(np.uint64), fields["caplen"].astype(np.uint64)))
+        return batch_json(fields, b, padded, slow, (self._heads(np, b, starts, record), front, np.ones((n, 5), bool)))
+
+    def _heads(self, np, b, starts, record):
+        """Each row's %-format up to its headers: one per distinct metadata but the time, packet id, skb address and
+        lengths (the fields _KEYED)."""
+        from fcap.text.fastflows import ids
+        keys = np.column_stack([_column(np, b, starts, f) if META.width(f) <= 8 else
+                                items_of(np, b, starts, f) for f in _KEYED])
+        number, first = ids(keys)
+        made = []
+        if len(self.heads) > _HEADS_MAX:
+            self.heads.clear()
+        for row in first.tolist():
+            key = keys[row].tobytes()
+            head = self.heads.get(key)
+            if head is None:
+                head = self.heads[key] = _head(self.sink.packet(record(row)))
+            made.append(head)
+        return np.array(made, object)[number]
+
+
+def _head(p) -> str:
+    """The %-format of a Packet's line up to its headers (ending in '"linktype":1,'): jsonout's text of it, but
+    for the values each record has its own (%d or %x: time, packet id, skb address, lengths)."""
+    out = []
+    for key, value in _front(p).items():
+        text = _OWN.get(key)
+        out.append(f'"{key}":' + (text if text is not None else _ENCODER.encode(value).replace("%", "%%")))
+    return "{" + ",".join(out) + ","
+
+
+# the values of a line each record has its own (JsonWriter.text's front columns, in this order)
+_OWN = {"ts_ns": "%d", "packet_id": "%d", "skb": '"0x%016x"', "len": "%d", "caplen": "%d"}
+
+
+def _column(np, b, starts, name: str):
+    """META's field `name` of each record (starting at `starts` in b), as unsigned 64-bit integers."""
+    from fcap.live.fastmerge import items
+    off, width = META.off(name), META.width(name)
+    return items(b, width)[starts + off].view(f"<u{width}").astype(np.uint64)
+
+
+def items_of(np, b, starts, name: str):
+    """A wider field of META (comm) as columns of 8 bytes."""
+    from fcap.live.fastmerge import items
+    return items(b, META.width(name))[starts + META.off(name)].view(np.uint64).reshape(len(starts), -1)
+
+
+# META's fields a line's text up to its headers depends on, besides those _OWN's values are read from: the point
+# (its name and direction), the flags (whether it has a queue), the queue and the metadata the Packet shows
+_KEYED = tuple(dict.fromkeys(["point", "flags", "queue"] + [READ[a][0] for a in METADATA if a != "skb"]))
+_HEADS_MAX = 4096   # distinct metadata remembered (past it, forgotten)
+_PAD = 128

@@ -464,8 +464,12 @@ class JsonSink(PacketSink):
 
     def open(self, session) -> None:
         super().open(session)
-        from fcap.live.jsonlines import record_lines
-        self.fast = record_lines(self)   # (the common records' lines without a Packet, where this capture has them)
+        from fcap.live.drain import FAST
+        from fcap.live.jsonlines import JsonWriter, record_lines
+        lines = record_lines(self)   # (the common records' lines without a Packet, where this capture has them)
+        self.fast = lines.line if lines is not None else None
+        if lines is not None and FAST.wait() is not None:   # (a batch at a time: from the records with their META)
+            self.writer = JsonWriter(self)
 
     def write(self, rec) -> None:
         line = self.fast(rec) if self.fast is not None else None

@@ -153,7 +153,7 @@ def merge(got: list, ks: list, limit: int, last: int, blocks: Blocks | None = No
         return p
     size = np.concatenate([g.size[:k] for g, k in live]).astype(np.int64)[order]
     where = np.full(len(ts), -1, np.int64)   # each record's place in the buffer (-1: not taken, past -c's limit)
-    where[order] = np.cumsum(size) - size
+    p.starts = where[order] = np.cumsum(size) - size
     out = np.empty(int(size.sum()), np.uint8)
     first = 0
     for g, k in live:
@@ -174,11 +174,12 @@ def _rows(a, rows):
     return a if rows is None else a[rows]
 
 
-def pcap(g: RingRecords) -> None:
-    """The samples' pcap records: in place, after the header the program laid out."""
+def pcap(g: RingRecords, head: int = PCAP_REC) -> None:
+    """The samples' pcap records: in place, from the header the program laid out (head: where they start in META;
+    0: the records with their whole META, fcap.live.drain.WITH_META)."""
     g.out = g.seg
-    g.at = (g.rel + (RAW + g.lead + PCAP_REC)).astype(U64)
-    g.size = (g.fast + (META_SIZE - PCAP_REC)).astype(U64)
+    g.at = (g.rel + (RAW + g.lead + head)).astype(U64)
+    g.size = (g.fast + (META_SIZE - head)).astype(U64)
 
 
 def epb(g: RingRecords, blocks: Blocks, make: Callable) -> bool:

@@ -101,8 +101,9 @@ class Pending:
         self.lengths.append(orig_len)
         self.points.append(point)
 
-    def text(self) -> str | bytes:
-        """The lines of the records added since the last call (as fcap.text.fastlines.batch_text gives them)."""
+    def text(self) -> list | str:
+        """The lines of the records added since the last call (as fcap.text.fastlines.batch_text gives them; str
+        where numpy is not at hand)."""
         ts, datas, lengths, points = self.ts, self.data, self.lengths, self.points
         self.ts, self.data, self.lengths, self.points = [], [], [], []
         n = len(ts)

@@ -13,7 +13,7 @@ from fcap.live.fastmerge import np
 from fcap.text.dissect import common
 from fcap.text.fastflows import ids
 from fcap.text.fastlines import first_bytes
-from fcap.text.printer import formatted
+from fcap.text.printer import formatted_rows
 
 _HEAD = '{"ts_ns":%d,"len":%d,"caplen":%d,"linktype":1,'
 _TCP_TAILS = tuple(flags.replace("%", "%%") + ',"seq":%d,"ack":%d,"win":%d}}\n' for flags in common._FLAG_JSON)
@@ -21,9 +21,12 @@ _KEY4 = np.array([*range(15), 22, 23, *range(26, 34)])   # ether_json's flow key
 _KEY6 = np.array([*range(14), *range(20, 54)])           # length (v4), TTL and protocol, the addresses
 
 
-def batch_json(fields, b, data: bytes, slow) -> bytes | str:
-    """The JSON lines of one pcap batch (each ending in a newline; ASCII bytes, or str where a line is not ASCII:
-    fcap.text.printer.write_lines writes either); slow(i): jsonout's line of packet i."""
+def batch_json(fields, b, data: bytes, slow, head=None) -> list:
+    """The JSON lines of one pcap batch, each ending in a newline (fcap.text.printer.formatted_rows' pieces: ASCII
+    bytes, or str where a line is not ASCII; fcap.text.printer.write_lines writes them); slow(i): jsonout's line of
+    packet i. `head`: each row's text up to its headers' (ending in '"linktype":1,'), as (per row its %-format, its
+    values, which of them it takes: arrays of n, n × k and n × k); None: a file's packet's (its time and
+    lengths)."""
     at = fields["at"]
     n = len(at)
     top = len(b) - 1
@@ -57,20 +60,25 @@ def batch_json(fields, b, data: bytes, slow) -> bytes | str:
     def t32(o):
         return t8(o) << 24 | t8(o + 1) << 16 | t8(o + 2) << 8 | t8(o + 3)
 
+    formats, front, taken = head if head is not None else \
+        (_HEAD, np.column_stack((fields["ts_ns"], fields["len"], cap)), np.ones((n, 3), bool))
     parts = np.empty((n, 3), object)
-    parts[:, 0] = _HEAD
+    parts[:, 0] = formats
     parts[:, 1] = np.array(texts, object)[flow]
     parts[:, 2] = np.where(tcp, np.array(_TCP_TAILS, object)[t8(13)], "}\n")
-    values = np.column_stack((fields["ts_ns"], fields["len"], cap, np.where(v4, total, plen + 40), t32(4), t32(8),
-                              t8(14) << 8 | t8(15)))
-    count = np.where(tcp, 7, 4)
+    values = np.column_stack((front, *(v.astype(front.dtype) for v in (np.where(v4, total, plen + 40), t32(4), t32(8),
+                                                                       t8(14) << 8 | t8(15)))))
+    count = np.where(tcp, 4, 1)
     arp = (fields["linktype"] == 1) & (etype == 0x0806) & (cap >= 42) & (cap <= fields["len"]) & (u16(14) != 19) \
         & (u16(16) == 0x0800) & (u16(18) == 0x0604)
-    parts[arp, 1], parts[arp, 2], count[arp] = _arp_texts(b, at[arp], np.flatnonzero(arp), slow), "", 3
+    parts[arp, 1], parts[arp, 2], count[arp] = _arp_texts(b, at[arp], np.flatnonzero(arp), slow), "", 0
     for i in np.flatnonzero(~fast & ~arp).tolist():
         parts[i] = (slow(i).replace("%", "%%"), "", "")
         count[i] = 0
-    return formatted("".join(parts.ravel().tolist()), tuple(values[np.arange(7) < count[:, None]].tolist()))
+        taken[i] = False
+    taken = np.column_stack((taken, np.arange(4) < count[:, None]))
+    counts = taken.sum(axis=1)
+    return formatted_rows(parts, values[taken], np.cumsum(counts) - counts)
 
 
 def _flows(b, data: bytes, at, off, v4, fast, ports, etype, proto) -> tuple:

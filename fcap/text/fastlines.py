@@ -19,7 +19,7 @@ from fcap.text.dissect.reader import hex_lines
 from fcap.text.dissect.transport import relative
 from fcap.text.fastverbose import ECN as _ECN
 from fcap.text.fastverbose import RangeSums, checked_text, checks, ip_headers, slow_rows
-from fcap.text.printer import formatted
+from fcap.text.printer import formatted_rows
 from fcap.text import fastflows, headcols
 
 SLOW, TCP, UDP, UDP_BAD, ICMP, UNREACH, ICMP6, ARP = range(8)
@@ -152,14 +152,14 @@ def _first_of(conditions, values, default):
     return out
 
 
-def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) -> bytes | str:
-    """The lines of one batch, each ending in a newline, as ASCII bytes (as str where a text in them is not ASCII,
-    a point's name or a Printer's line: Printer.write_batch writes either): the common packets' made with one
-    %-format over the whole batch (a template per kind of line, the values from the arrays), the others' by
-    slow(i) (the Printer's text for packet i) in their places, and those of `odd` (a mask) too. data: the batch's
-    bytes as bytes; points: each line's text after its time (a numpy array of str, each ending in a space), or
-    None. The summarizer's time is one without a state (Summarizer.stateless_time()); its verbose count (-v) adds
-    the IP headers' text and the checksums (fcap.text.fastverbose)."""
+def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) -> list:
+    """The lines of one batch, each ending in a newline, as pieces of ASCII bytes (of str where a text in them is
+    not ASCII, a point's name or a Printer's line: Printer.write_batch writes them; fcap.text.printer.formatted_rows):
+    the common packets' made with %-formats over the batch (a template per kind of line, the values from the
+    arrays), the others' by slow(i) (the Printer's text for packet i) in their places, and those of `odd` (a mask)
+    too. data: the batch's bytes as bytes; points: each line's text after its time (a numpy array of str, each
+    ending in a space), or None. The summarizer's time is one without a state (Summarizer.stateless_time()); its
+    verbose count (-v) adds the IP headers' text and the checksums (fcap.text.fastverbose)."""
     verbose = summarizer.verbose
     c = columns(fields, b, odd)
     if verbose:
@@ -177,10 +177,10 @@ def batch_text(summarizer, fields, b, data: bytes, slow, odd=None, points=None) 
     header = None
     if verbose:   # (the header's text and values go between the time's and the line's)
         parts[:, 1], *header = ip_headers(c.head, ip & (c.ver == 4), ip & (c.ver == 6))
-    parts[:, -1], values = _bodies(c, us, options, verbose, header)
+    parts[:, -1], values, starts = _bodies(c, us, options, verbose, header)
     for i, text in texts.items():
         parts[i] = (text.replace("%", "%%"),) + ("",) * (parts.shape[1] - 1)
-    return formatted("".join(parts.ravel().tolist()), tuple(values.tolist()))
+    return formatted_rows(parts, values, starts)
 
 
 def _verbose_rows(c: Columns, fields, b, verbose: int, checksums: bool) -> None:
@@ -306,8 +306,8 @@ def _prefix_texts(c: Columns, fields, data: bytes, flows: fastflows.Flows, ip, v
 
 
 def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, header=None) -> tuple:
-    """Each fast row's template after its flow, from the kind of line it is, and the values of the batch's
-    templates in order (_values)."""
+    """Each fast row's template after its flow, from the kind of line it is, the values of the batch's templates in
+    order and where each row's start (_values)."""
     variant = _variants(c, verbose)
     first, vid = distinct(variant)
     plans = [_plan(v) for v in variant[first].tolist()]
@@ -316,7 +316,7 @@ def _bodies(c: Columns, us, options: dict[int, str], verbose: int = 0, header=No
         if c.kind[i] == TCP:
             bodies[i] = bodies[i].replace("%%OPTIONS%%", text)
     _neighbours(c, bodies, verbose)
-    return bodies, _values(c, plans, vid, us, header, verbose)
+    return (bodies, *_values(c, plans, vid, us, header, verbose))
 
 
 def _variants(c: Columns, verbose: int):
@@ -335,10 +335,10 @@ def _variants(c: Columns, verbose: int):
 
 
 def _values(c: Columns, plans: list, vid, us, header, verbose: int):
-    """The values of the batch's templates in order, row after row: the time's fraction, the IP header's values
-    where `header` shows them (-v: values and which are shown, fcap.text.fastverbose.ip_headers), then its
-    template's, picked by its plan's columns (vid: each row's plan) from the named columns (one gather for the
-    whole batch) and the head's bytes (another)."""
+    """The values of the batch's templates in order, row after row, and where each row's start: the time's
+    fraction, the IP header's values where `header` shows them (-v: values and which are shown,
+    fcap.text.fastverbose.ip_headers), then its template's, picked by its plan's columns (vid: each row's plan)
+    from the named columns (one gather for the whole batch) and the head's bytes (another)."""
     n, kind = len(c.kind), c.kind
     named = [c.seq, (c.seq + c.length) & M32, c.ack, c.win, c.urg, c.tsval, c.tsecr, c.mss, c.wscale, c.length,
              c.extra, c.sport, c.dport]
@@ -369,7 +369,7 @@ def _values(c: Columns, plans: list, vid, us, header, verbose: int):
     if rows := [named[m] for m in used]:
         picked[at[~head]] = np.vstack(rows).ravel()[cells[~head] * n + row[~head]]
     picked[at[head]] = c.head.ravel()[row[head] * c.head.shape[1] + cells[head] - _HEAD_AT]
-    return picked
+    return picked, start
 
 
 _NAMED = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "id", "seqno",
