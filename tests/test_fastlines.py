@@ -183,20 +183,20 @@ def test_json_batches_write_what_jsonout_writes(records, tmp_path):
     """-r --json a batch at a time (fcap.text.fastjson): the same lines as fcap.text.jsonout's packet by packet,
     over the same frames (whole, cut, changed); -c's limit too."""
     fastjson = pytest.importorskip("fcap.text.fastjson")
-    from fcap.live.output import file_packet
+    from fcap.live.output import JsonSink, file_packet
     from fcap.text.jsonout import packet_line
     path = tmp_path / "frames.pcap"
     _pcap(path, records)
     want = "".join(packet_line(file_packet(rec)) for rec in read(path))
     out = io.StringIO()
-    assert fastjson.json_pcap(str(path), out) == (len(records), True)
+    assert fastjson.json_pcap(str(path), out, JsonSink.file_line) == (len(records), True)
     got = out.getvalue()
     if got != want:
         for n, (a, b) in enumerate(zip(got.splitlines(), want.splitlines())):
             assert a == b, f"line {n}"
     assert got == want
     first = io.StringIO()
-    assert fastjson.json_pcap(str(path), first, limit=999) == (999, True)
+    assert fastjson.json_pcap(str(path), first, JsonSink.file_line, limit=999) == (999, True)
     assert first.getvalue().splitlines() == want.splitlines()[:999]
 
 

@@ -296,7 +296,7 @@ def _read_fast(args, sink, limit: int) -> tuple[int, bool]:
             return 0, False
         if printer is None:   # (--json)
             from fcap.text import fastjson
-            return fastjson.json_pcap(args.read, sink.out, limit)
+            return fastjson.json_pcap(args.read, sink.out, sink.file_line, limit)
         from fcap.text import fastfile
     except (OSError, ImportError):   # (no numpy: packet by packet; a file that cannot be read: the reader says)
         return 0, False

@@ -496,10 +496,15 @@ class JsonSink(PacketSink):
 
     def replay(self, rec) -> None:
         """-r FILE --json: a record read from a file, as its fcap.Packet (as fcap.read gives it)."""
-        from fcap.text.jsonout import packet_line
-        self.out.write(packet_line(file_packet(rec)))
+        self.out.write(self.file_line(rec))
         if self.line_buffered:
             self.out.flush()
+
+    @staticmethod
+    def file_line(rec) -> str:
+        """The line of a record read from a file (fcap.files.pcapread.FileRecord)."""
+        from fcap.text.jsonout import packet_line
+        return packet_line(file_packet(rec))
 
     def close(self, ok: bool = True) -> None:
         if self.lines:

@@ -127,13 +127,12 @@ def _arp_texts(b, at, rows, slow):
 _LINKTYPE = '"linktype":1,'
 
 
-def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
+def json_pcap(path: str, out, line, limit: int = 0) -> tuple[int, bool]:
     """-r FILE --json of a pcap file a batch at a time into `out`, as fcap.text.fastfile.print_pcap prints lines:
-    (packets written, whether that was the whole file or the limit)."""
+    (packets written, whether that was the whole file or the limit). line(rec): the line of a record read from a
+    file (a fcap.files.pcapread.FileRecord), for those the batch does not lay out (JsonSink.file_line)."""
     from fcap.errors import PcapFormatError
     from fcap.files import batches
-    from fcap.live.output import file_packet
-    from fcap.text.jsonout import packet_line
     from fcap.text.printer import write_lines
     with open(path, "rb") as f:
         if not isinstance(batches._format(f.read(24)), tuple):
@@ -146,8 +145,8 @@ def json_pcap(path: str, out, limit: int = 0) -> tuple[int, bool]:
 
             def slow(i: int, fields=fields, data=data) -> str:
                 a = int(fields["at"][i])
-                return packet_line(file_packet(FileRecord(int(fields["ts_ns"][i]), data[a:a + int(fields["caplen"][i])],
-                                                          int(fields["len"][i]), int(fields["linktype"][i]))))
+                return line(FileRecord(int(fields["ts_ns"][i]), data[a:a + int(fields["caplen"][i])],
+                                       int(fields["len"][i]), int(fields["linktype"][i])))
 
             write_lines(out, batch_json(fields, batch.data, data, slow))
             written += len(fields)
