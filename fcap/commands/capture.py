@@ -38,6 +38,9 @@ def cmd_capture(args, command: list[str]) -> int:
         lines = fmt is None and not mirror and _lines_as_records(args, session)
         if lines:   # (the drains lay the records out as a pcap file's, and the lines are made from them)
             session.write_file("pcap", args.perf_buffer)
+        elif args.json and fmt is None and not mirror:   # (numpy imported while the programs load: --json's lines
+            from fcap.live.drain import FAST             # are made a batch at a time, fcap.live.jsonlines)
+            FAST.load()
         if args.dump_ebpf or args.dump_filter:
             return _dump(session, args)
         session.open()                            # load first: a refused program leaves no file behind

@@ -338,15 +338,8 @@ def _values(c: Columns, plans: list, vid, us, header, verbose: int):
     """The values of the batch's templates in order, row after row, and where each row's start: the time's
     fraction, the IP header's values where `header` shows them (-v: values and which are shown,
     fcap.text.fastverbose.ip_headers), then its template's, picked by its plan's columns (vid: each row's plan)
-    from the named columns (one gather for the whole batch) and the head's bytes (another)."""
+    from the named columns and the head's bytes: a gather per plan and column, of its rows (grouped by one sort)."""
     n, kind = len(c.kind), c.kind
-    named = [c.seq, (c.seq + c.length) & M32, c.ack, c.win, c.urg, c.tsval, c.tsecr, c.mss, c.wscale, c.length,
-             c.extra, c.sport, c.dport]
-    if verbose:
-        named += [c.check.field, c.check.should, c.word(46), c.word(44), c.word(62), c.word(66) - 8]
-    used = sorted({m for p in plans for m in p[1] if m < _HEAD_AT})   # (the named columns the batch shows)
-    place = {m: k for k, m in enumerate(used)}
-    table = np.array([place.get(m, m) for p in plans for m in p[1]], np.intp)   # (each plan's columns in turn)
     counts = np.array([len(p[1]) for p in plans], np.intp)
     mine = counts[vid]
     lead = np.zeros(n, np.intp) if us is None else (kind != SLOW).astype(np.intp)
@@ -361,20 +354,48 @@ def _values(c: Columns, plans: list, vid, us, header, verbose: int):
         before = (start + (us is not None))[:, None] + np.cumsum(present, axis=1) - present   # (each one's place)
         for k in range(values.shape[1]):
             picked[before[present[:, k], k]] = values[present[:, k], k]
-    row = np.repeat(np.arange(n), mine)
-    j = np.arange(len(row)) - np.repeat(np.cumsum(mine) - mine, mine)   # (the value's place in its template)
-    cells = table[(np.cumsum(counts) - counts)[vid[row]] + j]
-    at = start[row] + lead[row] + j
-    head = cells >= _HEAD_AT
-    if rows := [named[m] for m in used]:
-        picked[at[~head]] = np.vstack(rows).ravel()[cells[~head] * n + row[~head]]
-    picked[at[head]] = c.head.ravel()[row[head] * c.head.shape[1] + cells[head] - _HEAD_AT]
+    by_plan = np.argsort(vid, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(vid, minlength=len(plans))))).tolist()
+    base, named = start + lead, _Named(c)
+    for p, (_body, cols) in enumerate(plans):
+        if not cols or bounds[p] == bounds[p + 1]:
+            continue
+        rows = by_plan[bounds[p]:bounds[p + 1]]
+        at = base[rows]
+        for q, m in enumerate(cols):
+            picked[at + q] = named[m][rows] if m < _HEAD_AT else c.head[rows, m - _HEAD_AT]
     return picked, start
+
+
+class _Named:
+    """The named columns (_NAMED's, by number), each made once when a plan first asks for it."""
+
+    def __init__(self, c: Columns):
+        self.c, self.made = c, {}
+
+    def __getitem__(self, m: int):
+        got = self.made.get(m)
+        if got is None:
+            got = self.made[m] = self._make(m)
+        return got
+
+    def _make(self, m: int):
+        c = self.c
+        if m == 1:
+            return (c.seq + c.length) & M32
+        if m < len(_FIELDS):
+            return getattr(c, _FIELDS[m])
+        if m < _WORDS_FROM:
+            return getattr(c.check, _NAMED[m])
+        return c.word(_WORDS[m - _WORDS_FROM]) - (8 if m == len(_NAMED) - 1 else 0)
 
 
 _NAMED = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "id", "seqno",
           "field", "should", "qid", "qtotal", "qsport", "qlength")   # (-v's from "field" on)
 _HEAD_AT = 1 << 10   # a plan's column from here: the head's byte (column - _HEAD_AT)
+# where _NAMED's columns come from: Columns' attributes ("end" is made), the checksum's, the quoted header's words
+_FIELDS = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "sport", "dport")
+_WORDS_FROM, _WORDS = 15, (46, 44, 62, 66)
 
 
 @functools.lru_cache(maxsize=4096)
