@@ -164,8 +164,9 @@ def _head(p) -> str:
     return "{" + ",".join(out) + ","
 
 
-# the values of a line each record has its own (JsonWriter.text's front columns, in this order)
+# the values of a line each record has its own (JsonWriter.text's front columns, in this order: _front's)
 _OWN = {"ts_ns": "%d", "packet_id": "%d", "skb": '"0x%016x"', "len": "%d", "caplen": "%d"}
+assert [k for k in _META if k in _OWN] == ["packet_id", "skb"], "JsonWriter's columns: in _front's order"
 
 
 def _column(np, b, starts, name: str):
