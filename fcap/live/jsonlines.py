@@ -1,7 +1,9 @@
 """Live --json's lines of the common records without a Packet: where a capture's records say nothing but their
-metadata (no feature asked for, no verdict, Ethernet), each line is one %-format over the record's attributes and
-the headers' text (fcap.text.dissect.common.ether_json), the same text fcap.text.jsonout.packet_line writes of the
-record's fcap.Packet (tests/test_json.py holds the two to each other); any other record goes through the Packet."""
+metadata (no feature asked for, no verdict, Ethernet), the same text fcap.text.jsonout.packet_line writes of the
+record's fcap.Packet (tests/test_json.py holds them to each other), made a batch at a time from the records the
+perf buffer's drain hands over with their metadata (JsonWriter, with numpy) or, without numpy, one %-format a
+record over its attributes and the headers' text (record_lines, fcap.text.dissect.common.ether_json); any other
+record goes through the Packet."""
 
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ class JsonWriter:
         padded = b"".join((data, bytes(_PAD)))
         b = np.frombuffer(padded, np.uint8)
         fields = np.zeros(n, FIELDS)
-        ts = _column(np, b, starts, "ts") + np.uint64(self.offset)
+        ts = _column(np, b, starts, "ts").astype(np.int64) + self.offset   # (the wall clock's)
         fields["ts_ns"], fields["at"], fields["linktype"] = ts, starts + META_SIZE, linktypes.EN10MB.number
         fields["caplen"], fields["len"] = _column(np, b, starts, "caplen"), _column(np, b, starts, "orig")
 
@@ -131,7 +133,7 @@ class JsonWriter:
         def slow(i: int) -> str:
             return packet_line(self.sink.packet(record(i)))
 
-        front = np.column_stack((ts, _column(np, b, starts, "id"), _column(np, b, starts, "skb"),
+        front = np.column_stack((ts.astype(np.uint64), _column(np, b, starts, "id"), _column(np, b, starts, "skb"),
                                  fields["len"].astype(np.uint64), fields["caplen"].astype(np.uint64)))
         return batch_json(fields, b, padded, slow, (self._heads(np, b, starts, record), front, np.ones((n, 5), bool)))
 
@@ -140,7 +142,7 @@ class JsonWriter:
         lengths (the fields _KEYED)."""
         from fcap.text.fastflows import ids
         keys = np.column_stack([_column(np, b, starts, f) if META.width(f) <= 8 else
-                                items_of(np, b, starts, f) for f in _KEYED])
+                                _items_of(np, b, starts, f) for f in _KEYED])
         number, first = ids(keys)
         made = []
         if len(self.heads) > _HEADS_MAX:
@@ -176,7 +178,7 @@ def _column(np, b, starts, name: str):
     return items(b, width)[starts + off].view(f"<u{width}").astype(np.uint64)
 
 
-def items_of(np, b, starts, name: str):
+def _items_of(np, b, starts, name: str):
     """A wider field of META (comm) as columns of 8 bytes."""
     from fcap.live.fastmerge import items
     return items(b, META.width(name))[starts + META.off(name)].view(np.uint64).reshape(len(starts), -1)
@@ -186,4 +188,4 @@ def items_of(np, b, starts, name: str):
 # (its name and direction), the flags (whether it has a queue), the queue and the metadata the Packet shows
 _KEYED = tuple(dict.fromkeys(["point", "flags", "queue"] + [READ[a][0] for a in METADATA if a != "skb"]))
 _HEADS_MAX = 4096   # distinct metadata remembered (past it, forgotten)
-_PAD = 128
+_PAD = 128   # zero bytes after a batch's records (as fcap.files.batches pads its batches: header reads stay in bounds)

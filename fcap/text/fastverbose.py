@@ -45,12 +45,12 @@ def _fold(s):
 class RangeSums:
     """One's complement sums of the big-endian 16-bit words of ranges of the batch's bytes, an odd last byte padded
     with zero, as _fold reads them: a value congruent to the words' sum modulo 0xFFFF, zero only where that sum is.
-    Each range is added as the machine's own (little-endian) 32-bit words by numpy's reduceat over the batch seen as
-    words at offsets 0 or 1 modulo 4 (no copy of the batch, no array as long as it; 16-bit words cost ~4 times
-    more, a big-endian view ~35 times), a 16-bit word before them where the range starts at 2 or 3 modulo 4 and
-    one after them where one is left. A 32-bit word is congruent to the sum of its two 16-bit ones (2**16 is 1
-    modulo 0xFFFF), and the sum of the same bytes as big-endian words to 256 times theirs (RFC 1071's byte order
-    independence)."""
+    Each range is added as the machine's own (little-endian) 32-bit words that cover it, by numpy's reduceat over
+    the batch seen as words (one pass, no copy of the batch, no array as long as it; 16-bit words cost ~4 times more,
+    a big-endian view ~35 times), less the bytes of its first and last words outside it: an exact sum of its bytes,
+    each times 256 ** (its offset modulo 4), zero only where they all are. 2**16 is 1 modulo 0xFFFF, so that sum is
+    congruent to the bytes' little-endian 16-bit words at even offsets; the big-endian words from an even start are
+    256 times those, from an odd start those themselves (RFC 1071's byte order independence)."""
 
     def __init__(self, b, padded: bool = False) -> None:
         """b: the bytes; padded: b holds 8 bytes or more after every range (a batch's data: fcap.files.batches
@@ -58,36 +58,27 @@ class RangeSums:
         a = np.asarray(b, np.uint8)   # (its words cast to 64 bits a group of ranges at a time: _GROUP)
         self.a = a if padded else np.concatenate((a, np.zeros(8, np.uint8)))
 
-    def _word(self, at):
-        """The little-endian 16-bit word at each offset."""
-        return self.a[at].astype(np.uint64) | self.a[at + 1].astype(np.uint64) << np.uint64(8)
-
     def __call__(self, start, length):
         a, start, length = self.a, start.astype(np.int64), length.astype(np.int64)
-        words = length // 2
-        lead = (start & 2 != 0) & (words > 0)   # (a 16-bit word to the next multiple of 4 of its parity)
-        out = np.where(lead, self._word(start), 0).astype(np.uint64)
-        start, words = start + 2 * lead, words - lead
-        quads = words // 2
-        for parity in (0, 1):
-            rows = np.flatnonzero((quads > 0) & (start & 1 == parity))
-            if not len(rows):
-                continue
-            view = a[parity:parity + 4 * ((len(a) - 1 - parity) // 4)].view("<u4")
-            k = (start[rows] - parity) // 4
-            end = k + quads[rows]
-            for g in range(0, len(rows), _GROUP):   # (reduceat's cast copy of the words each group spans: small)
-                kg, eg = k[g:g + _GROUP], end[g:g + _GROUP]
-                lo, hi = int(kg.min()), int(eg.max())
-                bounds = np.empty(2 * len(kg), np.int64)
-                bounds[0::2], bounds[1::2] = kg - lo, eg - lo
-                out[rows[g:g + _GROUP]] += np.add.reduceat(view[lo:hi + 1], bounds, dtype=np.uint64)[0::2]
-        trail = np.flatnonzero(words & 1)
-        out[trail] += self._word(start[trail] + 4 * quads[trail])
-        out = _fold(out * np.uint64(256))   # (the big-endian words' sum, folded)
-        odd = np.flatnonzero(length & 1)
-        out[odd] += a[start[odd] + 2 * words[odd]].astype(np.uint64) << np.uint64(8)
-        return out.astype(np.int64)
+        end = start + length
+        first, last = start >> 2, (end + 3) >> 2   # (the words that cover each range: [first, last))
+        out = np.zeros(len(start), np.uint64)
+        rows = np.flatnonzero(length > 0)
+        view = a[:4 * (len(a) // 4)].view("<u4")
+        k, e = first[rows], last[rows]
+        for g in range(0, len(rows), _GROUP):   # (reduceat's cast copy of the words each group spans: small)
+            kg, eg = k[g:g + _GROUP], e[g:g + _GROUP]
+            lo, hi = int(kg.min()), int(eg.max())
+            bounds = np.empty(2 * len(kg), np.int64)
+            bounds[0::2], bounds[1::2] = kg - lo, eg - lo
+            out[rows[g:g + _GROUP]] = np.add.reduceat(view[lo:hi + 1], bounds, dtype=np.uint64)[0::2]
+        outside = np.zeros(len(start), np.uint64)
+        for j in range(3):   # (the bytes before each range in its first word, and after it in its last)
+            for at, inside in ((4 * first + j, 4 * first + j < start), (end + j, end + j < 4 * last)):
+                pick = np.flatnonzero(inside & (length > 0))
+                outside[pick] += a[at[pick]].astype(np.uint64) << (8 * (at[pick] & 3)).astype(np.uint64)
+        out -= outside
+        return _fold(np.where(start & 1 == 0, out * np.uint64(256), out)).astype(np.int64)
 
 
 _GROUP = 4096   # ranges summed by one reduceat: the words they span cast to 64 bits, ~1 MB for packets of ~500
