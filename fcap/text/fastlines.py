@@ -367,35 +367,28 @@ def _values(c: Columns, plans: list, vid, us, header, verbose: int):
     return picked, start
 
 
-class _Named:
-    """The named columns (_NAMED's, by number), each made once when a plan first asks for it."""
+class _Named(dict):
+    """The named columns of a batch's Columns by their place in _NAMED, each made once when a plan first asks."""
 
     def __init__(self, c: Columns):
-        self.c, self.made = c, {}
+        super().__init__()
+        self.c = c
 
-    def __getitem__(self, m: int):
-        got = self.made.get(m)
-        if got is None:
-            got = self.made[m] = self._make(m)
+    def __missing__(self, m: int):
+        got = self[m] = _MAKE[m](self.c)
         return got
 
-    def _make(self, m: int):
-        c = self.c
-        if m == 1:
-            return (c.seq + c.length) & M32
-        if m < len(_FIELDS):
-            return getattr(c, _FIELDS[m])
-        if m < _WORDS_FROM:
-            return getattr(c.check, _NAMED[m])
-        return c.word(_WORDS[m - _WORDS_FROM]) - (8 if m == len(_NAMED) - 1 else 0)
 
-
-_NAMED = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "id", "seqno",
-          "field", "should", "qid", "qtotal", "qsport", "qlength")   # (-v's from "field" on)
+# the values a template names (_plan's columns by their place here) and how a batch's Columns give each: -v's
+# from "field" on (the checksum's, and the header a port unreachable quotes)
+_NAMED = {"seq": lambda c: c.seq, "end": lambda c: (c.seq + c.length) & M32, "ack": lambda c: c.ack,
+          "win": lambda c: c.win, "urg": lambda c: c.urg, "tsval": lambda c: c.tsval, "tsecr": lambda c: c.tsecr,
+          "mss": lambda c: c.mss, "wscale": lambda c: c.wscale, "length": lambda c: c.length,
+          "extra": lambda c: c.extra, "id": lambda c: c.sport, "seqno": lambda c: c.dport,
+          "field": lambda c: c.check.field, "should": lambda c: c.check.should, "qid": lambda c: c.word(46),
+          "qtotal": lambda c: c.word(44), "qsport": lambda c: c.word(62), "qlength": lambda c: c.word(66) - 8}
+_NAMES, _MAKE = tuple(_NAMED), tuple(_NAMED.values())
 _HEAD_AT = 1 << 10   # a plan's column from here: the head's byte (column - _HEAD_AT)
-# where _NAMED's columns come from: Columns' attributes ("end" is made), the checksum's, the quoted header's words
-_FIELDS = ("seq", "end", "ack", "win", "urg", "tsval", "tsecr", "mss", "wscale", "length", "extra", "sport", "dport")
-_WORDS_FROM, _WORDS = 15, (46, 44, 62, 66)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -405,7 +398,7 @@ def _plan(variant: int) -> tuple[str, tuple]:
     if variant >> 20 == SLOW:
         return "", ()
     template, names = _template(variant)
-    return template, tuple(_NAMED.index(m) if isinstance(m, str) else _HEAD_AT + m for m in names)
+    return template, tuple(_NAMES.index(m) if isinstance(m, str) else _HEAD_AT + m for m in names)
 
 
 _IP4 = "%d.%d.%d.%d"
